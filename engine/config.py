@@ -1,0 +1,124 @@
+"""Run configuration: frozen dataclasses that validate themselves.
+
+Every check raises ``ValueError`` with a sentence that says how to fix the input, so
+the CLI can print it as one line and the window can show it inline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+PRECISIONS: tuple[str, ...] = (
+    "fp32",
+    "tf32",
+    "fp16-amp",
+    "bf16-amp",
+    "fp16",
+    "bf16",
+    "int8",
+    "nf4",
+    "fp8",
+)
+OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")
+ISOLATIONS: tuple[str, ...] = ("process", "inline")
+
+
+def parse_precisions(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Turn ``"fp32,bf16-amp"`` (or a list) into a validated tuple, keeping order."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = [item.strip().lower() for item in items if item.strip()]
+    if not names:
+        raise ValueError(f"no precision given: choose from {', '.join(PRECISIONS)}")
+    for name in names:
+        if name not in PRECISIONS:
+            raise ValueError(
+                f"unknown precision '{name}': choose from {', '.join(PRECISIONS)}"
+            )
+    if len(set(names)) != len(names):
+        raise ValueError("a precision is listed twice: name each precision once")
+    return tuple(names)
+
+
+def _positive_int(name: str, value: int, flag: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a whole number of 1 or more (got {value!r}): set {flag}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs. ``model`` is a preset name, a folder path or a hub id."""
+
+    model: str = "tiny"
+    precisions: tuple[str, ...] = ("fp32",)
+    batch_size: int = 4
+    seq_len: int = 128
+    steps: int = 10
+    warmup: int = 2
+    grad_accum: int = 1
+    optimizer: str = "adamw"
+    lr: float = 1e-4
+    grad_checkpointing: bool = False
+    compile: bool = False
+    init_scale: float = 2.0**16
+    growth_interval: int = 2000
+    lora_r: int = 8
+    device: str = "auto"
+    isolation: str = "process"
+    seed: int = 0
+    trust_remote_code: bool = False
+    monitor_hz: float = 10.0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError("no model given: pass a preset name, a folder or a hub id (--model)")
+        object.__setattr__(self, "precisions", parse_precisions(self.precisions))
+        _positive_int("batch size", self.batch_size, "--batch-size")
+        _positive_int("sequence length", self.seq_len, "--seq-len")
+        _positive_int("steps", self.steps, "--steps")
+        _positive_int("gradient accumulation", self.grad_accum, "--grad-accum")
+        _positive_int("growth interval", self.growth_interval, "--growth-interval")
+        _positive_int("LoRA rank", self.lora_r, "--lora-r")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warm-up must be 0 or more steps (got {self.warmup!r}): set --warmup")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"unknown optimizer '{self.optimizer}': choose from {', '.join(OPTIMIZERS)}"
+            )
+        if not self.lr > 0:
+            raise ValueError(f"learning rate must be above 0 (got {self.lr!r}): set --lr")
+        if not self.init_scale > 0:
+            raise ValueError(
+                f"initial loss scale must be above 0 (got {self.init_scale!r}): set --init-scale"
+            )
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(
+                f"unknown isolation '{self.isolation}': choose from {', '.join(ISOLATIONS)}"
+            )
+        dev = self.device.strip().lower()
+        if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise ValueError(f"unknown device '{self.device}': use auto, cpu, cuda or cuda:N")
+        object.__setattr__(self, "device", dev)
+        if not self.monitor_hz > 0:
+            raise ValueError("monitor rate must be above 0 Hz")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len * self.grad_accum
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["precisions"] = list(self.precisions)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        if "precisions" in kwargs:
+            kwargs["precisions"] = tuple(kwargs["precisions"])
+        return cls(**kwargs)

@@ -1,0 +1,268 @@
+"""What the engine says: frozen dataclasses with units in their field names.
+
+They cross thread and process boundaries (pickled) and serialise to JSON as they
+are (``to_dict``); ``from_dict`` rebuilds them, nested ones included, so a report
+written on a server becomes the same objects in the window. No Qt type appears here.
+A field the hardware or the run cannot give is ``None`` and, where it matters, a
+``*_reason`` field says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+
+TRIAL_STATUSES = ("ok", "oom", "unsupported", "error", "cancelled")
+
+
+def to_dict(obj) -> dict:
+    """Plain-JSON form of an event (tuples become lists)."""
+    return dataclasses.asdict(obj)
+
+
+@cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _convert(tp, value):
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(args[0], value) if len(args) == 1 else value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value)
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        inner = args[0] if args else typing.Any
+        items = [_convert(inner, v) for v in value]
+        return tuple(items) if origin is tuple else items
+    if tp is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def from_dict(cls, data: dict):
+    """Rebuild ``cls`` from ``to_dict`` output; unknown keys are ignored (newer writers)."""
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+# --- live events -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    run_id: str
+    config: dict
+    environment: dict
+    time_s: float
+
+
+@dataclass(frozen=True)
+class TrialStarted:
+    precision: str
+    index: int
+    total: int
+    time_s: float
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured (or warm-up) optimiser step of one trial."""
+
+    precision: str
+    step: int
+    warmup: bool
+    loss: float | None
+    step_ms: float
+    tokens_per_s: float
+    tflops: float | None
+    mfu: float | None
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+    loss_scale: float | None
+    skipped: bool
+    grad_norm: float | None
+    time_s: float
+
+
+@dataclass(frozen=True)
+class MonitorSample:
+    """One poll of the device monitor: NVML on a GPU, psutil for the host otherwise."""
+
+    time_s: float
+    source: str  # "nvml" or "host"
+    gpu_util_pct: float | None = None
+    mem_util_pct: float | None = None
+    gpu_mem_used_bytes: int | None = None
+    gpu_mem_total_bytes: int | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: float | None = None
+    energy_j: float | None = None
+    process_mem_bytes: int | None = None
+    cpu_pct: float | None = None
+    host_rss_bytes: int | None = None
+    host_mem_used_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    level: str  # "info", "warning", "error"
+    message: str
+    precision: str | None = None
+    time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """A failure outside any trial (the run could not start, the model did not load)."""
+
+    message: str
+    precision: str | None = None
+    time_s: float = 0.0
+
+
+# --- trial results -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    bytes: int
+    numel: int
+    trainable: bool
+    module_type: str
+    tied_to: str | None = None  # name of the parameter this one shares storage with
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One node of the module tree, with the bytes of its own and its children's params."""
+
+    name: str
+    type: str
+    depth: int
+    bytes: int
+    params: int
+    quantized: bool
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Measured memory of one trial, by category, in bytes."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int | None
+    activations_method: str
+    temporaries_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    nvml_process_bytes: int | None = None
+    context_gap_bytes: int | None = None  # NVML process memory minus allocator reserved
+    total_bytes: int = 0
+    total_method: str = ""
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class PredictedMemory:
+    """What an analytic model of the recipe expects, in bytes."""
+
+    params_bytes: int
+    master_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    total_bytes: int
+    bytes_per_param: dict = field(default_factory=dict)
+    formula: str = ""
+    error_pct: dict = field(default_factory=dict)  # category -> (measured-predicted)/measured
+
+
+@dataclass(frozen=True)
+class FlopsInfo:
+    counted_per_step: int | None
+    counted_method: str
+    analytic_per_step: int
+    analytic_formula: str
+    by_op: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    steps_measured: int
+    median_step_ms: float | None
+    tokens_per_s: float | None
+    tflops: float | None
+    mfu: float | None
+    mfu_reason: str | None
+    peak_flops: float | None
+    peak_flops_source: str | None
+    peak_memory_bytes: int | None
+    peak_memory_method: str
+    skipped_steps: int
+    final_loss: float | None
+    final_loss_scale: float | None
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    precision: str
+    status: str  # one of TRIAL_STATUSES
+    reason: str | None = None
+    recipe: str = ""
+    device: str = ""
+    param_count: int = 0
+    trainable_params: int = 0
+    load_footprint_bytes: int | None = None
+    footprint_note: str = ""
+    memory: MemoryBreakdown | None = None
+    predicted_memory: PredictedMemory | None = None
+    dtype_map: list[ParamInfo] = field(default_factory=list)
+    module_tree: list[ModuleInfo] = field(default_factory=list)
+    flops: FlopsInfo | None = None
+    steps: list[StepSample] = field(default_factory=list)
+    summary: TrialSummary | None = None
+    numerics: dict | None = None
+    started_s: float = 0.0
+    finished_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrialFinished:
+    result: TrialResult
+    time_s: float
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    status: str  # "ok", "cancelled" or "error"
+    time_s: float
+
+
+Event = (
+    RunStarted
+    | TrialStarted
+    | StepSample
+    | MonitorSample
+    | LogEvent
+    | ErrorEvent
+    | TrialFinished
+    | RunFinished
+)
