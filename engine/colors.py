@@ -1,0 +1,21 @@
+"""One colour per precision, the same in every chart, table and report.
+
+Qt-free so the report writers and the window share it. The first seven are the
+Okabe-Ito palette (distinguishable with the common colour-vision deficiencies) minus
+black and yellow, which vanish on dark and light backgrounds respectively; the last
+two come from Paul Tol's muted palette and a neutral grey.
+"""
+
+from __future__ import annotations
+
+PRECISION_COLORS: dict[str, str] = {
+    "fp32": "#0072B2",  # blue: the baseline
+    "tf32": "#56B4E9",  # sky blue: fp32's sibling
+    "fp16-amp": "#E69F00",  # orange
+    "bf16-amp": "#009E73",  # bluish green
+    "fp16": "#D55E00",  # vermillion
+    "bf16": "#CC79A7",  # reddish purple
+    "int8": "#882255",  # wine
+    "nf4": "#999933",  # olive
+    "fp8": "#777777",  # grey
+}
