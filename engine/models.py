@@ -1,0 +1,325 @@
+"""Model sources (preset, local folder, hub id) and loading a model by a recipe.
+
+Quantised recipes (int8, nf4) go through transformers' ``from_pretrained`` with a
+``BitsAndBytesConfig``, the real loading path. A preset or a folder without weights
+has no checkpoint to load, so its random-init model is saved to a temporary folder
+first and loaded back from there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.presets import get_preset, presets
+from engine.recipes import Recipe
+from engine.recipes import recipe as get_recipe
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "preset", "folder" or "hub"
+    ref: str  # preset name, absolute folder path or hub id
+
+    @property
+    def has_weights(self) -> bool:
+        if self.kind == "folder":
+            return any((Path(self.ref) / f).exists() for f in WEIGHT_FILES)
+        return self.kind == "hub"
+
+
+def resolve_source(text: str) -> ModelSource:
+    """Decide what ``--model`` names. Raises ``ValueError`` saying what to pass instead."""
+    text = text.strip()
+    if get_preset(text) is not None:
+        return ModelSource("preset", text)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"folder '{text}' has no config.json: point --model at a transformers "
+                "model folder (one written by save_pretrained)"
+            )
+        return ModelSource("folder", str(path.resolve()))
+    if path.exists():
+        raise ValueError(f"'{text}' is a file, not a model folder: pass the folder that holds it")
+    looks_like_path = text.startswith((".", "/", "~")) or os.sep in text.replace("/", "")
+    if looks_like_path or not _HUB_ID.match(text):
+        raise ValueError(
+            f"model folder '{text}' does not exist: check the path, or pick a preset "
+            "(python main.py presets)"
+        )
+    return ModelSource("hub", text)
+
+
+def model_class(task: str):
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    return AutoModelForMaskedLM if task == "masked-lm" else AutoModelForCausalLM
+
+
+def _task_of(config) -> str:
+    archs = getattr(config, "architectures", None) or []
+    if any(a.endswith("ForMaskedLM") for a in archs) or config.model_type in ("bert", "roberta"):
+        return "masked-lm"
+    return "causal-lm"
+
+
+def load_config(source: ModelSource, trust_remote_code: bool = False):
+    """The transformers config of a source, and its task. Hub ids come from the cache."""
+    from transformers import AutoConfig
+
+    if source.kind == "preset":
+        preset = get_preset(source.ref)
+        return preset.build_config(), preset.task
+    if source.kind == "folder":
+        config = AutoConfig.from_pretrained(source.ref, trust_remote_code=trust_remote_code)
+        return config, _task_of(config)
+    try:
+        config = AutoConfig.from_pretrained(
+            source.ref, trust_remote_code=trust_remote_code, local_files_only=True
+        )
+    except Exception as exc:
+        if "trust_remote_code" in str(exc):
+            raise ValueError(
+                f"'{source.ref}' runs its own code: turn on trust remote code "
+                "(--trust-remote-code) only if you trust its authors"
+            ) from None
+        names = ", ".join(p.name for p in presets())
+        raise ValueError(
+            f"'{source.ref}' is not a preset, a folder, or a hub model in the local cache "
+            f"(this machine is offline to the hub): download it first with "
+            f"'hf download {source.ref}', pass a local folder, or pick a preset ({names})"
+        ) from None
+    return config, _task_of(config)
+
+
+def max_positions(config) -> int | None:
+    for name in ("n_positions", "max_position_embeddings"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def vocab_size(config) -> int:
+    return int(config.vocab_size)
+
+
+def dims(config) -> dict:
+    """Layer count, width, heads and vocabulary, whatever the config calls them."""
+
+    def first(*names):
+        return next(
+            (getattr(config, n) for n in names if getattr(config, n, None) is not None), None
+        )
+
+    return {
+        "n_layers": int(first("num_hidden_layers", "n_layer")),
+        "hidden": int(first("hidden_size", "n_embd")),
+        "n_heads": int(first("num_attention_heads", "n_head")),
+        "vocab": vocab_size(config),
+    }
+
+
+def footprint_note(config, model: nn.Module) -> str:
+    """Explain why this footprint differs from what older transformers printed."""
+    if config.model_type != "gpt2":
+        return "parameters + buffers, as transformers' get_memory_footprint() counts them"
+    buffers = {name.rsplit(".", 1)[-1] for name, _ in model.named_buffers()}
+    mask_mib = config.n_layer * config.n_positions**2 / 2**20
+    if "bias" in buffers:
+        return "parameters + buffers, including GPT-2's causal-mask buffers"
+    return (
+        "parameters + buffers (transformers' get_memory_footprint()). Older transformers "
+        f"releases also held GPT-2's causal mask as a bool buffer per layer "
+        f"({config.n_layer} x {config.n_positions}^2 bytes = {mask_mib:.2f} MiB), so they "
+        f"printed {mask_mib:.2f} MiB more"
+    )
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    config: object
+    task: str
+    source: ModelSource
+    footprint_bytes: int
+    footprint_note: str
+
+
+@contextmanager
+def _seeded(seed: int):
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def _bnb_config(recipe: Recipe):
+    from transformers import BitsAndBytesConfig
+
+    if recipe.quant == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=recipe.autocast_dtype,
+        bnb_4bit_use_double_quant=False,
+    )
+
+
+def _from_pretrained(ref: str, task: str, recipe: Recipe, device: torch.device, trust: bool,
+                     local_only: bool):
+    kwargs = {"dtype": recipe.weight_dtype, "trust_remote_code": trust}
+    if local_only:
+        kwargs["local_files_only"] = True
+    if recipe.quant:
+        kwargs["quantization_config"] = _bnb_config(recipe)
+        kwargs["device_map"] = {"": device.index if device.type == "cuda" else "cpu"}
+        return model_class(task).from_pretrained(ref, **kwargs)
+    return model_class(task).from_pretrained(ref, **kwargs).to(device)
+
+
+def _random_init(config, task: str, dtype: torch.dtype, device: torch.device, seed: int,
+                 trust: bool):
+    with _seeded(seed), torch.device(device):
+        return model_class(task).from_config(config, dtype=dtype, trust_remote_code=trust)
+
+
+def conv1d_to_linear(model: nn.Module) -> int:
+    """Swap GPT-2's Conv1D layers for nn.Linear (same math, transposed weight).
+
+    torchao's float8 training converts nn.Linear only; without this GPT-2 would run
+    no matmul in fp8. Returns how many layers were swapped.
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    swaps = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, Conv1D)]
+    for name, conv in swaps:
+        in_f, out_f = conv.weight.shape
+        linear = nn.Linear(in_f, out_f, device=conv.weight.device, dtype=conv.weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(conv.weight.t())
+            linear.bias.copy_(conv.bias)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, linear)
+    return len(swaps)
+
+
+def _fp8_filter(module: nn.Module, fqn: str) -> bool:
+    # float8 GEMMs need both dims divisible by 16; the tied lm_head stays in bf16.
+    return (
+        isinstance(module, nn.Linear)
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
+        and "lm_head" not in fqn
+    )
+
+
+def _add_lora(model: nn.Module, recipe: Recipe, lora_r: int, grad_checkpointing: bool):
+    import bitsandbytes as bnb
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    quant_types = (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit)
+    targets = sorted(
+        {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, quant_types)}
+    )
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=grad_checkpointing)
+    lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules=targets)
+    return get_peft_model(model, lora)
+
+
+def load_model(
+    model: str,
+    precision: str | Recipe,
+    device: torch.device | str,
+    seed: int = 0,
+    trust_remote_code: bool = False,
+    lora_r: int = 8,
+    grad_checkpointing: bool = False,
+) -> LoadedModel:
+    """Load ``model`` as the precision's recipe prescribes, ready to train on ``device``."""
+    recipe = precision if isinstance(precision, Recipe) else get_recipe(precision)
+    device = torch.device(device)
+    source = resolve_source(model)
+    config, task = load_config(source, trust_remote_code)
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    if recipe.quant and not source.has_weights:
+        # bitsandbytes quantises while loading a checkpoint: write the random init as one.
+        base = _random_init(config, task, recipe.weight_dtype, torch.device("cpu"), seed,
+                            trust_remote_code)
+        with tempfile.TemporaryDirectory(prefix="ampscope-") as tmp:
+            base.save_pretrained(tmp)
+            del base
+            net = _from_pretrained(tmp, task, recipe, device, trust_remote_code, True)
+    elif source.has_weights:
+        ref = source.ref
+        net = _from_pretrained(ref, task, recipe, device, trust_remote_code,
+                               source.kind == "hub")
+    else:
+        net = _random_init(config, task, recipe.weight_dtype, device, seed, trust_remote_code)
+    footprint = int(net.get_memory_footprint())
+    note = footprint_note(config, net)
+    if recipe.fp8:
+        from torchao.float8 import convert_to_float8_training
+
+        conv1d_to_linear(net)
+        convert_to_float8_training(net, module_filter_fn=_fp8_filter)
+    if recipe.lora:
+        net = _add_lora(net, recipe, lora_r, grad_checkpointing)
+    elif grad_checkpointing:
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    net.train()
+    return LoadedModel(net, config, task, source, footprint, note)
+
+
+def make_batches(
+    config, task: str, batch_size: int, seq_len: int, count: int, seed: int,
+    device: torch.device | str,
+) -> list[dict]:
+    """``count`` synthetic token batches, the same for every precision and device.
+
+    Drawn on the CPU with a seeded generator, then moved, so a trial on the GPU sees
+    exactly the tokens a trial on the CPU sees.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    vocab = vocab_size(config)
+    batches = []
+    for _ in range(count):
+        ids = torch.randint(0, vocab, (batch_size, seq_len), generator=gen)
+        if task == "masked-lm":
+            masked = torch.rand((batch_size, seq_len), generator=gen) < 0.15
+            masked[:, 0] = True  # at least one target per row, so the loss is defined
+            labels = torch.where(masked, ids, torch.full_like(ids, -100))
+            mask_id = getattr(config, "mask_token_id", None) or 0
+            inputs = torch.where(masked, torch.full_like(ids, mask_id), ids)
+            batch = {"input_ids": inputs, "labels": labels}
+        else:
+            batch = {"input_ids": ids, "labels": ids.clone()}
+        batches.append({k: v.to(device) for k, v in batch.items()})
+    return batches
+
+
+def make_batch(loaded: LoadedModel, batch_size: int, seq_len: int, seed: int = 0,
+               device: torch.device | str = "cpu") -> dict:
+    """One synthetic batch for ``loaded`` (see ``make_batches``)."""
+    return make_batches(loaded.config, loaded.task, batch_size, seq_len, 1, seed, device)[0]

@@ -1,0 +1,56 @@
+"""The device monitor: a thread that polls one tracker at a fixed rate without drifting.
+
+NVML when the run is on a GPU and NVML answers; the host (psutil) otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from engine.events import MonitorSample
+from engine.trackers import HostTracker, NvmlTracker
+
+
+class Monitor:
+    def __init__(self, tracker, emit: Callable[[MonitorSample], None], hz: float = 10.0):
+        self.tracker = tracker
+        self.emit = emit
+        self.interval_s = 1.0 / hz
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_device(cls, device_info, emit, hz: float = 10.0) -> Monitor:
+        if device_info.kind == "cuda" and device_info.nvml_available:
+            return cls(NvmlTracker(device_info.index), emit, hz)
+        return cls(HostTracker(), emit, hz)
+
+    def watch_pid(self, pid: int) -> None:
+        """Count a trial child's GPU memory as ours (NVML only)."""
+        if isinstance(self.tracker, NvmlTracker):
+            self.tracker.pids.add(pid)
+
+    def start(self) -> None:
+        self.tracker.start()
+        self._thread = threading.Thread(target=self._loop, name="ampscope-monitor", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            fields = self.tracker.sample()
+            self.emit(MonitorSample(time_s=time.time(), source=self.tracker.source, **fields))
+            next_t += self.interval_s  # schedule from the plan, not from now: no drift
+            delay = next_t - time.monotonic()
+            if delay < 0:  # fell behind (a slow poll): skip missed ticks instead of bursting
+                next_t = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.tracker.stop()
