@@ -51,6 +51,12 @@ def baseline_reason(record: RunRecord) -> str | None:
     return None
 
 
+def record_precisions(record: RunRecord) -> list[str]:
+    """The order every view lists precisions in: finished trials as they ran, then live ones."""
+    done = [t.precision for t in record.trials]
+    return done + [p for p in record.live_steps if p not in done]
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator == 0:
         return None

@@ -107,11 +107,11 @@ def _trial(precision, step_ms, losses, peak_gib, *, scale=None, skipped=(), peak
             ModuleInfo("transformer.h.0", "GPT2Block", 2, 28_348_416, 7_087_104, False),
         ],
         flops=FlopsInfo(
-            counted_per_step=3_120_000_000_000_000,
+            counted_per_step=3_120_000_000_000,
             counted_method="torch.utils.flop_counter",
             analytic_per_step=6 * PARAMS * TOKENS,
             analytic_formula="6 x tokens x params",
-            by_op={"aten.mm": 3_000_000_000_000_000, "aten.bmm": 120_000_000_000_000},
+            by_op={"aten.mm": 3_000_000_000_000, "aten.bmm": 120_000_000_000},
         ),
         steps=steps,
         summary=TrialSummary(

@@ -1,0 +1,341 @@
+"""The report's charts, drawn with matplotlib into SVG text for inlining in HTML.
+
+Only the object-oriented API (``Figure``) is used, never pyplot, so no GUI backend
+is chosen and charts can be drawn from any thread. Each precision has its colour from
+``engine.colors``. A chart whose data the run does not have is ``None`` with a note
+saying why, never an empty or zero-filled plot.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+from dataclasses import dataclass
+
+import matplotlib as mpl
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from engine.colors import PRECISION_COLORS
+from engine.compare import baseline_reason, comparison_rows, format_cell, record_precisions
+from engine.record import RunRecord
+
+_STYLE = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.fontsize": 8,
+    "legend.frameon": False,
+    "svg.fonttype": "none",  # text stays text: smaller files, selectable labels
+}
+
+# categories of the memory chart, with Paul Tol's "light" colours (not precision colours)
+_MEMORY_CATEGORIES = (
+    ("params_bytes", "parameters", "#77AADD"),
+    ("grads_bytes", "gradients", "#EE8866"),
+    ("optimizer_bytes", "optimizer state", "#EEDD88"),
+    ("activations_bytes", "activations", "#FFAABB"),
+)
+_OTHER_COLOR = "#DDDDDD"
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    svg: str | None  # None: nothing to draw, ``note`` says why
+    note: str = ""
+
+
+def _color(precision: str) -> str:
+    return PRECISION_COLORS.get(precision, "#444444")
+
+
+def _styled(draw):
+    """Draw under the report's style; rc settings apply when axes and text are created."""
+
+    @functools.wraps(draw)
+    def wrapper(record: RunRecord) -> Chart:
+        with mpl.rc_context(_STYLE):
+            return draw(record)
+
+    return wrapper
+
+
+def _figure(height: float = 3.0) -> Figure:
+    return Figure(figsize=(7.5, height), layout="constrained")
+
+
+def _svg(fig: Figure) -> str:
+    buf = io.StringIO()
+    # no metadata block: it carries a date (charts would differ run to run) and web links
+    fig.savefig(buf, format="svg", metadata={"Creator": None, "Date": None, "Format": None,
+                                             "Type": None})
+    text = buf.getvalue()
+    return text[text.index("<svg") :]  # drop the XML prolog: the SVG goes inline in HTML
+
+
+def _value(x: float | None) -> float:
+    return math.nan if x is None else x  # NaN leaves a gap in a matplotlib line
+
+
+def _byte_unit(largest: float) -> tuple[float, str]:
+    for scale, unit in ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB")):
+        if largest >= scale:
+            return scale, unit
+    return 1, "bytes"
+
+
+def _step_lines(record: RunRecord, field: str, ylabel: str, title: str) -> Chart:
+    fig = _figure()
+    ax = fig.add_subplot()
+    drawn, non_finite = False, []
+    for p in record_precisions(record):
+        steps = [s for s in record.steps(p) if getattr(s, field) is not None]
+        if not steps:
+            continue
+        xs = [s.step for s in steps]
+        ys = [getattr(s, field) for s in steps]
+        if not all(math.isfinite(y) for y in ys):
+            non_finite.append(p)
+        ax.plot(xs, ys, color=_color(p), marker="o", markersize=3, label=p)
+        warm = [(s.step, getattr(s, field)) for s in steps if s.warmup]
+        if warm:
+            ax.plot(*zip(*warm), linestyle="none", marker="o", markersize=5,
+                    markerfacecolor="white", color=_color(p))
+        drawn = True
+    if not drawn:
+        return Chart(title, None, f"no trial recorded a {field} value")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step (hollow markers: warm-up)")
+    ax.set_ylabel(ylabel)
+    ax.legend(loc="best")
+    note = ""
+    if non_finite:
+        note = f"inf or NaN values (not drawn) in: {', '.join(non_finite)}"
+    return Chart(title, _svg(fig), note)
+
+
+@_styled
+def loss_chart(record: RunRecord) -> Chart:
+    return _step_lines(record, "loss", "loss", "Training loss per step")
+
+
+@_styled
+def step_time_chart(record: RunRecord) -> Chart:
+    return _step_lines(record, "step_ms", "step time (ms)", "Step time")
+
+
+@_styled
+def loss_scale_chart(record: RunRecord) -> Chart:
+    title = "GradScaler loss scale"
+    fig = _figure()
+    ax = fig.add_subplot()
+    scaled = False
+    for p in record_precisions(record):
+        steps = [s for s in record.steps(p) if s.loss_scale is not None]
+        if not steps:
+            continue
+        ax.plot([s.step for s in steps], [s.loss_scale for s in steps], color=_color(p),
+                drawstyle="steps-post", label=p)
+        skipped = [s for s in steps if s.skipped]
+        if skipped:
+            ax.scatter([s.step for s in skipped], [s.loss_scale for s in skipped],
+                       marker="x", s=45, color=_color(p), zorder=3,
+                       label=f"{p}: skipped step (inf/NaN gradients)")
+        scaled = True
+    if not scaled:
+        return Chart(title, None, "no precision in this run uses a GradScaler (only fp16-amp does)")
+    ax.set_yscale("log", base=2)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss scale (log2)")
+    ax.legend(loc="best")
+    return Chart(title, _svg(fig))
+
+
+def _bars(ax, labels: list[str], values: list[float | None], texts: list[str]) -> None:
+    """Bars for known values; "n/a" written in place of a missing one, never a zero bar."""
+    known = [v for v in values if v is not None]
+    top = max(known) if known else 1.0
+    for i, (label, value, text) in enumerate(zip(labels, values, texts)):
+        if value is None:
+            ax.text(i, top * 0.04, "n/a", ha="center", va="bottom", color="#555555")
+        else:
+            ax.bar(i, value, color=_color(label), width=0.6)
+            ax.text(i, value, text, ha="center", va="bottom")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylim(0, top * 1.15)
+    ax.grid(axis="x", visible=False)
+
+
+@_styled
+def throughput_chart(record: RunRecord) -> Chart:
+    title = "Throughput and speed-up vs fp32"
+    rows = comparison_rows(record)
+    if not any(r.tokens_per_s is not None for r in rows):
+        return Chart(title, None, "no trial measured its throughput")
+    fig = _figure()
+    ax = fig.add_subplot()
+    texts = [
+        "" if r.speedup_vs_fp32 is None else format_cell("speedup_vs_fp32", r.speedup_vs_fp32)
+        for r in rows
+    ]
+    _bars(ax, [r.precision for r in rows], [r.tokens_per_s for r in rows], texts)
+    ax.set_ylabel("tokens / s")
+    reason = baseline_reason(record)
+    return Chart(title, _svg(fig), f"speed-up n/a: {reason}" if reason else "")
+
+
+@_styled
+def mfu_chart(record: RunRecord) -> Chart:
+    title = "Model FLOPs utilisation"
+    trials = [t for t in record.trials if t.summary is not None]
+    missing = [
+        f"{t.precision}: {t.summary.mfu_reason or 'not measured'}"
+        for t in trials
+        if t.summary.mfu is None
+    ]
+    note = "MFU n/a for " + "; ".join(missing) if missing else ""
+    if not any(t.summary.mfu is not None for t in trials):
+        return Chart(title, None, note or "no trial finished")
+    fig = _figure()
+    ax = fig.add_subplot()
+    values = [None if t.summary.mfu is None else t.summary.mfu * 100 for t in trials]
+    _bars(ax, [t.precision for t in trials], values,
+          ["" if v is None else f"{v:.1f}%" for v in values])
+    ax.set_ylabel("MFU (% of datasheet peak)")
+    return Chart(title, _svg(fig), note)
+
+
+@_styled
+def memory_chart(record: RunRecord) -> Chart:
+    title = "Memory by category (measured) and predicted total"
+    trials = [t for t in record.trials if t.memory is not None]
+    if not trials:
+        return Chart(title, None, "no trial measured its memory")
+    tops = [
+        max(t.memory.peak_allocated_bytes or 0,
+            sum(getattr(t.memory, key) or 0 for key, _, _ in _MEMORY_CATEGORIES),
+            t.predicted_memory.total_bytes if t.predicted_memory else 0)
+        for t in trials
+    ]
+    scale, unit = _byte_unit(max(tops))
+    fig = _figure(3.4)
+    ax = fig.add_subplot()
+    notes, labelled = [], set()
+    for i, t in enumerate(trials):
+        m, bottom = t.memory, 0.0
+        for key, name, color in _MEMORY_CATEGORIES:
+            value = getattr(m, key)
+            if value is None:
+                why = m.activations_method or "not measured"
+                notes.append(f"{t.precision}: {name} n/a ({why})")
+                continue
+            ax.bar(i, value / scale, bottom=bottom, color=color, width=0.55,
+                   label=None if name in labelled else name, edgecolor="white", linewidth=0.5)
+            labelled.add(name)
+            bottom += value / scale
+        known = m.activations_bytes is not None and m.peak_allocated_bytes is not None
+        if known:
+            other = m.peak_allocated_bytes / scale - bottom
+            if other >= 0:
+                ax.bar(i, other, bottom=bottom, color=_OTHER_COLOR, width=0.55,
+                       label=None if "other" in labelled else "other (peak - categories)",
+                       edgecolor="white", linewidth=0.5)
+                labelled.add("other")
+            else:
+                notes.append(f"{t.precision}: categories exceed the measured peak by "
+                             f"{-other:.2f} {unit}")
+        if t.predicted_memory is not None:
+            ax.scatter(i + 0.36, t.predicted_memory.total_bytes / scale, marker="D", s=30,
+                       color="black", zorder=3,
+                       label=None if "predicted" in labelled else "predicted total")
+            labelled.add("predicted")
+    ax.set_xticks(range(len(trials)), [t.precision for t in trials])
+    for tick, t in zip(ax.get_xticklabels(), trials):
+        tick.set_color(_color(t.precision))
+    ax.set_ylabel(f"memory ({unit})")
+    ax.grid(axis="x", visible=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return Chart(title, _svg(fig), "; ".join(notes))
+
+
+@dataclass(frozen=True)
+class _Panel:
+    series: tuple[tuple[str, str], ...]  # (MonitorSample field, legend label)
+    ylabel: str
+    in_bytes: bool = False
+
+
+_MONITOR_PANELS = {
+    "nvml": (
+        _Panel((("gpu_util_pct", "GPU util"), ("mem_util_pct", "memory util")), "utilisation (%)"),
+        _Panel((("gpu_mem_used_bytes", "GPU memory used"),), "GPU memory", in_bytes=True),
+        _Panel((("power_w", "power"),), "power (W)"),
+    ),
+    "host": (
+        _Panel((("cpu_pct", "process CPU"),), "CPU (%)"),
+        _Panel((("host_rss_bytes", "process RSS"),), "host memory", in_bytes=True),
+    ),
+}
+
+
+@_styled
+def monitor_chart(record: RunRecord) -> Chart:
+    title = "Device monitor"
+    sources = {m.source for m in record.monitor_samples}
+    source = "nvml" if "nvml" in sources else "host" if "host" in sources else None
+    if source is None:
+        return Chart(title, None, "no monitor samples were recorded")
+    samples = [m for m in record.monitor_samples if m.source == source]
+    t0 = record.started_s or samples[0].time_s
+    xs = [m.time_s - t0 for m in samples]
+    panels = [
+        panel for panel in _MONITOR_PANELS[source]
+        if any(getattr(m, field) is not None for m in samples for field, _ in panel.series)
+    ]
+    if not panels:
+        return Chart(title, None, f"the {source} monitor reported no values")
+    fig = _figure(1.9 * len(panels) + 0.6)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, panel in zip(axes, panels):
+        scale, ylabel = 1, panel.ylabel
+        if panel.in_bytes:
+            largest = max(getattr(m, f) or 0 for m in samples for f, _ in panel.series)
+            scale, unit = _byte_unit(largest)
+            ylabel = f"{ylabel} ({unit})"
+        for (field, label), style in zip(panel.series, ("-", "--")):
+            ys = [_value(getattr(m, field)) for m in samples]
+            ax.plot(xs, [y / scale for y in ys], color="#333333", linestyle=style, label=label)
+        for trial in record.trials:
+            if trial.finished_s > trial.started_s > 0:
+                ax.axvspan(trial.started_s - t0, trial.finished_s - t0,
+                           color=_color(trial.precision), alpha=0.18, linewidth=0)
+        ax.set_ylabel(ylabel)
+        if len(panel.series) > 1:
+            ax.legend(loc="upper left")
+    for trial in record.trials:
+        if trial.finished_s > trial.started_s > 0:
+            axes[0].text((trial.started_s + trial.finished_s) / 2 - t0, 1.02, trial.precision,
+                         transform=axes[0].get_xaxis_transform(), ha="center", va="bottom",
+                         color=_color(trial.precision), fontsize=8)
+    axes[-1].set_xlabel("time since the run started (s); shaded: each precision's trial")
+    source_text = "NVML (GPU)" if source == "nvml" else "psutil (host; no NVML on this machine)"
+    return Chart(title, _svg(fig), f"source: {source_text}")
+
+
+def report_charts(record: RunRecord) -> list[Chart]:
+    """Every chart of the report, in reading order."""
+    return [
+        throughput_chart(record),
+        mfu_chart(record),
+        memory_chart(record),
+        loss_chart(record),
+        loss_scale_chart(record),
+        step_time_chart(record),
+        monitor_chart(record),
+    ]

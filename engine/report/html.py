@@ -1,0 +1,360 @@
+"""The HTML report: one self-contained file (inline CSS and SVG, no scripts, no links).
+
+It opens offline in any browser and can be mailed around. Every piece of text from
+the record goes through ``html.escape``; the only raw markup is our own and the SVG
+matplotlib drew. Missing values read "n/a" beside the reason the record gives.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import os
+from pathlib import Path
+from string import Template
+
+from engine.colors import PRECISION_COLORS
+from engine.compare import COLUMNS, baseline_reason, comparison_rows, format_bytes, format_cell
+from engine.events import TrialResult
+from engine.record import SCHEMA_VERSION, RunRecord
+from engine.report.atomic import atomic_write
+from engine.report.charts import Chart, report_charts
+
+TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "resources" / "report_template.html"
+NA = '<span class="na">n/a</span>'
+
+
+def _e(value) -> str:
+    return html.escape(str(value))
+
+
+def _date(seconds: float | None) -> str:
+    if not seconds:
+        return "n/a"
+    return datetime.datetime.fromtimestamp(seconds).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def _bytes(value: int | None) -> str:
+    return NA if value is None else f"{format_bytes(value)} <span class=na>({value:,} B)</span>"
+
+
+def _number(value) -> str:
+    if value is None:
+        return NA
+    if isinstance(value, bool):
+        return _e(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return _e(f"{value:.6g}")
+    return _e(value)
+
+
+def _swatch(precision: str) -> str:
+    color = PRECISION_COLORS.get(precision, "#444444")
+    return f'<span class="swatch" style="background:{color}"></span>{_e(precision)}'
+
+
+def _status(status: str) -> str:
+    return f'<span class="status status-{_e(status)}">{_e(status)}</span>'
+
+
+def _kv(rows: list[tuple[str, str]]) -> str:
+    """A two-column table; values are already HTML."""
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<table class="kv">{body}</table>'
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    """A table with escaped headers; cells are already HTML."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>"
+                  for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_value(value) -> str:
+    """Any JSON-like value as HTML: dicts as key/value tables, lists of dicts as tables.
+
+    Used for sections whose content other parts of the engine define (numerics).
+    """
+    if value is None:
+        return NA
+    if isinstance(value, dict):
+        return _kv([(str(k), render_value(v)) for k, v in value.items()]) if value else NA
+    if isinstance(value, list | tuple):
+        if value and all(isinstance(v, dict) for v in value):
+            keys = list(dict.fromkeys(k for v in value for k in v))
+            rows = [[render_value(v.get(k)) for k in keys] for v in value]
+            return _table(keys, rows)
+        return ", ".join(render_value(v) for v in value) if value else "[]"
+    return _number(value)
+
+
+def _flatten(data: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.extend(_flatten(value, f"{name}."))
+        else:
+            out.append((name, value))
+    return out
+
+
+def _device(record: RunRecord) -> str:
+    device = record.environment.get("device")
+    if isinstance(device, dict):
+        device = device.get("description") or device.get("name")
+    if not device:
+        device = next((t.device for t in record.trials if t.device), None)
+    return _e(device) if device else NA
+
+
+# --- sections -------------------------------------------------------------------------
+
+
+def _header(record: RunRecord) -> str:
+    model = record.config.get("model", "unknown model")
+    duration = (
+        f"{record.finished_s - record.started_s:.1f} s"
+        if record.finished_s and record.started_s
+        else "n/a"
+    )
+    facts = [
+        ("model", _e(model)),
+        ("date", _e(_date(record.started_s))),
+        ("device", _device(record)),
+        ("run status", _status(record.status)),
+        ("duration", _e(duration)),
+        ("run id", _e(record.run_id) if record.run_id else NA),
+    ]
+    env = _kv([(k, render_value(v)) for k, v in _flatten(record.environment)])
+    config = _kv([(k, render_value(v)) for k, v in _flatten(record.config)])
+    return (
+        f"<h1>AmpScope report: {_e(model)}</h1>"
+        '<p class="meta">Mixed-precision training profile. "n/a" marks a value this run '
+        "could not measure; the reason is given next to it.</p>"
+        f'<div class="grid2"><div>{_kv(facts)}</div>'
+        f"<div><h4>Environment and library versions</h4>"
+        f"{env if record.environment else NA}</div></div>"
+        f"<details><summary>Run configuration</summary>{config}</details>"
+    )
+
+
+def _comparison(record: RunRecord) -> str:
+    rows = comparison_rows(record)
+    if not rows:
+        return '<p class="na">No trial finished.</p>'
+    headers = [header for _, header, _ in COLUMNS]
+    numeric = {i for i, (key, _, _) in enumerate(COLUMNS)
+               if key not in ("precision", "status", "reason")}
+    cells = []
+    for row in rows:
+        line = []
+        for key, _, _ in COLUMNS:
+            value = getattr(row, key)
+            if key == "precision":
+                line.append(_swatch(value))
+            elif key == "status":
+                line.append(_status(value))
+            else:
+                text = format_cell(key, value)
+                line.append(NA if text == "n/a" else _e(text))
+        cells.append(line)
+    note = baseline_reason(record)
+    baseline = (f'<p class="note">Baseline n/a: {_e(note)}</p>' if note else
+                '<p class="note">Speed-up, memory saved and loss difference are against '
+                "the fp32 trial.</p>")
+    return _table(headers, cells, numeric) + baseline
+
+
+def _chart(chart: Chart) -> str:
+    body = chart.svg if chart.svg is not None else f'<p class="na">n/a: {_e(chart.note)}</p>'
+    note = f'<p class="note">{_e(chart.note)}</p>' if chart.svg is not None and chart.note else ""
+    return f"<figure><figcaption>{_e(chart.title)}</figcaption>{body}{note}</figure>"
+
+
+def _error_pct(measured: int | None, predicted: int | None) -> str:
+    if measured is None or predicted is None or measured == 0:
+        return NA
+    return _e(f"{(measured - predicted) / measured * 100:+.1f}%")
+
+
+def _memory(trial: TrialResult) -> str:
+    m, p = trial.memory, trial.predicted_memory
+    if m is None and p is None:
+        return '<p class="na">n/a: no memory was measured for this trial</p>'
+    pairs = [
+        ("parameters", "params_bytes", "params_bytes"),
+        ("fp32 master weights", None, "master_bytes"),
+        ("gradients", "grads_bytes", "grads_bytes"),
+        ("optimizer state", "optimizer_bytes", "optimizer_bytes"),
+        ("activations", "activations_bytes", "activations_bytes"),
+        ("total", "total_bytes", "total_bytes"),
+    ]
+    rows = []
+    for label, mkey, pkey in pairs:
+        measured = getattr(m, mkey) if m is not None and mkey else None
+        predicted = getattr(p, pkey) if p is not None else None
+        rows.append([_e(label), _bytes(measured), _bytes(predicted),
+                     _error_pct(measured, predicted)])
+    out = _table(["category", "measured", "predicted", "error (measured - predicted) / measured"],
+                 rows, {1, 2, 3})
+    if m is not None:
+        out += _kv([
+            ("peak allocated", _bytes(m.peak_allocated_bytes)),
+            ("peak reserved", _bytes(m.peak_reserved_bytes)),
+            ("temporaries", _bytes(m.temporaries_bytes)),
+            ("NVML process memory", _bytes(m.nvml_process_bytes)),
+            ("CUDA context and other (NVML - reserved)", _bytes(m.context_gap_bytes)),
+            ("activations measured by", _e(m.activations_method) or NA),
+            ("total measured by", _e(m.total_method) or NA),
+            ("notes", _e(m.notes) or NA),
+        ])
+    if p is not None:
+        out += _kv([
+            ("prediction formula", _e(p.formula) or NA),
+            ("bytes per parameter", render_value(p.bytes_per_param)),
+        ])
+    return out
+
+
+def _flops(trial: TrialResult) -> str:
+    f = trial.flops
+    if f is None:
+        return '<p class="na">n/a: FLOPs were not counted for this trial</p>'
+    ratio = (
+        _e(f"{f.counted_per_step / f.analytic_per_step:.3f}")
+        if f.counted_per_step is not None and f.analytic_per_step
+        else NA
+    )
+    out = _kv([
+        ("counted per step", f"{_number(f.counted_per_step)} ({_e(f.counted_method)})"),
+        ("analytic per step", f"{_number(f.analytic_per_step)} ({_e(f.analytic_formula)})"),
+        ("counted / analytic", ratio),
+    ])
+    if f.by_op:
+        rows = [[_e(op), _number(n)] for op, n in sorted(f.by_op.items(), key=lambda kv: -kv[1])]
+        out += f"<details><summary>FLOPs by operator</summary>{_table(['op', 'FLOPs'], rows, {1})}"
+        out += "</details>"
+    return out
+
+
+def _summary(trial: TrialResult) -> str:
+    s = trial.summary
+    if s is None:
+        return '<p class="na">n/a: the trial has no measured steps</p>'
+    if s.mfu is not None:
+        peak = NA if s.peak_flops is None else _e(f"{s.peak_flops / 1e12:.4g} TFLOP/s")
+        mfu = (f"{_e(format_cell('mfu', s.mfu))} of {peak} "
+               f"({_e(s.peak_flops_source or 'source not recorded')})")
+    else:
+        mfu = f"{NA}: {_e(s.mfu_reason or 'no reason recorded')}"
+    return _kv([
+        ("steps measured", _number(s.steps_measured)),
+        ("median step time", _e(format_cell("median_step_ms", s.median_step_ms))),
+        ("throughput", _e(format_cell("tokens_per_s", s.tokens_per_s))),
+        ("achieved TFLOP/s", _number(s.tflops)),
+        ("MFU", mfu),
+        ("peak memory", f"{_bytes(s.peak_memory_bytes)} ({_e(s.peak_memory_method)})"),
+        ("skipped steps", _number(s.skipped_steps)),
+        ("final loss", _number(s.final_loss)),
+        ("final loss scale", _number(s.final_loss_scale)),
+    ])
+
+
+def _dtype_map(trial: TrialResult) -> str:
+    rows = [
+        [_e(p.name), _e("x".join(map(str, p.shape))), _e(p.dtype), _e(p.device),
+         _number(p.bytes), _number(p.numel), _e(p.trainable), _e(p.module_type),
+         _e(p.tied_to) if p.tied_to else ""]
+        for p in trial.dtype_map
+    ]
+    headers = ["parameter", "shape", "dtype", "device", "bytes", "numel", "trainable",
+               "module", "tied to"]
+    return (f"<details><summary>dtype map ({len(rows)} parameters)</summary>"
+            f"{_table(headers, rows, {4, 5})}</details>")
+
+
+def _module_tree(trial: TrialResult) -> str:
+    rows = [
+        [f'<span style="padding-left:{m.depth * 1.2:.1f}em">{_e(m.name or "(model)")}</span>',
+         _e(m.type), _number(m.params), _bytes(m.bytes), _e(m.quantized)]
+        for m in trial.module_tree
+    ]
+    return (f"<details><summary>module tree ({len(rows)} modules)</summary>"
+            f"{_table(['module', 'type', 'params', 'bytes', 'quantized'], rows, {2, 3})}"
+            "</details>")
+
+
+def _trial(trial: TrialResult) -> str:
+    color = PRECISION_COLORS.get(trial.precision, "#444444")
+    reason = f'<p class="note">{_e(trial.reason)}</p>' if trial.reason else ""
+    parts = [
+        f'<section class="trial" style="border-left-color:{color}">',
+        f"<h3>{_swatch(trial.precision)} {_status(trial.status)}</h3>{reason}",
+    ]
+    if trial.status == "unsupported" and trial.summary is None and trial.memory is None:
+        return "".join(parts) + "</section>"
+    parts.append(_kv([
+        ("recipe", _e(trial.recipe) or NA),
+        ("device", _e(trial.device) or NA),
+        ("parameters", f"{_number(trial.param_count)} ({_number(trial.trainable_params)} "
+                       "trainable)"),
+        ("load footprint", f"{_bytes(trial.load_footprint_bytes)} {_e(trial.footprint_note)}"),
+    ]))
+    parts.append('<div class="grid2">')
+    parts.append(f"<div><h4>Summary and MFU</h4>{_summary(trial)}</div>")
+    parts.append(f"<div><h4>FLOPs per step</h4>{_flops(trial)}</div>")
+    parts.append("</div>")
+    parts.append(f"<h4>Memory: measured vs predicted</h4>{_memory(trial)}")
+    if trial.dtype_map:
+        parts.append(_dtype_map(trial))
+    if trial.module_tree:
+        parts.append(_module_tree(trial))
+    if trial.numerics is not None:
+        parts.append(f"<h4>Numerics</h4>{render_value(trial.numerics)}")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _log(record: RunRecord) -> str:
+    if not record.logs:
+        return '<p class="na">No log messages.</p>'
+    rows = [
+        [_e(_date(x.time_s)), f'<span class="log-{_e(x.level)}">{_e(x.level)}</span>',
+         _e(x.precision or ""), _e(x.message)]
+        for x in record.logs
+    ]
+    return _table(["time", "level", "precision", "message"], rows)
+
+
+def render_html(record: RunRecord) -> str:
+    """The whole report as one HTML string."""
+    template = Template(TEMPLATE_PATH.read_text(encoding="utf-8"))
+    model = record.config.get("model", "unknown model")
+    numerics = (
+        f"<h2>Numerics</h2>{render_value(record.numerics)}" if record.numerics is not None else ""
+    )
+    return template.substitute(
+        title=_e(f"AmpScope report: {model}, {_date(record.started_s)}"),
+        header=_header(record),
+        comparison=_comparison(record),
+        charts="\n".join(_chart(c) for c in report_charts(record)),
+        trials="\n".join(_trial(t) for t in record.trials) or '<p class="na">No trials.</p>',
+        numerics=numerics,
+        log=_log(record),
+        footer=_e(f"Written by AmpScope, report schema version {SCHEMA_VERSION}. "
+                  "Open the JSON report of the same run in the AmpScope window to explore it."),
+    )
+
+
+def write_html(record: RunRecord, path: str | os.PathLike) -> Path:
+    text = render_html(record)
+    return atomic_write(path, lambda fh: fh.write(text))

@@ -1,0 +1,51 @@
+"""The JSON report: the whole run record, readable back into the same objects.
+
+Losses that overflowed are written as the bare tokens ``NaN`` / ``Infinity``, as
+Python's json module does: they are measurements (the run diverged), not missing
+values, so they are kept rather than turned into null. See docs/report-schema.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from engine.record import RunRecord
+from engine.report.atomic import atomic_write
+
+
+def write_json(record: RunRecord, path: str | os.PathLike) -> Path:
+    data = record.to_dict()
+    return atomic_write(path, lambda fh: json.dump(data, fh, indent=1))
+
+
+def read_json(path: str | os.PathLike) -> RunRecord:
+    """Read a report; every failure is a ValueError that names the file and the fix."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"report not found: {path}: check the path") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a folder: pick a report .json file inside it") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file: pick an AmpScope .json report") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}): "
+            "the file may be cut short or not an AmpScope report"
+        ) from None
+    try:
+        return RunRecord.from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(
+            f"{path} looks like an AmpScope report but a field is damaged ({exc!r}): "
+            "export it again"
+        ) from None
