@@ -1,0 +1,3 @@
+"""AmpScope's measurement engine. Never imports Qt."""
+
+VERSION = "0.1.0"

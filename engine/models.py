@@ -255,8 +255,13 @@ def load_model(
     trust_remote_code: bool = False,
     lora_r: int = 8,
     grad_checkpointing: bool = False,
+    train: bool = True,
 ) -> LoadedModel:
-    """Load ``model`` as the precision's recipe prescribes, ready to train on ``device``."""
+    """Load ``model`` as the precision's recipe prescribes, on ``device``.
+
+    With ``train`` the model is made ready to train (fp8 conversion, LoRA adapters,
+    checkpointing); without it, it is just loaded, as the footprint command wants.
+    """
     recipe = precision if isinstance(precision, Recipe) else get_recipe(precision)
     device = torch.device(device)
     source = resolve_source(model)
@@ -279,6 +284,8 @@ def load_model(
         net = _random_init(config, task, recipe.weight_dtype, device, seed, trust_remote_code)
     footprint = int(net.get_memory_footprint())
     note = footprint_note(config, net)
+    if not train:
+        return LoadedModel(net, config, task, source, footprint, note)
     if recipe.fp8:
         from torchao.float8 import convert_to_float8_training
 

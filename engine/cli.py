@@ -1,0 +1,259 @@
+"""The headless command line: ``profile``, ``footprint``, ``presets``, ``numerics``.
+
+Bad input prints one line to stderr that says what to do and exits 2, before any
+file is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from engine import VERSION
+from engine.config import OPTIMIZERS, PRECISIONS, RunConfig, parse_precisions
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        command = " ".join(self.prog.split()[1:])
+        help_cmd = f"python main.py {command} --help" if command else "python main.py --help"
+        raise ValueError(f"{message} (see '{help_cmd}')")
+
+
+def _add_model_args(p: argparse.ArgumentParser, precisions_default: str) -> None:
+    p.add_argument("--model", default="tiny",
+                   help="preset name (see 'presets'), a local model folder, or a cached hub id")
+    p.add_argument("--precision", default=precisions_default,
+                   help=f"comma-separated, from: {','.join(PRECISIONS)}")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a model folder or hub id to run its own code")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="main.py", description="AmpScope: mixed-precision training profiler")
+    parser.add_argument("--version", action="version", version=f"AmpScope {VERSION}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    prof = sub.add_parser("profile", help="train each precision for timed steps and compare")
+    _add_model_args(prof, "fp32,bf16-amp,fp16-amp")
+    prof.add_argument("--batch-size", type=int, default=4)
+    prof.add_argument("--seq-len", type=int, default=128)
+    prof.add_argument("--steps", type=int, default=10, help="measured steps per precision")
+    prof.add_argument("--warmup", type=int, default=2, help="unmeasured steps first")
+    prof.add_argument("--grad-accum", type=int, default=1)
+    prof.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    prof.add_argument("--lr", type=float, default=1e-4)
+    prof.add_argument("--grad-checkpointing", action="store_true")
+    prof.add_argument("--compile", action="store_true", help="torch.compile the model")
+    prof.add_argument("--init-scale", type=float, default=2.0**16, help="GradScaler init scale")
+    prof.add_argument("--growth-interval", type=int, default=2000,
+                      help="GradScaler growth interval (steps)")
+    prof.add_argument("--lora-r", type=int, default=8, help="LoRA rank for int8 and nf4")
+    prof.add_argument("--isolation", default="process", choices=("process", "inline"),
+                      help="each trial in a child process (default) or in this one")
+    prof.add_argument("--out", help="report file: .json, .csv or .html")
+    prof.add_argument("--quiet", action="store_true", help="no progress display")
+
+    foot = sub.add_parser("footprint", help="load footprint of each precision (no training)")
+    _add_model_args(foot, "fp32,fp16,bf16,int8,nf4")
+    foot.add_argument("--json", action="store_true", help="print JSON")
+
+    pres = sub.add_parser("presets", help="list the built-in models")
+    pres.add_argument("--json", action="store_true", help="print JSON")
+
+    num = sub.add_parser("numerics", help="formats, live numeric demos, gradient ranges, advice")
+    _add_model_args(num, "fp16-amp")
+    num.add_argument("--batch-size", type=int, default=2)
+    num.add_argument("--seq-len", type=int, default=64)
+    num.add_argument("--json", action="store_true", help="print JSON")
+    num.add_argument("--out", help="also write a report (.json or .html) with the numerics")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.quiet import quiet_libraries
+
+    quiet_libraries()
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 0
+        handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
+                   "numerics": _numerics}[args.command]
+        return handler(args)
+    except ValueError as exc:
+        print(f"ampscope: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+# --- profile -----------------------------------------------------------------------
+
+
+def _profile(args) -> int:
+    from engine.compare import comparison_rows, format_table
+    from engine.report.writer import check_writable, write_report
+    from engine.runner import Runner
+
+    config = RunConfig(
+        model=args.model, precisions=parse_precisions(args.precision),
+        batch_size=args.batch_size, seq_len=args.seq_len, steps=args.steps,
+        warmup=args.warmup, grad_accum=args.grad_accum, optimizer=args.optimizer, lr=args.lr,
+        grad_checkpointing=args.grad_checkpointing, compile=args.compile,
+        init_scale=args.init_scale, growth_interval=args.growth_interval, lora_r=args.lora_r,
+        device=args.device, isolation=args.isolation, seed=args.seed,
+        trust_remote_code=args.trust_remote_code,
+    )
+    if args.out:
+        check_writable(args.out)
+    progress = _Progress(config, enabled=not args.quiet)
+    runner = Runner(config, progress)
+    previous = signal.signal(signal.SIGINT, lambda *_: _stop(runner, previous))
+    try:
+        record = runner.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    progress.close()
+    print(format_table(comparison_rows(record)))
+    if args.out:
+        write_report(record, args.out)
+        print(f"report written to {args.out}")
+    return 0
+
+
+def _stop(runner, previous) -> None:
+    print("\nstopping after this step (Ctrl-C again to abort)...", file=sys.stderr)
+    runner.cancel()
+    signal.signal(signal.SIGINT, previous)
+
+
+class _Progress:
+    """Progress on stderr: one rewritten line on a terminal, a line a step in a log."""
+
+    def __init__(self, config: RunConfig, enabled: bool):
+        self.config = config
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.total = config.warmup + config.steps
+        self.index = 0
+
+    def __call__(self, event) -> None:
+        from engine.events import LogEvent, StepSample, TrialFinished, TrialStarted
+
+        if not self.enabled:
+            return
+        if isinstance(event, TrialStarted):
+            self.index = event.index + 1
+            self._line(f"[{self.index}/{event.total}] {event.precision}: loading", end=True)
+        elif isinstance(event, StepSample):
+            kind = "warm-up" if event.warmup else "step"
+            scale = f"  scale {event.loss_scale:g}" if event.loss_scale is not None else ""
+            skip = "  SKIPPED (inf/NaN)" if event.skipped else ""
+            loss = f"{event.loss:.4f}" if event.loss is not None else "n/a"
+            self._line(f"  {event.precision} {kind} {event.step + 1}/{self.total}  "
+                       f"{event.step_ms:8.1f} ms  {event.tokens_per_s:10.0f} tok/s  "
+                       f"loss {loss}{scale}{skip}")
+        elif isinstance(event, TrialFinished):
+            r = event.result
+            why = f": {r.reason}" if r.reason else ""
+            self._line(f"  {r.precision}: {r.status}{why}", end=True)
+        elif isinstance(event, LogEvent) and event.level != "info":
+            self._line(f"  {event.level}: {event.message}", end=True)
+
+    def _line(self, text: str, end: bool = False) -> None:
+        if self.tty:
+            sys.stderr.write("\r\033[K" + text + ("\n" if end else ""))
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+
+
+# --- footprint ---------------------------------------------------------------------
+
+
+def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: int = 0,
+                   trust_remote_code: bool = False) -> list[dict]:
+    """Load footprint of each precision, as transformers' get_memory_footprint counts it."""
+    from collections import Counter
+
+    from engine.device import probe
+    from engine.inventory import count_params, dtype_map
+    from engine.models import load_model
+    from engine.runner import preflight
+
+    preflight(RunConfig(model=model, precisions=precisions, device=device, seq_len=1))
+    info = probe(device)
+    rows = []
+    for precision in precisions:
+        reason = info.unsupported_reason(precision)
+        if reason:
+            rows.append({"precision": precision, "status": "unsupported", "reason": reason,
+                         "footprint_bytes": None, "params": None, "bytes_by_dtype": {}})
+            continue
+        loaded = load_model(model, precision, info.torch_device, seed, trust_remote_code,
+                            train=False)
+        by_dtype: Counter = Counter()
+        for p in dtype_map(loaded.model):
+            if p.tied_to is None:
+                by_dtype[p.dtype] += p.bytes
+        rows.append({"precision": precision, "status": "ok", "reason": None,
+                     "footprint_bytes": loaded.footprint_bytes,
+                     "params": count_params(loaded.model)[0],
+                     "bytes_by_dtype": dict(by_dtype), "note": loaded.footprint_note})
+        del loaded
+    return rows
+
+
+def _footprint(args) -> int:
+    rows = footprint_rows(args.model, parse_precisions(args.precision), args.device, args.seed,
+                          args.trust_remote_code)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'precision':<10} {'footprint':>14} {'parameters':>14}  bytes by dtype")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"{r['precision']:<10} {'n/a':>14} {'n/a':>14}  {r['reason']}")
+            continue
+        dtypes = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in r["bytes_by_dtype"].items())
+        print(f"{r['precision']:<10} {r['footprint_bytes'] / 2**20:>10.2f} MiB "
+              f"{r['params']:>14,}  {dtypes}")
+    notes = {r["note"] for r in rows if r.get("note")}
+    for note in notes:
+        print(f"note: {note}")
+    return 0
+
+
+# --- presets -----------------------------------------------------------------------
+
+
+def _presets(args) -> int:
+    from engine.presets import param_count, presets
+
+    items = [{"name": p.name, "task": p.task, "params": param_count(p.name),
+              "description": p.description} for p in presets()]
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return 0
+    for item in items:
+        print(f"{item['name']:<12} {item['params']:>15,} params  {item['task']:<9}  "
+              f"{item['description']}")
+    return 0
+
+
+# --- numerics ----------------------------------------------------------------------
+
+
+def _numerics(args) -> int:
+    raise ValueError("the numerics lab is not available in this build")

@@ -1,0 +1,22 @@
+"""Silence library chatter that is not about the user's run."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+
+def quiet_libraries() -> None:
+    """Keep library chatter (progress bars, advice, optional-kernel notices) off the terminal.
+
+    torchao and bitsandbytes log a warning for each optional kernel they cannot load
+    on this machine, and torch a deprecation note when torchao registers its enums.
+    """
+    for name in ("torchao", "torch.utils._pytree", "bitsandbytes"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # read by transformers and huggingface_hub when they are imported
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)

@@ -1,0 +1,173 @@
+"""A run: a list of trials, one per precision, each in its own child process by default.
+
+A child process gives each trial clean memory numbers and turns an OOM or a native
+crash into that trial's status; the run goes on with the next precision. Events from
+the child come back over a queue and reach ``on_event`` from the calling thread
+(monitor samples from the monitor thread). ``cancel()`` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from engine.config import RunConfig
+from engine.device import DeviceInfo, probe
+from engine.environment import collect
+from engine.events import (
+    RunFinished,
+    RunStarted,
+    StepSample,
+    TrialFinished,
+    TrialResult,
+    TrialStarted,
+)
+from engine.models import load_config, max_positions, resolve_source
+from engine.monitor import Monitor
+from engine.quiet import quiet_libraries
+from engine.record import RunRecord
+
+CANCEL_GRACE_S = 30.0  # a child that ignores cancel this long is terminated
+
+
+def preflight(config: RunConfig) -> DeviceInfo:
+    """Check what can be checked before loading anything; raises ``ValueError``."""
+    info = probe(config.device)
+    source = resolve_source(config.model)
+    model_config, _ = load_config(source, config.trust_remote_code)
+    limit = max_positions(model_config)
+    if limit is not None and config.seq_len > limit:
+        raise ValueError(
+            f"sequence length {config.seq_len} is longer than {config.model} allows "
+            f"({limit} positions): set --seq-len {limit} or less"
+        )
+    return info
+
+
+def _child_main(config_dict: dict, precision: str, info: DeviceInfo, out, cancel) -> None:
+    quiet_libraries()
+    from engine.trial import run_trial
+
+    config = RunConfig.from_dict(config_dict)
+    result = run_trial(config, precision, info, out.put, cancel.is_set)
+    out.put(TrialFinished(result, time.time()))
+
+
+class Runner:
+    def __init__(self, config: RunConfig, on_event: Callable[[object], None] | None = None):
+        self.config = config
+        self.on_event = on_event
+        self.record = RunRecord()
+        self._cancel = threading.Event()
+        self._child_cancel = None
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        if self._child_cancel is not None:
+            self._child_cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def _emit(self, event) -> None:
+        with self._lock:
+            self.record.apply(event)
+            if self.on_event is not None:
+                self.on_event(event)
+
+    def run(self) -> RunRecord:
+        """Run every trial; raises ``ValueError`` before starting if the input is bad."""
+        info = preflight(self.config)
+        quiet_libraries()
+        self._emit(RunStarted(uuid.uuid4().hex[:12], self.config.to_dict(), collect(info),
+                              time.time()))
+        monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz)
+        monitor.start()
+        try:
+            total = len(self.config.precisions)
+            for index, precision in enumerate(self.config.precisions):
+                if self.cancelled:
+                    result = TrialResult(precision, "cancelled",
+                                         "the run was stopped before this trial started")
+                else:
+                    self._emit(TrialStarted(precision, index, total, time.time()))
+                    if self.config.isolation == "inline":
+                        result = self._inline(precision, info)
+                    else:
+                        result = self._in_child(precision, info, monitor)
+                self._emit(TrialFinished(result, time.time()))
+        finally:
+            monitor.stop()
+        self._emit(RunFinished("cancelled" if self.cancelled else "ok", time.time()))
+        return self.record
+
+    def _inline(self, precision: str, info: DeviceInfo) -> TrialResult:
+        from engine.trial import run_trial
+
+        return run_trial(self.config, precision, info, self._emit, self._cancel.is_set)
+
+    def _in_child(self, precision: str, info: DeviceInfo, monitor: Monitor) -> TrialResult:
+        ctx = mp.get_context("spawn")
+        out, cancel = ctx.Queue(), ctx.Event()
+        self._child_cancel = cancel
+        if self.cancelled:
+            cancel.set()
+        child = ctx.Process(
+            target=_child_main,
+            args=(self.config.to_dict(), precision, info, out, cancel),
+            name=f"ampscope-trial-{precision}",
+            daemon=True,
+        )
+        child.start()
+        monitor.watch_pid(child.pid)
+        steps: list[StepSample] = []
+        result = None
+        cancel_deadline = None
+        try:
+            while result is None:
+                if self.cancelled and cancel_deadline is None:
+                    cancel.set()
+                    cancel_deadline = time.monotonic() + CANCEL_GRACE_S
+                try:
+                    event = out.get(timeout=0.1)
+                except queue.Empty:
+                    if not child.is_alive():
+                        break
+                    if cancel_deadline is not None and time.monotonic() > cancel_deadline:
+                        child.terminate()
+                        break
+                    continue
+                if isinstance(event, TrialFinished):
+                    result = event.result
+                else:
+                    if isinstance(event, StepSample):
+                        steps.append(event)
+                    self._emit(event)
+        finally:
+            child.join(timeout=CANCEL_GRACE_S)
+            if child.is_alive():
+                child.kill()
+                child.join()
+            self._child_cancel = None
+        if result is not None:
+            return result
+        return self._lost_child(precision, child.exitcode, steps)
+
+    def _lost_child(self, precision: str, exitcode: int | None, steps: list) -> TrialResult:
+        if self.cancelled:
+            status, reason = "cancelled", "stopped by the user; the trial process was ended"
+        elif exitcode == -9:
+            status = "oom"
+            reason = ("the trial process was killed (SIGKILL), most likely by the system's "
+                      "out-of-memory killer: try a smaller batch or model")
+        else:
+            status = "error"
+            reason = (f"the trial process exited with code {exitcode} before reporting "
+                      "(a native crash?): the run went on with the next precision")
+        return TrialResult(precision, status, reason, steps=steps)
