@@ -1,0 +1,67 @@
+"""Datasheet peak FLOP/s per GPU and dtype, the denominator of MFU.
+
+The table lives in ``resources/peak_flops.json`` (its ``convention`` says what the
+numbers mean). A GPU it does not name, a CPU, or a dtype the GPU lacks gives no
+peak and a reason; the lookup never borrows another GPU's or another dtype's figure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+TABLE = Path(__file__).resolve().parent.parent / "resources" / "peak_flops.json"
+_TABLE_NAME = "resources/peak_flops.json"
+
+
+@dataclass(frozen=True)
+class PeakLookup:
+    flops_per_s: float | None
+    source: str | None
+    reason: str | None  # why flops_per_s is None
+
+
+@cache
+def table() -> dict:
+    return json.loads(TABLE.read_text(encoding="utf-8"))
+
+
+def _entry(device_name: str) -> dict | None:
+    for gpu in table()["gpus"]:
+        if re.search(gpu["match"], device_name, re.IGNORECASE):
+            return gpu
+    return None
+
+
+def peak_flops(device_name: str | None, dtype: str) -> PeakLookup:
+    """Peak of ``dtype`` (a column of the table, e.g. a recipe's ``peak_dtype``) on a GPU."""
+    dtypes = table()["dtypes"]
+    if dtype not in dtypes:
+        raise ValueError(f"no peak column '{dtype}': choose from {', '.join(dtypes)}")
+    name = (device_name or "").strip()
+    if not name or name.lower() == "cpu":
+        return PeakLookup(None, None, "no datasheet peak for CPUs: MFU is measured on GPUs only")
+    gpu = _entry(name)
+    if gpu is None:
+        return PeakLookup(
+            None, None, f"no datasheet peak for '{name}' in {_TABLE_NAME}: add it to get MFU"
+        )
+    tflops = gpu["peak_tflops"].get(dtype)
+    if tflops is None:
+        return PeakLookup(
+            None, None, f"{gpu['name']} has no {dtype} peak on its datasheet (no {dtype} "
+            "hardware path), so MFU is n/a"
+        )
+    unit = "TOPS" if dtype == "int8" else "TFLOP/s"
+    source = f"{gpu['name']}: {tflops} {unit} {dtype}, dense ({gpu['source']})"
+    return PeakLookup(tflops * 1e12, source, None)
+
+
+def mfu(achieved_flops_per_s: float | None, lookup: PeakLookup) -> float | None:
+    """Model FLOPs utilisation as a fraction of the peak (0.42 means 42%)."""
+    if achieved_flops_per_s is None or lookup.flops_per_s is None:
+        return None
+    return achieved_flops_per_s / lookup.flops_per_s
