@@ -239,8 +239,9 @@ def memory_chart(record: RunRecord) -> Chart:
                    label=None if name in labelled else name, edgecolor="white", linewidth=0.5)
             labelled.add(name)
             bottom += value / scale
-        known = m.activations_bytes is not None and m.peak_allocated_bytes is not None
-        if known:
+        if m.peak_allocated_bytes is None:
+            notes.append(f"{t.precision}: 'other' n/a (no allocator peak was measured)")
+        elif m.activations_bytes is not None:  # else "other" would hide the activations
             other = m.peak_allocated_bytes / scale - bottom
             if other >= 0:
                 ax.bar(i, other, bottom=bottom, color=_OTHER_COLOR, width=0.55,
