@@ -1,0 +1,13 @@
+import pytest
+
+from engine.quiet import quiet_libraries
+
+quiet_libraries()
+
+
+@pytest.fixture
+def hub_offline(tmp_path, monkeypatch):
+    """An empty hub cache with the hub unreachable, as on a machine with no network."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    return tmp_path / "hf"
