@@ -192,7 +192,7 @@ class PredictedMemory:
     total_bytes: int
     bytes_per_param: dict = field(default_factory=dict)
     formula: str = ""
-    error_pct: dict = field(default_factory=dict)  # category -> (measured-predicted)/measured
+    error_pct: dict = field(default_factory=dict)  # category -> 100*(predicted-measured)/measured
 
 
 @dataclass(frozen=True)
