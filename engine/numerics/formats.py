@@ -1,0 +1,183 @@
+"""The number formats mixed precision trades between, read from torch and bitsandbytes.
+
+Every figure comes from ``torch.finfo`` / ``torch.iinfo`` (or the NF4 code book that
+bitsandbytes quantises with), so the table shows what the installed libraries do.
+
+``eps`` is the relative step: for floats ``finfo.eps`` (the gap between 1.0 and the next
+value); for int8 and NF4, which store a code times a per-block absmax scale, the
+coarsest gap between neighbouring codes divided by the largest code.
+``decimal_digits`` is ``-log10(eps)``: how many significant decimal digits survive.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+
+@dataclass(frozen=True)
+class FormatInfo:
+    name: str
+    kind: str  # "float", "matmul-mode", "int" or "codebook"
+    torch_dtype: str | None  # None for TF32, which is no storage dtype
+    bits: int
+    sign_bits: int | None  # None for a code book (bits index a table of values)
+    exponent_bits: int | None
+    mantissa_bits: int | None
+    max: float | None
+    min_normal: float | None
+    min_subnormal: float | None  # smallest magnitude above zero
+    eps: float | None
+    decimal_digits: float | None
+    note: str
+    codebook: tuple[float, ...] | None = None
+
+
+def _digits(eps: float) -> float:
+    return -math.log10(eps)
+
+
+def float_format(name: str, dtype: torch.dtype, note: str) -> FormatInfo:
+    fi = torch.finfo(dtype)
+    mantissa = round(-math.log2(fi.eps))
+    return FormatInfo(
+        name=name,
+        kind="float",
+        torch_dtype=str(dtype),
+        bits=fi.bits,
+        sign_bits=1,
+        exponent_bits=fi.bits - 1 - mantissa,
+        mantissa_bits=mantissa,
+        max=float(fi.max),
+        min_normal=float(fi.smallest_normal),
+        # below the smallest normal the spacing stays at min_normal * eps
+        min_subnormal=float(fi.smallest_normal * fi.eps),
+        eps=float(fi.eps),
+        decimal_digits=_digits(fi.eps),
+        note=note,
+    )
+
+
+def tf32_format() -> FormatInfo:
+    """TF32 keeps fp32's exponent and rounds the mantissa to 10 bits inside matmuls."""
+    fp32 = torch.finfo(torch.float32)
+    mantissa = 10
+    exponent = fp32.bits - 1 - round(-math.log2(fp32.eps))
+    eps = 2.0**-mantissa
+    max_exp = math.floor(math.log2(fp32.max))
+    return FormatInfo(
+        name="tf32",
+        kind="matmul-mode",
+        torch_dtype=None,
+        bits=1 + exponent + mantissa,
+        sign_bits=1,
+        exponent_bits=exponent,
+        mantissa_bits=mantissa,
+        max=(2.0 - eps) * 2.0**max_exp,
+        min_normal=float(fp32.smallest_normal),
+        min_subnormal=float(fp32.smallest_normal) * eps,
+        eps=eps,
+        decimal_digits=_digits(eps),
+        note="a matmul mode of Ampere+ Tensor Cores, not a storage dtype: fp32 tensors in "
+        "memory, inputs rounded to a 10-bit mantissa inside the matmul, fp32 accumulation",
+    )
+
+
+def int8_format() -> FormatInfo:
+    ii = torch.iinfo(torch.int8)
+    return FormatInfo(
+        name="int8",
+        kind="int",
+        torch_dtype=str(torch.int8),
+        bits=ii.bits,
+        sign_bits=1,
+        exponent_bits=0,
+        mantissa_bits=ii.bits - 1,
+        max=float(ii.max),
+        min_normal=1.0,
+        min_subnormal=1.0,
+        eps=1.0 / ii.max,
+        decimal_digits=_digits(1.0 / ii.max),
+        note="integer grid: LLM.int8 stores round(w / absmax * 127) per row with the absmax "
+        "kept aside, so the range moves with each row's scale; outliers stay fp16",
+    )
+
+
+def nf4_codebook() -> tuple[float, ...]:
+    """The 16 NF4 values bitsandbytes quantises to (normalised to [-1, 1])."""
+    from bitsandbytes.functional import get_4bit_type
+
+    return tuple(float(v) for v in get_4bit_type("nf4", device="cpu").tolist())
+
+
+def nf4_format() -> FormatInfo:
+    note = (
+        "4-bit index into a 16-value code book of normal-distribution quantiles; each "
+        "block of 64 weights stores its absmax, and matmuls dequantise to bf16/fp16"
+    )
+    try:
+        codes = sorted(nf4_codebook())
+    except ImportError as exc:
+        return FormatInfo("nf4", "codebook", None, 4, None, None, None, None, None, None, None,
+                          None, f"n/a: bitsandbytes is not importable ({exc})")
+    nonzero = [abs(c) for c in codes if c != 0]
+    top = max(abs(c) for c in codes)
+    step = max(b - a for a, b in zip(codes, codes[1:])) / top
+    return FormatInfo(
+        name="nf4",
+        kind="codebook",
+        torch_dtype=None,
+        bits=4,
+        sign_bits=None,
+        exponent_bits=None,
+        mantissa_bits=None,
+        max=top,
+        min_normal=min(nonzero),
+        min_subnormal=min(nonzero),
+        eps=step,
+        decimal_digits=_digits(step),
+        note=note,
+        codebook=tuple(codes),
+    )
+
+
+def format_table() -> list[FormatInfo]:
+    return list(_table())
+
+
+@cache
+def _table() -> tuple[FormatInfo, ...]:
+    return (
+        float_format("fp32", torch.float32, "IEEE single: the training reference"),
+        tf32_format(),
+        float_format("fp16", torch.float16,
+                     "IEEE half: 5-bit exponent, so small gradients underflow without "
+                     "loss scaling and values above max become inf"),
+        float_format("bf16", torch.bfloat16,
+                     "brain float: fp32's 8-bit exponent with a 7-bit mantissa; fp32's range, "
+                     "so no loss scaling, but coarse steps"),
+        float_format("fp8_e4m3", torch.float8_e4m3fn,
+                     "fp8 for weights and activations (forward); no inf, NaN only"),
+        float_format("fp8_e5m2", torch.float8_e5m2,
+                     "fp8 with fp16's exponent range, for gradients (backward)"),
+        int8_format(),
+        nf4_format(),
+    )
+
+
+def format_by_name(name: str) -> FormatInfo:
+    for info in _table():
+        if info.name == name:
+            return info
+    raise ValueError(f"unknown format '{name}': choose from "
+                     f"{', '.join(f.name for f in _table())}")
+
+
+def representable_range_log2(info: FormatInfo) -> tuple[float, float] | None:
+    """log2 of the smallest magnitude above zero and of the largest, for range charts."""
+    if info.min_subnormal is None or info.max is None:
+        return None
+    return math.log2(info.min_subnormal), math.log2(info.max)
