@@ -1,0 +1,38 @@
+"""One forward pass under a precision recipe, shared by the gradient and op-trace probes."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+import torch
+from torch import nn
+
+from engine.recipes import Recipe
+
+
+@contextmanager
+def matmul_precision(recipe: Recipe):
+    """TF32 matmuls for the tf32 recipe only, restored afterwards (the setting is global)."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if recipe.tf32 else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def autocast_for(recipe: Recipe, device: torch.device):
+    if recipe.autocast_dtype is None:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=recipe.autocast_dtype)
+
+
+def forward_loss(model: nn.Module, batch: dict, recipe: Recipe,
+                 device: torch.device) -> torch.Tensor:
+    """The model's loss on ``batch`` under the recipe's autocast (backward stays outside)."""
+    with autocast_for(recipe, device):
+        out = model(**batch)
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        raise ValueError("the model returned no loss: the batch needs a 'labels' entry")
+    return loss
