@@ -41,6 +41,7 @@ _MEMORY_CATEGORIES = (
     ("activations_bytes", "activations", "#FFAABB"),
 )
 _OTHER_COLOR = "#DDDDDD"
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def _step_lines(record: RunRecord, field: str, ylabel: str, title: str) -> Chart
     fig = _figure()
     ax = fig.add_subplot()
     drawn, non_finite = False, []
-    for p in record_precisions(record):
+    for i, p in enumerate(record_precisions(record)):
         steps = [s for s in record.steps(p) if getattr(s, field) is not None]
         if not steps:
             continue
@@ -101,10 +102,13 @@ def _step_lines(record: RunRecord, field: str, ylabel: str, title: str) -> Chart
         ys = [getattr(s, field) for s in steps]
         if not all(math.isfinite(y) for y in ys):
             non_finite.append(p)
-        ax.plot(xs, ys, color=_color(p), marker="o", markersize=3, label=p)
+        # precisions often agree closely: thinner lines and own markers on top keep all visible
+        marker = _MARKERS[i % len(_MARKERS)]
+        ax.plot(xs, ys, color=_color(p), marker=marker, markersize=4,
+                linewidth=max(0.8, 2.6 - 0.4 * i), label=p)
         warm = [(s.step, getattr(s, field)) for s in steps if s.warmup]
         if warm:
-            ax.plot(*zip(*warm), linestyle="none", marker="o", markersize=5,
+            ax.plot(*zip(*warm), linestyle="none", marker=marker, markersize=6,
                     markerfacecolor="white", color=_color(p))
         drawn = True
     if not drawn:
@@ -194,14 +198,14 @@ def throughput_chart(record: RunRecord) -> Chart:
 def mfu_chart(record: RunRecord) -> Chart:
     title = "Model FLOPs utilisation"
     trials = [t for t in record.trials if t.summary is not None]
-    missing = [
-        f"{t.precision}: {t.summary.mfu_reason or 'not measured'}"
-        for t in trials
-        if t.summary.mfu is None
-    ]
-    note = "MFU n/a for " + "; ".join(missing) if missing else ""
+    by_reason: dict[str, list[str]] = {}  # one line per reason, not one per precision
+    for t in trials:
+        if t.summary.mfu is None:
+            by_reason.setdefault(t.summary.mfu_reason or "not measured", []).append(t.precision)
+    missing = "; ".join(f"{', '.join(ps)}: {reason}" for reason, ps in by_reason.items())
     if not any(t.summary.mfu is not None for t in trials):
-        return Chart(title, None, note or "no trial finished")
+        return Chart(title, None, missing or "no trial finished")
+    note = f"MFU n/a for {missing}" if missing else ""
     fig = _figure()
     ax = fig.add_subplot()
     values = [None if t.summary.mfu is None else t.summary.mfu * 100 for t in trials]
@@ -226,7 +230,7 @@ def memory_chart(record: RunRecord) -> Chart:
     scale, unit = _byte_unit(max(tops))
     fig = _figure(3.4)
     ax = fig.add_subplot()
-    notes, labelled = [], set()
+    notes, labelled, no_peak = [], set(), []
     for i, t in enumerate(trials):
         m, bottom = t.memory, 0.0
         for key, name, color in _MEMORY_CATEGORIES:
@@ -240,7 +244,7 @@ def memory_chart(record: RunRecord) -> Chart:
             labelled.add(name)
             bottom += value / scale
         if m.peak_allocated_bytes is None:
-            notes.append(f"{t.precision}: 'other' n/a (no allocator peak was measured)")
+            no_peak.append(t.precision)
         elif m.activations_bytes is not None:  # else "other" would hide the activations
             other = m.peak_allocated_bytes / scale - bottom
             if other >= 0:
@@ -262,6 +266,8 @@ def memory_chart(record: RunRecord) -> Chart:
     ax.set_ylabel(f"memory ({unit})")
     ax.grid(axis="x", visible=False)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if no_peak:
+        notes.append(f"'other' n/a for {', '.join(no_peak)}: no allocator peak was measured")
     return Chart(title, _svg(fig), "; ".join(notes))
 
 

@@ -134,7 +134,11 @@ def _header(record: RunRecord) -> str:
         ("duration", _e(duration)),
         ("run id", _e(record.run_id) if record.run_id else NA),
     ]
-    env = _kv([(k, render_value(v)) for k, v in _flatten(record.environment)])
+    env = {k: v for k, v in record.environment.items() if not isinstance(v, dict) or k != "device"}
+    env_html = _kv([(k, render_value(v)) for k, v in _flatten(env)]) if env else NA
+    device = record.environment.get("device")
+    if isinstance(device, dict):  # the probed device in full: long, so folded away
+        env_html += f"<details><summary>device details</summary>{render_value(device)}</details>"
     config = _kv([(k, render_value(v)) for k, v in _flatten(record.config)])
     return (
         f"<h1>AmpScope report: {_e(model)}</h1>"
@@ -142,7 +146,7 @@ def _header(record: RunRecord) -> str:
         "could not measure; the reason is given next to it.</p>"
         f'<div class="grid2"><div>{_kv(facts)}</div>'
         f"<div><h4>Environment and library versions</h4>"
-        f"{env if record.environment else NA}</div></div>"
+        f"{env_html}</div></div>"
         f"<details><summary>Run configuration</summary>{config}</details>"
     )
 

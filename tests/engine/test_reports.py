@@ -1,5 +1,6 @@
 import csv
 import dataclasses
+import html
 import json
 import math
 import os
@@ -261,3 +262,31 @@ def test_schema_doc_names_every_field():
     missing += [f"top level {key}" for key in make_record().to_dict() if f"`{key}`" not in doc]
     missing += [f"status {s}" for s in events.TRIAL_STATUSES if f"`{s}`" not in doc]
     assert missing == []
+
+
+# --- a real run ----------------------------------------------------------------------
+
+
+def test_real_tiny_run_writes_all_three_formats(tmp_path):
+    from engine.config import RunConfig
+    from engine.runner import Runner
+
+    config = RunConfig(model="tiny", precisions=("fp32", "bf16-amp"), steps=3, warmup=1,
+                       batch_size=2, seq_len=32, isolation="inline", device="cpu")
+    record = Runner(config, on_event=lambda event: None).run()
+    assert [t.status for t in record.trials] == ["ok", "ok"]
+
+    back = read_json(write_report(record, tmp_path / "run.json"))
+    assert back.trials == record.trials
+
+    with write_report(record, tmp_path / "run.csv").open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == sum(len(t.steps) for t in record.trials) == 2 * (3 + 1)
+    assert {r["precision"] for r in rows} == {"fp32", "bf16-amp"}
+
+    text = write_report(record, tmp_path / "run.html").read_text(encoding="utf-8")
+    assert "</span>fp32" in text and "</span>bf16-amp" in text
+    summary = record.trial("fp32").summary
+    assert summary.mfu is None  # the CPU has no datasheet peak: n/a, with the reason
+    assert f"n/a</span>: {html.escape(summary.mfu_reason)}" in text
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", text)
