@@ -184,10 +184,10 @@ def _chart(chart: Chart) -> str:
     return f"<figure><figcaption>{_e(chart.title)}</figcaption>{body}{note}</figure>"
 
 
-def _error_pct(measured: int | None, predicted: int | None) -> str:
-    if measured is None or predicted is None or measured == 0:
-        return NA
-    return _e(f"{(measured - predicted) / measured * 100:+.1f}%")
+def _error_pct(predicted, category: str | None) -> str:
+    """The engine's error for a category: 100 * (predicted - measured) / measured."""
+    value = predicted.error_pct.get(category) if predicted is not None and category else None
+    return NA if value is None else _e(f"{value:+.1f}%")
 
 
 def _memory(trial: TrialResult) -> str:
@@ -195,20 +195,19 @@ def _memory(trial: TrialResult) -> str:
     if m is None and p is None:
         return '<p class="na">n/a: no memory was measured for this trial</p>'
     pairs = [
-        ("parameters", "params_bytes", "params_bytes"),
-        ("fp32 master weights", None, "master_bytes"),
-        ("gradients", "grads_bytes", "grads_bytes"),
-        ("optimizer state", "optimizer_bytes", "optimizer_bytes"),
-        ("activations", "activations_bytes", "activations_bytes"),
-        ("total", "total_bytes", "total_bytes"),
+        ("parameters", "params_bytes", "params_bytes", "params"),
+        ("fp32 master weights", None, "master_bytes", None),
+        ("gradients", "grads_bytes", "grads_bytes", "grads"),
+        ("optimizer state", "optimizer_bytes", "optimizer_bytes", "optimizer"),
+        ("activations", "activations_bytes", "activations_bytes", "activations"),
+        ("total", "total_bytes", "total_bytes", "total"),
     ]
     rows = []
-    for label, mkey, pkey in pairs:
+    for label, mkey, pkey, category in pairs:
         measured = getattr(m, mkey) if m is not None and mkey else None
         predicted = getattr(p, pkey) if p is not None else None
-        rows.append([_e(label), _bytes(measured), _bytes(predicted),
-                     _error_pct(measured, predicted)])
-    out = _table(["category", "measured", "predicted", "error (measured - predicted) / measured"],
+        rows.append([_e(label), _bytes(measured), _bytes(predicted), _error_pct(p, category)])
+    out = _table(["category", "measured", "predicted", "error (predicted - measured) / measured"],
                  rows, {1, 2, 3})
     if m is not None:
         out += _kv([

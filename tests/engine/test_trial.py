@@ -1,0 +1,141 @@
+import pytest
+import torch
+
+import engine.trial as trial_mod
+from engine.config import RunConfig
+from engine.device import probe
+from engine.events import LogEvent, StepSample
+from engine.trial import run_trial
+
+CPU = probe("cpu")
+
+
+def _config(**kw):
+    base = dict(model="tiny", batch_size=2, seq_len=32, steps=3, warmup=1, device="cpu",
+                isolation="inline")
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def _run(precision, events=None, cancelled=lambda: False, **kw):
+    sink = events if events is not None else []
+    return run_trial(_config(**kw), precision, CPU, sink.append, cancelled)
+
+
+def test_fp32_trial_measures_every_category_exactly():
+    events = []
+    result = _run("fp32", events)
+    assert result.status == "ok", result.reason
+    steps = [e for e in events if isinstance(e, StepSample)]
+    assert [s.step for s in steps] == [0, 1, 2, 3]
+    assert [s.warmup for s in steps] == [True, False, False, False]
+    n = result.param_count
+    mem = result.memory
+    assert mem.params_bytes == 4 * n  # tiny has no buffers; tied wte/lm_head counted once
+    assert mem.grads_bytes == 4 * n
+    # AdamW: exp_avg and exp_avg_sq in fp32 plus one fp32 step counter per tensor
+    assert 8 * n <= mem.optimizer_bytes <= 8 * n + 4 * 64
+    assert mem.activations_bytes > 0
+    assert result.summary.steps_measured == 3
+    assert result.summary.mfu is None and "CPU" in result.summary.mfu_reason
+    assert result.flops.counted_per_step > 0
+    assert abs(result.flops.counted_per_step / result.flops.analytic_per_step - 1) < 0.1
+    assert result.predicted_memory.error_pct["params"] == pytest.approx(0.0)
+    tied = [p for p in result.dtype_map if p.tied_to]
+    assert [(p.name, p.tied_to) for p in tied] == [("lm_head.weight", "transformer.wte.weight")]
+
+
+def test_loss_scale_halves_on_overflow_and_records_the_skip():
+    # 2**100 times the loss overflows fp16 activation gradients on the first backward
+    result = _run("fp16-amp", init_scale=2.0**100, steps=2, warmup=0)
+    first, second = result.steps
+    assert first.skipped and first.loss_scale == 2.0**99
+    assert second.skipped and second.loss_scale == 2.0**98
+    assert result.summary.skipped_steps == 2
+
+
+def test_loss_scale_grows_after_growth_interval():
+    result = _run("fp16-amp", init_scale=1024.0, growth_interval=2, steps=4, warmup=0)
+    assert [s.loss_scale for s in result.steps] == [1024.0, 2048.0, 2048.0, 4096.0]
+    assert not any(s.skipped for s in result.steps)
+
+
+def test_pure_fp16_trains_without_nan_and_says_why_eps_changed():
+    events = []
+    result = _run("fp16", events, steps=3)
+    assert result.status == "ok"
+    assert all(s.loss == s.loss for s in result.steps)  # no NaN
+    warnings = [e.message for e in events if isinstance(e, LogEvent) and e.level == "warning"]
+    assert any("rounds to 0 in float16" in m for m in warnings)
+    assert result.memory.params_bytes == 2 * result.param_count
+
+
+@pytest.mark.parametrize("precision", ["bf16-amp", "bf16", "int8", "nf4"])
+def test_other_cpu_recipes_run(precision):
+    result = _run(precision, steps=2)
+    assert result.status == "ok", result.reason
+    assert len(result.steps) == 3
+    if precision in ("int8", "nf4"):
+        assert 0 < result.trainable_params < result.param_count / 2
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw8bit"])
+def test_optimizers(optimizer):
+    result = _run("fp32", optimizer=optimizer, steps=1)
+    assert result.status == "ok", result.reason
+    if optimizer == "sgd":
+        assert result.memory.optimizer_bytes == 0
+    else:  # 8-bit states: about 2 bytes per parameter, far below AdamW's 8
+        assert result.memory.optimizer_bytes < 3 * result.param_count
+
+
+def test_grad_accumulation_and_checkpointing_options():
+    result = _run("fp32", grad_accum=2, grad_checkpointing=True, steps=1)
+    assert result.status == "ok", result.reason
+    plain = _run("fp32", steps=1)
+    assert result.flops.counted_per_step > plain.flops.counted_per_step  # 2 micro-batches
+    assert result.memory.activations_bytes < plain.memory.activations_bytes
+
+
+def test_unsupported_precision_is_a_result_not_a_crash():
+    result = _run("tf32")
+    assert result.status == "unsupported" and "TF32" in result.reason
+    assert result.summary is None
+
+
+def test_exception_becomes_error_status(monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("weights corrupted")
+
+    monkeypatch.setattr(trial_mod, "load_model", boom)
+    result = _run("fp32")
+    assert result.status == "error" and "RuntimeError: weights corrupted" in result.reason
+
+
+def test_oom_keeps_the_steps_measured_before_it(monkeypatch):
+    calls = {"n": 0}
+    real = trial_mod.StepTimer.stop
+
+    def stop(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self)
+
+    monkeypatch.setattr(trial_mod.StepTimer, "stop", stop)
+    result = _run("fp32", steps=5)
+    assert result.status == "oom" and "2.00 GiB" in result.reason
+    assert len(result.steps) == 2
+
+
+def test_cancel_keeps_what_was_measured():
+    events = []
+
+    def cancelled():
+        return sum(isinstance(e, StepSample) for e in events) >= 2
+
+    result = _run("fp32", events, cancelled=cancelled, steps=10)
+    measured = result.summary.steps_measured
+    assert result.status == "cancelled" and f"{measured} measured steps" in result.reason
+    assert 2 <= len(result.steps) < 11
+    assert measured == len(result.steps) - 1  # one warm-up step
