@@ -107,11 +107,12 @@ class _Accumulator:
         self.under_formats = {name: zero for name in RANGE_FORMATS}
         self.max_abs = torch.zeros((), dtype=torch.float32, device=device)
 
-    def add(self, t: torch.Tensor) -> None:
+    def add(self, t: torch.Tensor, divisor: float = 1.0) -> None:
+        """Count the magnitudes of ``t / divisor`` (in fp32), recording ``t``'s own dtype."""
         self.tensors += 1
         self.values += t.numel()
         self.dtypes.add(str(t.dtype))
-        mags = t.detach().float().abs().flatten()
+        mags = t.detach().float().abs().flatten() / divisor
         finite = torch.isfinite(mags)
         self.nonfinite = self.nonfinite + (~finite).sum()
         mags = mags[finite & (mags > 0)]
@@ -246,11 +247,10 @@ def gradient_stats(model: nn.Module, batch: dict, recipe: Recipe, loss_scale: fl
     for name, module, param in _owned_parameters(model):
         if param.grad is None:
             continue
-        grad = param.grad.float() / backward_scale
         group = parameter_group(name, module)
         acc = groups.setdefault(group, _Accumulator(group, bins_per_octave, loss_scale, device))
-        acc.add(grad)
-        overall.add(grad)
+        acc.add(param.grad, backward_scale)
+        overall.add(param.grad, backward_scale)
     model.zero_grad(set_to_none=True)
     if overall.tensors == 0:
         raise ValueError("no parameter received a gradient: is anything trainable?")
