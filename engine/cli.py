@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--isolation", default="process", choices=("process", "inline"),
                       help="each trial in a child process (default) or in this one")
     prof.add_argument("--out", help="report file: .json, .csv or .html")
+    prof.add_argument("--numerics", action="store_true",
+                      help="after the trials, run the numerics lab on the first precision and "
+                           "add it (with advice citing the trials) to the report")
     prof.add_argument("--quiet", action="store_true", help="no progress display")
 
     foot = sub.add_parser("footprint", help="load footprint of each precision (no training)")
@@ -73,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     num.add_argument("--seq-len", type=int, default=64)
     num.add_argument("--json", action="store_true", help="print JSON")
     num.add_argument("--out", help="also write a report (.json or .html) with the numerics")
+    num.epilog = "--precision takes one precision here"
     return parser
 
 
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(args) -> int:
-    from engine.compare import comparison_rows, format_table
+    from engine.compare import baseline_reason, comparison_rows, format_table
     from engine.report.writer import check_writable, write_report
     from engine.runner import Runner
 
@@ -121,7 +125,21 @@ def _profile(args) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
     progress.close()
+    if args.numerics and not runner.cancelled:
+        from engine.events import to_dict
+        from engine.numerics.lab import run_lab
+
+        record.numerics = run_lab(config.model, config.precisions[0], config.device,
+                                  config.batch_size, config.seq_len, config.seed,
+                                  trials=[to_dict(t) for t in record.trials],
+                                  trust_remote_code=config.trust_remote_code)
+        advice = record.numerics.get("advice", {})
+        if advice.get("recommended"):
+            print(f"advisor: {advice['recommended']}")
     print(format_table(comparison_rows(record)))
+    reason = baseline_reason(record)
+    if reason:
+        print(f"note: {reason}")
     if args.out:
         write_report(record, args.out)
         print(f"report written to {args.out}")
@@ -256,4 +274,22 @@ def _presets(args) -> int:
 
 
 def _numerics(args) -> int:
-    raise ValueError("the numerics lab is not available in this build")
+    from engine.device import probe
+    from engine.environment import collect
+    from engine.numerics.lab import format_lab_text, run_lab
+    from engine.record import RunRecord
+    from engine.report.writer import check_writable, write_report
+
+    if args.out:
+        check_writable(args.out)
+    result = run_lab(args.model, args.precision, args.device, args.batch_size, args.seq_len,
+                     args.seed, trust_remote_code=args.trust_remote_code)
+    print(json.dumps(result, indent=2) if args.json else format_lab_text(result))
+    if args.out:
+        config = RunConfig(model=args.model, precisions=(args.precision,), device=args.device,
+                           batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed)
+        record = RunRecord(config=config.to_dict(), environment=collect(probe(args.device)),
+                           numerics=result, status="ok")
+        write_report(record, args.out)
+        print(f"report written to {args.out}")
+    return 0

@@ -29,7 +29,7 @@ def _cpu_sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape,
 
 # torch registers formulas for the CUDA attention kernels only; without these the CPU
 # path of scaled_dot_product_attention would count as zero FLOPs.
-_CPU_ATTENTION = {
+CPU_ATTENTION_FLOPS = {
     _aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flop,
     _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flop,
 }
@@ -37,7 +37,7 @@ _CPU_ATTENTION = {
 
 def count_flops(fn: Callable[[], None]) -> tuple[int, dict[str, int]]:
     """Run ``fn`` (one forward + backward) and return its FLOPs, total and by aten op."""
-    counter = FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION)
+    counter = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
     with counter:
         fn()
     by_op = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}

@@ -18,13 +18,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
-from engine.flops import _CPU_ATTENTION
+from engine.flops import CPU_ATTENTION_FLOPS
 from engine.numerics.step import forward_loss, matmul_precision
 from engine.recipes import Recipe
 
 # torch's formulas plus the CPU attention kernels engine.flops counts (as FlopCounterMode
 # does with a custom mapping)
-FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in _CPU_ATTENTION.items()}}
+FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in CPU_ATTENTION_FLOPS.items()}}
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm")
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # the dtype a GEMM ran in -> the column of the peak FLOP/s table
