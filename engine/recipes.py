@@ -7,6 +7,7 @@ the dtype the recipe's matmuls actually run in.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -66,3 +67,10 @@ def recipe(precision: str) -> Recipe:
         raise ValueError(
             f"unknown precision '{precision}': choose from {', '.join(PRECISIONS)}"
         ) from None
+
+
+def autocast_for(rec: Recipe, device: torch.device):
+    """The recipe's autocast region on ``device`` (a no-op for recipes without one)."""
+    if rec.autocast_dtype is None:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=rec.autocast_dtype)

@@ -6,7 +6,6 @@ state accumulates as it goes, and the result is built from it whatever the endin
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import time
@@ -35,7 +34,7 @@ from engine.memory_model import predict_memory, with_errors
 from engine.models import dims, load_model, make_batches
 from engine.peaks import mfu as mfu_of
 from engine.peaks import peak_flops
-from engine.recipes import Recipe, recipe
+from engine.recipes import Recipe, autocast_for, recipe
 from engine.trackers import AllocatorTracker, StepTimer
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
@@ -262,16 +261,11 @@ def _measure(state: _State, emit, cancelled) -> bool:
     batches = make_batches(loaded.config, loaded.task, config.batch_size, config.seq_len,
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
 
-    def autocast():
-        if rec.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=rec.autocast_dtype)
-
     # Probe pass: FLOPs and saved activations of one micro-batch, gradient bytes.
     saved = _SavedActivations(model)
 
     def probe():
-        with saved.hooks(), autocast():
+        with saved.hooks(), autocast_for(rec, device):
             loss = model(**batches[0]).loss
         loss.backward()
 
@@ -317,7 +311,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
             loss_sum = torch.zeros((), device=device)
             for micro in range(config.grad_accum):
                 batch = batches[(i * config.grad_accum + micro) % len(batches)]
-                with autocast():
+                with autocast_for(rec, device):
                     loss = step_model(**batch).loss / config.grad_accum
                 (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.detach().float()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from engine.recipes import Recipe
+from engine.recipes import Recipe, autocast_for
 
 
 @contextmanager
@@ -19,12 +19,6 @@ def matmul_precision(recipe: Recipe):
         yield
     finally:
         torch.set_float32_matmul_precision(before)
-
-
-def autocast_for(recipe: Recipe, device: torch.device):
-    if recipe.autocast_dtype is None:
-        return nullcontext()
-    return torch.autocast(device.type, dtype=recipe.autocast_dtype)
 
 
 def forward_loss(model: nn.Module, batch: dict, recipe: Recipe,
