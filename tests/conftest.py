@@ -4,3 +4,16 @@ import os
 # threads that spin-wait for a busy core make tiny CPU steps ~20x slower. One intra-op
 # thread keeps the suite quick; set before torch loads, and inherited by children.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: skip them, saying why, on machines without it."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
