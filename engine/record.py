@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.events import (
+    ErrorEvent,
     LogEvent,
     MonitorSample,
     RunFinished,
@@ -58,6 +59,9 @@ class RunRecord:
             self.trials.append(event.result)
         elif isinstance(event, LogEvent):
             self.logs.append(event)
+        elif isinstance(event, ErrorEvent):
+            self.logs.append(LogEvent("error", event.message, event.precision, event.time_s))
+            self.status = "error"
         elif isinstance(event, RunFinished):
             self.status = event.status
             self.finished_s = event.time_s

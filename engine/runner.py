@@ -19,6 +19,7 @@ from engine.config import RunConfig
 from engine.device import DeviceInfo, probe
 from engine.environment import collect
 from engine.events import (
+    ErrorEvent,
     RunFinished,
     RunStarted,
     StepSample,
@@ -83,7 +84,11 @@ class Runner:
 
     def run(self) -> RunRecord:
         """Run every trial; raises ``ValueError`` before starting if the input is bad."""
-        info = preflight(self.config)
+        try:
+            info = preflight(self.config)
+        except ValueError as exc:
+            self._emit(ErrorEvent(str(exc), None, time.time()))
+            raise
         quiet_libraries()
         self._emit(RunStarted(uuid.uuid4().hex[:12], self.config.to_dict(), collect(info),
                               time.time()))

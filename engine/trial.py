@@ -261,21 +261,43 @@ def _measure(state: _State, emit, cancelled) -> bool:
     batches = make_batches(loaded.config, loaded.task, config.batch_size, config.seq_len,
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
 
-    # Probe pass: FLOPs and saved activations of one micro-batch, gradient bytes.
+    grads_bytes, saved_bytes = _probe(state, loaded, batches[0], params)
+    state.peak = peak_flops(info.name if info.kind == "cuda" else None, rec.peak_dtype)
+    step_model = torch.compile(model) if config.compile else model
+    alloc = AllocatorTracker(device)
+    stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
+                           cancelled)
+
+    state.memory = _memory(model, optimizer, grads_bytes, saved_bytes, alloc, info)
+    d = dims(loaded.config)
+    predicted = predict_memory(
+        rec, config.optimizer, state.param_count, state.trainable_params,
+        inventory.count_quantized_params(model), d["n_layers"], d["hidden"], d["n_heads"],
+        d["vocab"], config.batch_size, config.seq_len, config.grad_checkpointing,
+        attention_scores_stored=_stores_scores(loaded.config, device),
+    )
+    state.predicted = with_errors(predicted, state.memory)
+    return stopped
+
+
+def _probe(state: _State, loaded, batch: dict, params: list) -> tuple[int, int]:
+    """One uncounted forward+backward: FLOPs, saved activations and gradient bytes."""
+    config, rec, model = state.config, state.rec, loaded.model
+    device = state.device_info.torch_device
     saved = _SavedActivations(model)
 
-    def probe():
+    def step():
         with saved.hooks(), autocast_for(rec, device):
-            loss = model(**batches[0]).loss
+            loss = model(**batch).loss
         loss.backward()
 
     try:
-        counted, by_op = flops_mod.count_flops(probe)
+        counted, by_op = flops_mod.count_flops(step)
         counted_method = ("torch.utils.flop_counter.FlopCounterMode over one forward+backward, "
                           f"x {config.grad_accum} micro-batches")
     except Exception as exc:  # some quantised kernels refuse the counting mode
         model.zero_grad(set_to_none=True)
-        probe()
+        step()
         counted, by_op = None, {}
         counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
     grads_bytes = sum(_tensor_bytes(p.grad) for p in params if p.grad is not None)
@@ -294,27 +316,30 @@ def _measure(state: _State, emit, cancelled) -> bool:
         analytic_formula=formula,
         by_op={k: v * config.grad_accum for k, v in by_op.items()},
     )
-    state.peak = peak_flops(info.name if info.kind == "cuda" else None, rec.peak_dtype)
+    return grads_bytes, saved.bytes
 
-    step_model = torch.compile(model) if config.compile else model
-    timer, alloc = StepTimer(device), AllocatorTracker(device)
+
+def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc, emit,
+                 cancelled) -> bool:
+    """Warm-up and measured steps; each step is read back while the next one runs."""
+    config, rec = state.config, state.rec
+    device = state.device_info.torch_device
+    timer = StepTimer(device)
     pending: deque = deque()
-    stopped = False
     try:
-        for i in range(total):
+        for i in range(config.warmup + config.steps):
             if cancelled():
-                stopped = True
-                break
-            warm = i < config.warmup
+                return True
             alloc.start()
             timer.start()
             loss_sum = torch.zeros((), device=device)
             for micro in range(config.grad_accum):
                 batch = batches[(i * config.grad_accum + micro) % len(batches)]
                 with autocast_for(rec, device):
-                    loss = step_model(**batch).loss / config.grad_accum
+                    loss = model(**batch).loss / config.grad_accum
                 (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.detach().float()
+            scale_before = scale_after = None
             if scaler:
                 scaler.unscale_(optimizer)
                 # the scale as a device tensor: read after the step, so no extra host sync now
@@ -326,29 +351,17 @@ def _measure(state: _State, emit, cancelled) -> bool:
                 scale_after = scaler._get_scale_async().clone()
             else:
                 optimizer.step()
-                scale_before = scale_after = None
             optimizer.zero_grad(set_to_none=True)
             mark = timer.stop()
             allocated, reserved = alloc.sample()
-            pending.append((i, warm, mark, loss_sum, grad_norm, scale_before, scale_after,
-                            allocated, reserved))
-            while len(pending) > 1:  # read the previous step while this one runs
+            pending.append((i, i < config.warmup, mark, loss_sum, grad_norm, scale_before,
+                            scale_after, allocated, reserved))
+            while len(pending) > 1:
                 _emit_step(state, emit, timer, pending.popleft())
-
     finally:  # steps that completed before a failure or a cancel are kept
         while pending:
             _emit_step(state, emit, timer, pending.popleft())
-
-    state.memory = _memory(state, model, optimizer, grads_bytes, saved.bytes, alloc, info)
-    predicted = predict_memory(
-        rec, config.optimizer, state.param_count, state.trainable_params,
-        inventory.count_quantized_params(model), d["n_layers"], d["hidden"], d["n_heads"],
-        d["vocab"],
-        config.batch_size, config.seq_len, config.grad_checkpointing,
-        attention_scores_stored=_stores_scores(loaded.config, device),
-    )
-    state.predicted = with_errors(predicted, state.memory)
-    return stopped
+    return False
 
 
 def _stores_scores(model_config, device: torch.device) -> bool:
@@ -389,7 +402,7 @@ def _emit_step(state: _State, emit, timer: StepTimer, item) -> None:
     emit(sample)
 
 
-def _memory(state: _State, model, optimizer, grads_bytes: int, activations: int,
+def _memory(model, optimizer, grads_bytes: int, activations: int,
             alloc: AllocatorTracker, info: DeviceInfo) -> MemoryBreakdown:
     params_bytes = inventory.unique_param_bytes(model) + sum(
         b.numel() * b.element_size() for b in model.buffers()

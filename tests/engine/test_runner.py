@@ -2,9 +2,12 @@ import multiprocessing
 import os
 import signal
 
+import pytest
+
 import engine.trial as trial_mod
 from engine.config import RunConfig
 from engine.events import (
+    ErrorEvent,
     MonitorSample,
     RunFinished,
     RunStarted,
@@ -35,6 +38,15 @@ def test_inline_run_emits_events_in_order_and_fills_the_record():
     back = RunRecord.from_dict(record.to_dict())
     assert back.trials == record.trials
     assert back.monitor_samples == record.monitor_samples
+
+
+def test_bad_input_is_an_error_event_then_value_error():
+    events = []
+    runner = Runner(_config(seq_len=100_000), events.append)
+    with pytest.raises(ValueError, match="--seq-len 512"):
+        runner.run()
+    assert [type(e) for e in events] == [ErrorEvent]
+    assert runner.record.status == "error" and "--seq-len" in runner.record.logs[0].message
 
 
 def test_a_failing_trial_does_not_stop_the_run(monkeypatch):
