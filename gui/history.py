@@ -7,6 +7,7 @@ A few columns are copied out of the report so the list loads without parsing JSO
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -111,3 +112,23 @@ class HistoryStore:
     def delete(self, run_id: str) -> None:
         with self._connect() as db:
             db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+
+
+def combine_trials(picks: list[tuple[RunRecord, str]]) -> RunRecord:
+    """Trials picked from several runs as one record, each labelled ``run-id/precision``.
+
+    No fp32 trial of its own means no baseline: the ``vs fp32`` columns stay n/a
+    rather than mixing runs measured under different conditions into one ratio.
+    """
+    trials = []
+    for record, precision in picks:
+        trial = record.trial(precision)
+        if trial is None:
+            raise KeyError(f"run '{record.run_id}' has no {precision} trial")
+        trials.append(dataclasses.replace(trial, precision=f"{record.run_id}/{precision}"))
+    return RunRecord(
+        run_id="+".join(dict.fromkeys(record.run_id for record, _ in picks)),
+        trials=trials,
+        status="ok",
+        started_s=min((r.started_s for r, _ in picks), default=0.0),
+    )

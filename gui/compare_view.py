@@ -1,0 +1,203 @@
+"""Side-by-side comparison of the trials of a run (or of trials picked from several).
+
+Bars: memory by category per precision with the predicted total beside the measured
+one, throughput with the speed-up vs fp32 written above it, MFU and peak memory. A
+value the engine could not give is written as "n/a" where its bar would stand, never
+drawn as a zero. Below, the comparison table from ``engine.compare``, sortable and
+copyable as TSV.
+"""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSplitter,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.compare import baseline_reason, comparison_rows, format_bytes, format_cell
+from engine.events import TrialResult
+from engine.record import RunRecord
+from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
+from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
+from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
+
+BAR = 0.36  # bar width; measured and predicted memory bars sit side by side
+
+
+def _memory_parts(trial: TrialResult) -> list[tuple[str, int | None]]:
+    m = trial.memory
+    return [
+        ("parameters", m.params_bytes),
+        ("gradients", m.grads_bytes),
+        ("optimizer state", m.optimizer_bytes),
+        ("activations", m.activations_bytes),
+        ("other", m.temporaries_bytes),
+    ]
+
+
+class CompareView(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.record: RunRecord | None = None
+        self.note = QLabel()
+        self.note.setWordWrap(True)
+        self.charts = pg.GraphicsLayoutWidget()
+        self.plots: dict[str, pg.PlotItem] = {}
+        titles = {
+            "memory": ("Memory by category (left: measured, right: predicted)", "memory", "B"),
+            "throughput": ("Throughput (label: speed-up vs fp32)", "tokens/s", None),
+            "mfu": ("MFU", "MFU", "%"),
+            "peak_memory": ("Peak memory", "memory", "B"),
+        }
+        for i, (key, (title, label, units)) in enumerate(titles.items()):
+            plot = self.charts.addPlot(row=i // 2, col=i % 2)
+            plot.setTitle(title, size="10pt")
+            plot.setLabel("left", label, units=units)
+            plot.showGrid(y=True, alpha=0.25)
+            plot.setMouseEnabled(x=False, y=False)
+            self.plots[key] = plot
+        self.memory_legend = self.plots["memory"].addLegend(
+            offset=(-5, 5), labelTextSize="8pt", colCount=2)
+
+        self.model = ComparisonModel(self)
+        self.proxy = RawValueSortProxy(self)
+        self.proxy.setSourceModel(self.model)
+        self.table = QTableView()
+        self.table.setModel(self.proxy)
+        self.table.setSortingEnabled(True)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.copy_action = QAction("Copy table as TSV", self)
+        self.copy_action.setShortcut(QKeySequence.StandardKey.Copy)
+        self.copy_action.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        self.copy_action.triggered.connect(self.copy_table)
+        self.table.addAction(self.copy_action)
+        copy_button = QPushButton("Copy")
+        copy_button.setToolTip("Put the table on the clipboard as tab-separated text")
+        copy_button.clicked.connect(self.copy_table)
+
+        table_box = QWidget()
+        table_layout = QVBoxLayout(table_box)
+        table_layout.setContentsMargins(0, 0, 0, 0)
+        bar = QHBoxLayout()
+        bar.addWidget(self.note, 1)
+        bar.addWidget(copy_button)
+        table_layout.addLayout(bar)
+        table_layout.addWidget(self.table)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(self.charts)
+        splitter.addWidget(table_box)
+        splitter.setStretchFactor(0, 3)
+        splitter.setStretchFactor(1, 1)
+        QVBoxLayout(self).addWidget(splitter)
+
+    # --- filling ---------------------------------------------------------------------
+
+    def show_record(self, record: RunRecord, note: str | None = None) -> None:
+        self.record = record
+        rows = comparison_rows(record)
+        self.model.set_rows(rows)
+        reasons = [note, baseline_reason(record)]
+        self.note.setText("  ".join(r for r in reasons if r))
+        labels = [t.precision for t in record.trials]
+        for plot in self.plots.values():
+            plot.clear()
+            plot.getAxis("bottom").setTicks([list(enumerate(labels))])
+            plot.setXRange(-0.6, len(labels) - 0.4, padding=0)
+        self._draw_memory(record.trials)
+        values = {r.precision: r for r in rows}
+        self._draw_bars("throughput", labels, [values[p].tokens_per_s for p in labels],
+                        [format_cell("speedup_vs_fp32", values[p].speedup_vs_fp32) + " vs fp32"
+                         if values[p].tokens_per_s is not None else None for p in labels],
+                        record.trials)
+        mfu = [None if values[p].mfu is None else values[p].mfu * 100 for p in labels]
+        self._draw_bars("mfu", labels, mfu, [None] * len(labels), record.trials)
+        peaks = [values[p].peak_memory_bytes for p in labels]
+        self._draw_bars("peak_memory", labels, peaks,
+                        [None if v is None else format_bytes(v) for v in peaks], record.trials)
+
+    def _na(self, plot: pg.PlotItem, x: float, trial: TrialResult) -> None:
+        """Text where a bar would stand: n/a, or the trial's status when it did not finish."""
+        text = "n/a" if trial.status == "ok" else trial.status
+        item = pg.TextItem(text, color="#555555", anchor=(0.5, 1.0))
+        item.setPos(x, 0)
+        plot.addItem(item)
+
+    def _draw_bars(self, key: str, labels: list[str], values: list[float | None],
+                   captions: list[str | None], trials: list[TrialResult]) -> None:
+        plot = self.plots[key]
+        present = [i for i, v in enumerate(values) if v is not None]
+        if present:
+            plot.addItem(pg.BarGraphItem(
+                x=present, height=[values[i] for i in present], width=0.6,
+                brushes=[precision_color(labels[i]) for i in present], pen=None))
+        top = max((values[i] for i in present), default=1.0)
+        plot.setYRange(0, top * 1.18 or 1.0, padding=0)
+        for i, trial in enumerate(trials):
+            if values[i] is None:
+                self._na(plot, i, trial)
+            elif captions[i]:
+                text = pg.TextItem(captions[i], color="#222222", anchor=(0.5, 1.0))
+                text.setPos(i, values[i])
+                plot.addItem(text)
+
+    def _draw_memory(self, trials: list[TrialResult]) -> None:
+        plot = self.plots["memory"]
+        legend = self.memory_legend
+        legend.clear()
+        bottoms = [0.0] * len(trials)
+        top = 1.0
+        for category, color in MEMORY_CATEGORY_COLORS.items():
+            xs, heights, y0 = [], [], []
+            for i, trial in enumerate(trials):
+                if trial.memory is None:
+                    continue
+                value = dict(_memory_parts(trial))[category]
+                if value:
+                    xs.append(i - BAR / 2)
+                    heights.append(value)
+                    y0.append(bottoms[i])
+                    bottoms[i] += value
+            bars = pg.BarGraphItem(x=xs, y0=y0, height=heights, width=BAR, brush=color,
+                                   pen=pg.mkPen("w", width=0.5))
+            plot.addItem(bars)
+            legend.addItem(bars, category)
+        predicted_pen = pg.mkPen("#222222", width=1.5, style=Qt.PenStyle.DashLine)
+        predicted = pg.BarGraphItem(x=[], height=[], width=BAR, brush=None, pen=predicted_pen)
+        xs, heights = [], []
+        for i, trial in enumerate(trials):
+            if trial.memory is None:
+                self._na(plot, i, trial)
+                continue
+            top = max(top, bottoms[i])
+            missing = [name for name, v in _memory_parts(trial) if v is None]
+            if missing:
+                note = pg.TextItem("n/a: " + ", ".join(missing), color="#555555",
+                                   anchor=(0.5, 1.0))
+                note.setPos(i - BAR / 2, bottoms[i])
+                plot.addItem(note)
+            if trial.predicted_memory is not None:
+                xs.append(i + BAR / 2)
+                heights.append(trial.predicted_memory.total_bytes)
+                top = max(top, trial.predicted_memory.total_bytes)
+        predicted.setOpts(x=xs, height=heights)
+        plot.addItem(predicted)
+        legend.addItem(predicted, "predicted total")
+        plot.setYRange(0, top * 1.3, padding=0)
+
+    # --- clipboard -------------------------------------------------------------------
+
+    def table_tsv(self) -> str:
+        return table_as_tsv(self.proxy)
+
+    def copy_table(self) -> None:
+        QGuiApplication.clipboard().setText(self.table_tsv())

@@ -1,0 +1,325 @@
+"""The run configuration form.
+
+It holds form values only; ``RunConfig`` decides what is valid. Every edit rebuilds the
+config, and its ``ValueError`` message is shown inline in red while Run stays disabled.
+Precisions the device cannot run are greyed out, with the engine's reason as tooltip.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor, QIcon, QPixmap
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QSpinBox,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, RunConfig
+from engine.device import DeviceInfo, probe
+from engine.presets import presets
+from gui.palette import precision_color
+
+MODEL_SOURCES = ("Preset", "Local folder", "Hub id")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _swatch(color: QColor) -> QIcon:
+    pixmap = QPixmap(12, 12)
+    pixmap.fill(color)
+    return QIcon(pixmap)
+
+
+def _spin(minimum: int, maximum: int, value: int) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(minimum, maximum)
+    box.setValue(value)
+    return box
+
+
+class ConfigPanel(QWidget):
+    changed = Signal()  # any edit
+    validity_changed = Signal(bool)
+    device_changed = Signal(object)  # DeviceInfo, or None when the device cannot be used
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.device_info: DeviceInfo | None = None
+        self.device_error: str | None = None
+        self._error: str | None = None
+        defaults = RunConfig()
+
+        # model source: preset / folder / hub id
+        self.source = QComboBox()
+        self.source.addItems(MODEL_SOURCES)
+        self.preset = QComboBox()
+        for preset in presets():
+            self.preset.addItem(preset.name)
+            self.preset.setItemData(
+                self.preset.count() - 1, preset.description, Qt.ItemDataRole.ToolTipRole
+            )
+        self.folder = QLineEdit()
+        self.folder.setPlaceholderText("folder with config.json")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse_folder)
+        folder_row = QWidget()
+        folder_layout = QHBoxLayout(folder_row)
+        folder_layout.setContentsMargins(0, 0, 0, 0)
+        folder_layout.addWidget(self.folder)
+        folder_layout.addWidget(browse)
+        self.hub_id = QLineEdit()
+        self.hub_id.setPlaceholderText("e.g. gpt2 (from the local cache)")
+        self.model_stack = QStackedWidget()
+        for page in (self.preset, folder_row, self.hub_id):
+            self.model_stack.addWidget(page)
+        self.source.currentIndexChanged.connect(self.model_stack.setCurrentIndex)
+        self.trust_remote_code = QCheckBox("Trust remote code")
+        self.trust_remote_code.setToolTip("Run Python code shipped with a hub or folder model")
+
+        self.precisions = QListWidget()
+        for name in PRECISIONS:
+            item = QListWidgetItem(_swatch(precision_color(name)), name)
+            item.setData(Qt.ItemDataRole.UserRole, name)
+            item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(
+                Qt.CheckState.Checked if name in defaults.precisions else Qt.CheckState.Unchecked
+            )
+            self.precisions.addItem(item)
+        self.precisions.setMaximumHeight(self.precisions.sizeHintForRow(0) * 10)
+
+        self.batch_size = _spin(1, 65536, defaults.batch_size)
+        self.seq_len = _spin(1, 1 << 20, defaults.seq_len)
+        self.steps = _spin(1, 1_000_000, defaults.steps)
+        self.warmup = _spin(0, 100_000, defaults.warmup)
+        self.grad_accum = _spin(1, 4096, defaults.grad_accum)
+        self.optimizer = QComboBox()
+        self.optimizer.addItems(OPTIMIZERS)
+        self.grad_checkpointing = QCheckBox("Gradient checkpointing")
+        self.compile = QCheckBox("torch.compile")
+        self.init_scale = QDoubleSpinBox()
+        self.init_scale.setRange(0.0, 2.0**40)
+        self.init_scale.setDecimals(1)
+        self.init_scale.setValue(defaults.init_scale)
+        self.init_scale.setToolTip("GradScaler's starting loss scale (fp16 recipes)")
+        self.growth_interval = _spin(1, 10_000_000, defaults.growth_interval)
+        self.growth_interval.setToolTip("Steps without overflow before the loss scale doubles")
+        self.device = QComboBox()
+        self.device.addItems(DEVICES)
+        self.isolation = QComboBox()
+        self.isolation.addItems(ISOLATIONS)
+        self.isolation.setToolTip(
+            "process: each trial in a child process (clean memory numbers, crashes contained);"
+            " inline: in this process (debugging)"
+        )
+
+        self.error_label = QLabel()
+        self.error_label.setWordWrap(True)
+        self.error_label.setStyleSheet("color: #C00000;")
+        self.error_label.hide()
+
+        model_box = QGroupBox("Model")
+        model_form = QFormLayout(model_box)
+        model_form.addRow("Source", self.source)
+        model_form.addRow("Model", self.model_stack)
+        model_form.addRow(self.trust_remote_code)
+        precision_box = QGroupBox("Precisions")
+        QVBoxLayout(precision_box).addWidget(self.precisions)
+        train_box = QGroupBox("Training")
+        form = QFormLayout(train_box)
+        form.addRow("Batch size", self.batch_size)
+        form.addRow("Sequence length", self.seq_len)
+        form.addRow("Steps", self.steps)
+        form.addRow("Warm-up steps", self.warmup)
+        form.addRow("Grad accumulation", self.grad_accum)
+        form.addRow("Optimizer", self.optimizer)
+        form.addRow(self.grad_checkpointing)
+        form.addRow(self.compile)
+        form.addRow("Initial loss scale", self.init_scale)
+        form.addRow("Growth interval", self.growth_interval)
+        form.addRow("Device", self.device)
+        form.addRow("Isolation", self.isolation)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(model_box)
+        layout.addWidget(precision_box)
+        layout.addWidget(train_box)
+        layout.addWidget(self.error_label)
+        layout.addStretch(1)
+
+        for signal in (
+            self.source.currentIndexChanged,
+            self.preset.currentIndexChanged,
+            self.folder.textChanged,
+            self.hub_id.textChanged,
+            self.trust_remote_code.toggled,
+            self.precisions.itemChanged,
+            self.batch_size.valueChanged,
+            self.seq_len.valueChanged,
+            self.steps.valueChanged,
+            self.warmup.valueChanged,
+            self.grad_accum.valueChanged,
+            self.optimizer.currentIndexChanged,
+            self.grad_checkpointing.toggled,
+            self.compile.toggled,
+            self.init_scale.valueChanged,
+            self.growth_interval.valueChanged,
+            self.isolation.currentIndexChanged,
+        ):
+            signal.connect(self._on_edit)
+        self.device.currentIndexChanged.connect(self._on_device)
+        self._on_device()
+
+    # --- reading the form ---------------------------------------------------------
+
+    def model_text(self) -> str:
+        return (self.preset.currentText(), self.folder.text(), self.hub_id.text())[
+            self.source.currentIndex()
+        ].strip()
+
+    def checked_precisions(self) -> list[str]:
+        items = (self.precisions.item(i) for i in range(self.precisions.count()))
+        return [
+            item.data(Qt.ItemDataRole.UserRole)
+            for item in items
+            if item.checkState() == Qt.CheckState.Checked
+        ]
+
+    def form_values(self) -> dict:
+        """The form as RunConfig keyword arguments (not yet validated)."""
+        return {
+            "model": self.model_text(),
+            "precisions": self.checked_precisions(),
+            "batch_size": self.batch_size.value(),
+            "seq_len": self.seq_len.value(),
+            "steps": self.steps.value(),
+            "warmup": self.warmup.value(),
+            "grad_accum": self.grad_accum.value(),
+            "optimizer": self.optimizer.currentText(),
+            "grad_checkpointing": self.grad_checkpointing.isChecked(),
+            "compile": self.compile.isChecked(),
+            "init_scale": self.init_scale.value(),
+            "growth_interval": self.growth_interval.value(),
+            "device": self.device.currentText(),
+            "isolation": self.isolation.currentText(),
+            "trust_remote_code": self.trust_remote_code.isChecked(),
+        }
+
+    def config(self) -> RunConfig:
+        """The validated config; raises ``ValueError`` with the fix for bad input."""
+        if self.device_error:
+            raise ValueError(self.device_error)
+        return RunConfig(**self.form_values())
+
+    def error(self) -> str | None:
+        return self._error
+
+    # --- writing the form -----------------------------------------------------------
+
+    def set_values(self, values: dict) -> None:
+        """Fill the form from saved values; unknown or stale entries are skipped."""
+        model = values.get("model")
+        if isinstance(model, str) and model:
+            if self.preset.findText(model) >= 0:
+                self.source.setCurrentIndex(0)
+                self.preset.setCurrentText(model)
+            elif values.get("model_source") == MODEL_SOURCES[1]:
+                self.source.setCurrentIndex(1)
+                self.folder.setText(model)
+            else:
+                self.source.setCurrentIndex(2)
+                self.hub_id.setText(model)
+        if isinstance(values.get("precisions"), list | tuple):
+            wanted = set(values["precisions"])
+            for i in range(self.precisions.count()):
+                item = self.precisions.item(i)
+                if item.flags() & Qt.ItemFlag.ItemIsEnabled:
+                    name = item.data(Qt.ItemDataRole.UserRole)
+                    item.setCheckState(
+                        Qt.CheckState.Checked if name in wanted else Qt.CheckState.Unchecked
+                    )
+        spins = {
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "grad_accum": self.grad_accum,
+            "growth_interval": self.growth_interval,
+        }
+        for key, box in spins.items():
+            if isinstance(values.get(key), int):
+                box.setValue(values[key])
+        if isinstance(values.get("init_scale"), int | float):
+            self.init_scale.setValue(float(values["init_scale"]))
+        for key, box in (("grad_checkpointing", self.grad_checkpointing),
+                         ("compile", self.compile),
+                         ("trust_remote_code", self.trust_remote_code)):
+            if isinstance(values.get(key), bool):
+                box.setChecked(values[key])
+        for key, combo in (("optimizer", self.optimizer), ("isolation", self.isolation),
+                           ("device", self.device)):
+            if isinstance(values.get(key), str) and combo.findText(values[key]) >= 0:
+                combo.setCurrentText(values[key])
+        self._on_edit()
+
+    def saved_values(self) -> dict:
+        return {**self.form_values(), "model_source": self.source.currentText()}
+
+    # --- reactions --------------------------------------------------------------------
+
+    def _browse_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Model folder", self.folder.text())
+        if folder:
+            self.folder.setText(folder)
+
+    def _on_device(self) -> None:
+        try:
+            self.device_info = probe(self.device.currentText())
+            self.device_error = None
+        except ValueError as exc:
+            self.device_info = None
+            self.device_error = str(exc)
+        self._grey_out_unsupported()
+        self.device_changed.emit(self.device_info)
+        self._on_edit()
+
+    def _grey_out_unsupported(self) -> None:
+        self.precisions.blockSignals(True)
+        for i in range(self.precisions.count()):
+            item = self.precisions.item(i)
+            name = item.data(Qt.ItemDataRole.UserRole)
+            reason = self.device_info.unsupported_reason(name) if self.device_info else None
+            if reason:
+                item.setFlags(Qt.ItemFlag.NoItemFlags)
+                item.setCheckState(Qt.CheckState.Unchecked)
+                item.setToolTip(f"{name} cannot run here: {reason}")
+            else:
+                item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
+                item.setToolTip("")
+        self.precisions.blockSignals(False)
+
+    def _on_edit(self, *_args) -> None:
+        try:
+            self.config()
+            error = None
+        except ValueError as exc:
+            error = str(exc)
+        was_valid = self._error is None
+        self._error = error
+        self.error_label.setText(error or "")
+        self.error_label.setVisible(error is not None)
+        if was_valid != (error is None):
+            self.validity_changed.emit(error is None)
+        self.changed.emit()

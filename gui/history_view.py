@@ -1,0 +1,145 @@
+"""The History tab: past runs from the SQLite store; reopen, delete, compare across runs.
+
+Each run is a row whose children are its trials; ticking trials (from any runs) and
+pressing "Compare ticked trials" sends them to the Compare view as ``run-id/precision``.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QMessageBox,
+    QPushButton,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.record import RunRecord
+from gui.history import HistoryStore, combine_trials
+from gui.palette import precision_color
+
+HEADERS = ("Run / trial", "Started", "Model", "Precisions", "Device", "Status")
+ID_ROLE = Qt.ItemDataRole.UserRole
+
+
+class HistoryView(QWidget):
+    open_requested = Signal(object)  # RunRecord
+    compare_requested = Signal(object, str)  # combined RunRecord, note
+
+    def __init__(self, store: HistoryStore, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.tree = QTreeWidget()
+        self.tree.setHeaderLabels(HEADERS)
+        self.tree.header().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.tree.itemDoubleClicked.connect(self._open_item)
+        self.message = QLabel()
+        open_button = QPushButton("Open")
+        open_button.clicked.connect(self._open_selected)
+        delete_button = QPushButton("Delete")
+        delete_button.clicked.connect(self._delete_selected)
+        compare_button = QPushButton("Compare ticked trials")
+        compare_button.clicked.connect(self.compare_checked)
+        buttons = QHBoxLayout()
+        for button in (open_button, delete_button, compare_button):
+            buttons.addWidget(button)
+        buttons.addWidget(self.message, 1)
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel("Tick trials from one or more runs to compare them side by side."))
+        layout.addWidget(self.tree)
+        layout.addLayout(buttons)
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.tree.clear()
+        for entry in self.store.list():
+            started = datetime.datetime.fromtimestamp(entry.started_s).strftime("%Y-%m-%d %H:%M")
+            run = QTreeWidgetItem([entry.id, started, entry.model, ", ".join(entry.precisions),
+                                   entry.device, entry.status])
+            run.setData(0, ID_ROLE, entry.id)
+            for precision in entry.precisions:
+                child = QTreeWidgetItem([precision])
+                child.setData(0, ID_ROLE, precision)
+                child.setForeground(0, precision_color(precision))
+                child.setFlags(child.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+                child.setCheckState(0, Qt.CheckState.Unchecked)
+                run.addChild(child)
+            self.tree.addTopLevelItem(run)
+
+    def run_ids(self) -> list[str]:
+        return [self.tree.topLevelItem(i).data(0, ID_ROLE)
+                for i in range(self.tree.topLevelItemCount())]
+
+    def _run_item(self, run_id: str) -> QTreeWidgetItem:
+        index = self.run_ids().index(run_id)
+        return self.tree.topLevelItem(index)
+
+    def set_checked(self, run_id: str, precision: str, checked: bool = True) -> None:
+        run = self._run_item(run_id)
+        for i in range(run.childCount()):
+            if run.child(i).data(0, ID_ROLE) == precision:
+                run.child(i).setCheckState(
+                    0, Qt.CheckState.Checked if checked else Qt.CheckState.Unchecked)
+
+    def checked(self) -> list[tuple[str, str]]:
+        picks = []
+        for run_id in self.run_ids():
+            run = self._run_item(run_id)
+            for i in range(run.childCount()):
+                if run.child(i).checkState(0) == Qt.CheckState.Checked:
+                    picks.append((run_id, run.child(i).data(0, ID_ROLE)))
+        return picks
+
+    # --- actions -----------------------------------------------------------------------
+
+    def open_run(self, run_id: str) -> RunRecord:
+        record = self.store.load(run_id)
+        self.open_requested.emit(record)
+        return record
+
+    def delete_run(self, run_id: str) -> None:
+        self.store.delete(run_id)
+        self.refresh()
+
+    def compare_checked(self) -> None:
+        picks = self.checked()
+        if not picks:
+            self.message.setText("Tick at least one trial first.")
+            return
+        records = {run_id: self.store.load(run_id) for run_id in dict.fromkeys(r for r, _ in picks)}
+        combined = combine_trials([(records[r], p) for r, p in picks])
+        self.message.setText("")
+        self.compare_requested.emit(
+            combined, f"Trials from {len(records)} run(s), labelled run-id/precision.")
+
+    def _selected_run_id(self) -> str | None:
+        item = self.tree.currentItem()
+        if item is None:
+            return None
+        return (item.parent() or item).data(0, ID_ROLE)
+
+    def _open_item(self, item: QTreeWidgetItem) -> None:
+        self.open_run((item.parent() or item).data(0, ID_ROLE))
+
+    def _open_selected(self) -> None:
+        run_id = self._selected_run_id()
+        if run_id is None:
+            self.message.setText("Select a run to open.")
+            return
+        self.open_run(run_id)
+
+    def _delete_selected(self) -> None:
+        run_id = self._selected_run_id()
+        if run_id is None:
+            self.message.setText("Select a run to delete.")
+            return
+        answer = QMessageBox.question(self, "Delete run", f"Delete run {run_id} from the history?")
+        if answer == QMessageBox.StandardButton.Yes:
+            self.delete_run(run_id)

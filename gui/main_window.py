@@ -1,0 +1,393 @@
+"""The AmpScope window: configure a run, watch it live, compare, inspect, export, revisit.
+
+Every view is built from a ``RunRecord``: a live run folds the worker's events into one
+with ``record.apply`` (charts and the trial table also take each event as it comes),
+and an opened report or a history entry is the same kind of record, shown by the same
+``show_record`` calls. The window measures and computes nothing itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyqtgraph.exporters as pg_exporters
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QMainWindow,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.compare import record_precisions
+from engine.config import RunConfig
+from engine.events import (
+    ErrorEvent,
+    LogEvent,
+    MonitorSample,
+    RunFinished,
+    RunStarted,
+    StepSample,
+    TrialFinished,
+    TrialStarted,
+)
+from engine.record import RunRecord
+from gui import settings
+from gui.compare_view import CompareView
+from gui.config_panel import ConfigPanel
+from gui.device_status import DeviceStatus
+from gui.history import HistoryStore
+from gui.history_view import HistoryView
+from gui.live_charts import CHARTS, LiveCharts
+from gui.model_view import ModelView
+from gui.trial_table import TrialTable
+from gui.worker import RunWorker
+
+REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)",
+                  "csv": "CSV table (*.csv)"}
+
+
+class MainWindow(QMainWindow):
+    record_shown = Signal(object)  # the RunRecord every view now shows
+
+    def __init__(self, history: HistoryStore | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("AmpScope")
+        self.record: RunRecord | None = None
+        self.worker = RunWorker(self)
+        self.worker.event.connect(self._on_event)
+        self.worker.errored.connect(self._on_errored)
+        self.worker.finished.connect(self._on_finished)
+        self.history = history or HistoryStore()
+
+        self.config_panel = ConfigPanel()
+        self.run_button = QPushButton("Run")
+        self.run_button.setDefault(True)
+        self.run_button.clicked.connect(self.start_run)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop_run)
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.addWidget(self.config_panel)
+        left_layout.addWidget(self.run_button)
+        left_layout.addWidget(self.stop_button)
+        scroll = QScrollArea()
+        scroll.setWidget(left)
+        scroll.setWidgetResizable(True)
+        scroll.setMinimumWidth(left.sizeHint().width() + 20)
+
+        self.charts = LiveCharts()
+        self.trial_table = TrialTable()
+        self.log = QPlainTextEdit()
+        self.log.setReadOnly(True)
+        self.log.setMaximumBlockCount(5000)
+        lower = QTabWidget()
+        lower.addTab(self.trial_table, "Trials")
+        lower.addTab(self.log, "Log")
+        self.lower_tabs = lower
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(self.charts)
+        right.addWidget(lower)
+        right.setStretchFactor(0, 3)
+        right.setStretchFactor(1, 1)
+        right.setSizes([640, 220])
+        run_tab = QSplitter()
+        run_tab.addWidget(scroll)
+        run_tab.addWidget(right)
+        run_tab.setStretchFactor(1, 1)
+
+        self.compare_view = CompareView()
+        self.model_view = ModelView()
+        self.history_view = HistoryView(self.history)
+        self.history_view.open_requested.connect(self.show_record)
+        self.history_view.compare_requested.connect(self.show_comparison)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(run_tab, "Run")
+        self.tabs.addTab(self.compare_view, "Compare")
+        self.tabs.addTab(self.model_view, "Model")
+        self.tabs.addTab(self.history_view, "History")
+        self.setCentralWidget(self.tabs)
+
+        self.run_progress = QProgressBar()
+        self.run_progress.setMaximumWidth(220)
+        self.run_progress.setFormat("run %p%")
+        self.device_status = DeviceStatus()
+        self.statusBar().addWidget(self.device_status, 1)
+        self.statusBar().addPermanentWidget(self.run_progress)
+        self.config_panel.device_changed.connect(
+            lambda info: self.device_status.show_device(info, self.config_panel.device_error))
+        self.config_panel.validity_changed.connect(self._update_buttons)
+        self.device_status.show_device(self.config_panel.device_info,
+                                       self.config_panel.device_error)
+        self._build_menus()
+
+        self.config_panel.set_values(settings.load_config_dict())
+        self._restore_geometry()
+        self._update_buttons()
+
+    # --- menus -------------------------------------------------------------------------
+
+    def _build_menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        open_action = QAction("&Open JSON report…", self)
+        open_action.setShortcut(QKeySequence.StandardKey.Open)
+        open_action.triggered.connect(self._ask_open_report)
+        file_menu.addAction(open_action)
+        export_menu = file_menu.addMenu("&Export run as")
+        for kind, label in REPORT_FILTERS.items():
+            action = QAction(label.split(" (")[0] + "…", self)
+            action.triggered.connect(lambda _=False, k=kind: self._ask_export_run(k))
+            export_menu.addAction(action)
+        chart_menu = file_menu.addMenu("Export &chart")
+        for key, title in self.chart_titles().items():
+            action = QAction(title + "…", self)
+            action.triggered.connect(lambda _=False, k=key: self._ask_export_chart(k))
+            chart_menu.addAction(action)
+        file_menu.addSeparator()
+        quit_action = QAction("&Quit", self)
+        quit_action.setShortcut(QKeySequence.StandardKey.Quit)
+        quit_action.triggered.connect(self.close)
+        file_menu.addAction(quit_action)
+        run_menu = self.menuBar().addMenu("&Run")
+        start = QAction("&Run", self)
+        start.setShortcut("Ctrl+R")
+        start.triggered.connect(lambda: self.start_run())
+        stop = QAction("&Stop", self)
+        stop.triggered.connect(self.stop_run)
+        run_menu.addActions([start, stop])
+
+    # --- running -----------------------------------------------------------------------
+
+    def _update_buttons(self, *_args) -> None:
+        running = self.worker.is_running()
+        self.run_button.setEnabled(not running and self.config_panel.error() is None)
+        self.stop_button.setEnabled(running)
+
+    def start_run(self, config: RunConfig | None = None) -> bool:
+        """Start a run of ``config`` (the form's when None); False if it cannot start."""
+        if self.worker.is_running():
+            return False
+        if config is None:
+            try:
+                config = self.config_panel.config()
+            except ValueError as exc:
+                self._log("error", str(exc))
+                return False
+            settings.save_config_dict(self.config_panel.saved_values())
+        self.record = RunRecord(config=config.to_dict())
+        self.charts.clear()
+        steps_per_trial = config.warmup + config.steps
+        self.trial_table.reset(list(config.precisions), steps_per_trial)
+        self.run_progress.setRange(0, steps_per_trial * len(config.precisions))
+        self.run_progress.setValue(0)
+        self._progress_done = 0
+        self.log.clear()
+        self.worker.start(config)
+        self._update_buttons()
+        self.statusBar().showMessage("Running…")
+        return True
+
+    def stop_run(self) -> None:
+        if self.worker.is_running():
+            self.statusBar().showMessage("Stopping: the current step finishes first…")
+            self.worker.stop()
+
+    def _on_event(self, event) -> None:
+        if self.record is None:
+            return
+        self.record.apply(event)
+        if isinstance(event, StepSample):
+            self.charts.add_step(event)
+            self.trial_table.add_step(event)
+            self.run_progress.setValue(self._progress_done + event.step + 1)
+        elif isinstance(event, MonitorSample):
+            self.charts.add_monitor(event)
+        elif isinstance(event, RunStarted):
+            self.charts.begin(event.time_s)
+            self._log("info", f"run {event.run_id} started on "
+                      f"{event.environment.get('device', {}).get('description', 'n/a')}")
+        elif isinstance(event, TrialStarted):
+            self.trial_table.set_status(event.precision, "running")
+            self.charts.mark_trial_start(event.precision, event.time_s)
+        elif isinstance(event, TrialFinished):
+            self._progress_done += self.run_progress.maximum() // max(
+                1, len(self.record.config.get("precisions", [])))
+            self.run_progress.setValue(self._progress_done)
+            trial = event.result
+            self.trial_table.finish_trial(trial)
+            self.charts.note_trial(trial)
+            if trial.status != "ok":
+                self._log("warning", f"{trial.status}: {trial.reason or ''}", trial.precision)
+            self._show_results(self.record)
+        elif isinstance(event, LogEvent):
+            self._log(event.level, event.message, event.precision)
+        elif isinstance(event, ErrorEvent):
+            self._log("error", event.message, event.precision)
+            if event.precision:
+                self.trial_table.set_status(event.precision, "error", event.message)
+        elif isinstance(event, RunFinished):
+            self.statusBar().showMessage(f"Run finished: {event.status}")
+
+    def _on_errored(self, message: str) -> None:
+        self._log("error", message)
+        self.statusBar().showMessage(f"Run failed: {message.splitlines()[0]}")
+
+    def _on_finished(self, _runner_record) -> None:
+        # the window's own record was folded from the same events as the runner's
+        record = self.record
+        if record is not None and record.finished_s is None:
+            record.status = "error"  # the run raised before it could finish
+            for p in self.trial_table.precisions():
+                if record.trial(p) is None:
+                    self.trial_table.set_status(p, "not run", "the run failed: see the log")
+        self.worker.join()
+        self._update_buttons()
+        if record is None:
+            return
+        self.charts.finish()
+        self._show_results(record)
+        if record.run_id:
+            self.history.add(record)
+            self.history_view.refresh()
+        self.record_shown.emit(record)
+
+    def _log(self, level: str, message: str, precision: str | None = None) -> None:
+        where = f"[{precision}] " if precision else ""
+        self.log.appendPlainText(f"{level.upper():7} {where}{message}")
+
+    # --- showing records -----------------------------------------------------------------
+
+    def _show_results(self, record: RunRecord) -> None:
+        self.compare_view.show_record(record)
+        self.model_view.show_record(record)
+
+    def show_record(self, record: RunRecord) -> None:
+        """Show a finished run (opened report, history entry) in every view."""
+        if self.worker.is_running():
+            self.statusBar().showMessage("Stop the current run before opening another one.")
+            return
+        self.record = record
+        config = record.config
+        precisions = record_precisions(record)
+        self.trial_table.reset(precisions, config.get("warmup", 0) + config.get("steps", 1))
+        for p in precisions:
+            for step in record.steps(p):
+                self.trial_table.add_step(step)
+        for trial in record.trials:
+            self.trial_table.finish_trial(trial)
+        self.charts.show_record(record, precisions)
+        self.log.clear()
+        for entry in record.logs:
+            self._log(entry.level, entry.message, entry.precision)
+        self._show_results(record)
+        self.setWindowTitle(f"AmpScope — run {record.run_id}")
+        self.statusBar().showMessage(f"Showing run {record.run_id} ({record.status})")
+        self.record_shown.emit(record)
+
+    def show_comparison(self, record: RunRecord, note: str) -> None:
+        self.compare_view.show_record(record, note)
+        self.tabs.setCurrentWidget(self.compare_view)
+
+    # --- files -------------------------------------------------------------------------
+
+    def open_report(self, path: str | Path) -> bool:
+        from engine.report.json_io import read_json
+
+        try:
+            record = read_json(path)
+        except (OSError, ValueError) as exc:
+            self._log("error", f"could not open {path}: {exc}")
+            self.statusBar().showMessage(f"Could not open {path}: {exc}")
+            return False
+        self.show_record(record)
+        return True
+
+    def export_run(self, path: str | Path) -> Path | None:
+        from engine.report.writer import write_report
+
+        if self.record is None:
+            self.statusBar().showMessage("Nothing to export yet: run or open a report first.")
+            return None
+        try:
+            written = write_report(self.record, path)
+        except (OSError, ValueError) as exc:
+            self._log("error", f"could not export to {path}: {exc}")
+            self.statusBar().showMessage(f"Export failed: {exc}")
+            return None
+        self.statusBar().showMessage(f"Report written to {written}")
+        return written
+
+    def chart_titles(self) -> dict[str, str]:
+        titles = {f"live/{k}": f"Live: {title}" for k, (title, _, _) in CHARTS.items()}
+        titles.update({f"compare/{k}": f"Compare: {k.replace('_', ' ')}"
+                       for k in self.compare_view.plots})
+        return titles
+
+    def chart(self, key: str):
+        group, name = key.split("/", 1)
+        return (self.charts.plots if group == "live" else self.compare_view.plots)[name]
+
+    def export_chart(self, key: str, path: str | Path) -> Path:
+        """Write one chart as PNG or SVG (by the file's extension)."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in (".png", ".svg"):
+            raise ValueError(f"unknown image extension '{suffix or '(none)'}': use .png or .svg")
+        exporter = pg_exporters.SVGExporter if suffix == ".svg" else pg_exporters.ImageExporter
+        exporter(self.chart(key)).export(str(path))
+        return path
+
+    def _ask_open_report(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open report", "", REPORT_FILTERS["json"])
+        if path:
+            self.open_report(path)
+
+    def _ask_export_run(self, kind: str) -> None:
+        name = f"ampscope-{self.record.run_id if self.record else 'run'}.{kind}"
+        path, _ = QFileDialog.getSaveFileName(self, "Export run", name, REPORT_FILTERS[kind])
+        if path:
+            if not path.lower().endswith(f".{kind}"):
+                path += f".{kind}"
+            self.export_run(path)
+
+    def _ask_export_chart(self, key: str) -> None:
+        name = key.replace("/", "-") + ".png"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chart", name,
+                                              "PNG image (*.png);;SVG image (*.svg)")
+        if path:
+            try:
+                self.export_chart(key, path)
+            except (OSError, ValueError) as exc:
+                self.statusBar().showMessage(f"Chart export failed: {exc}")
+
+    # --- window state --------------------------------------------------------------------
+
+    def _restore_geometry(self) -> None:
+        store = settings.open_settings()
+        geometry = store.value("window/geometry")
+        state = store.value("window/state")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1400, 900)
+        if state is not None:
+            self.restoreState(state)
+
+    def closeEvent(self, event) -> None:
+        # a run in progress is stopped and its thread joined: nothing outlives the window
+        if self.worker.is_running():
+            self.worker.stop()
+            self.worker.join()
+        store = settings.open_settings()
+        store.setValue("window/geometry", self.saveGeometry())
+        store.setValue("window/state", self.saveState())
+        settings.save_config_dict(self.config_panel.saved_values())
+        super().closeEvent(event)

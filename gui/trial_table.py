@@ -1,0 +1,98 @@
+"""One row per trial of the current run: status, progress, latest step, and why it stopped.
+
+Filled from events while a run is live and from a ``RunRecord`` when a run is loaded;
+a trial that could not run (unsupported, oom, error) shows its reason on its row.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QHeaderView, QProgressBar, QTableWidget, QTableWidgetItem
+
+from engine.compare import format_cell
+from engine.events import StepSample, TrialResult
+from gui.palette import precision_color
+
+HEADERS = ("Precision", "Status", "Progress", "Step time", "Throughput", "Reason")
+STATUS_COLORS = {"ok": "#1B7F3B", "running": "#0072B2", "queued": "#777777"}
+PROBLEM_COLOR = "#C00000"
+
+
+class TrialTable(QTableWidget):
+    def __init__(self, parent=None) -> None:
+        super().__init__(0, len(HEADERS), parent)
+        self.setHorizontalHeaderLabels(HEADERS)
+        self.verticalHeader().hide()
+        self.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        header = self.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
+        self._rows: dict[str, int] = {}
+        self._steps_per_trial = 1
+
+    def reset(self, precisions: list[str], steps_per_trial: int) -> None:
+        self.setRowCount(0)
+        self._rows.clear()
+        self._steps_per_trial = max(1, steps_per_trial)
+        for p in precisions:
+            self._row(p)
+
+    def _row(self, precision: str) -> int:
+        if precision in self._rows:
+            return self._rows[precision]
+        row = self.rowCount()
+        self.insertRow(row)
+        self._rows[precision] = row
+        name = QTableWidgetItem(precision)
+        name.setForeground(precision_color(precision))
+        font = name.font()
+        font.setBold(True)
+        name.setFont(font)
+        self.setItem(row, 0, name)
+        bar = QProgressBar()
+        bar.setRange(0, self._steps_per_trial)
+        bar.setValue(0)
+        self.setCellWidget(row, 2, bar)
+        for col in (1, 3, 4, 5):
+            self.setItem(row, col, QTableWidgetItem(""))
+        for col in (3, 4):
+            self.item(row, col).setTextAlignment(
+                Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.set_status(precision, "queued")
+        return row
+
+    def set_status(self, precision: str, status: str, reason: str | None = None) -> None:
+        row = self._row(precision)
+        item = self.item(row, 1)
+        item.setText(status)
+        item.setForeground(QColor(STATUS_COLORS.get(status, PROBLEM_COLOR)))
+        if reason is not None:
+            self.item(row, 5).setText(reason)
+            self.item(row, 5).setToolTip(reason)
+
+    def add_step(self, s: StepSample) -> None:
+        row = self._row(s.precision)
+        self.cellWidget(row, 2).setValue(min(s.step + 1, self._steps_per_trial))
+        self.item(row, 3).setText(format_cell("median_step_ms", s.step_ms))
+        self.item(row, 4).setText(format_cell("tokens_per_s", s.tokens_per_s))
+
+    def finish_trial(self, trial: TrialResult) -> None:
+        row = self._row(trial.precision)
+        self.set_status(trial.precision, trial.status, trial.reason or "")
+        if trial.status == "ok":
+            bar = self.cellWidget(row, 2)
+            bar.setValue(bar.maximum())
+        if trial.summary is not None:
+            self.item(row, 3).setText(format_cell("median_step_ms", trial.summary.median_step_ms))
+            self.item(row, 4).setText(format_cell("tokens_per_s", trial.summary.tokens_per_s))
+
+    def progress(self, precision: str) -> int:
+        return self.cellWidget(self._rows[precision], 2).value()
+
+    def cell_text(self, precision: str, column: str) -> str:
+        return self.item(self._rows[precision], HEADERS.index(column)).text()
+
+    def precisions(self) -> list[str]:
+        return list(self._rows)
+

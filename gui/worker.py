@@ -1,0 +1,69 @@
+"""The one bridge between the engine and the window.
+
+``RunWorker`` runs ``engine.runner.Runner`` in a Python thread and re-emits every
+engine event as a Qt signal. The worker object lives in the GUI thread, so the
+signals it emits from the run thread are queued to the widgets' thread by Qt. It never
+touches a widget, and widgets never call torch: they only see the events.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+
+from PySide6.QtCore import QObject, Signal
+
+from engine.config import RunConfig
+
+
+class RunWorker(QObject):
+    started = Signal()
+    event = Signal(object)  # any engine event dataclass
+    errored = Signal(str)  # the run itself failed (an exception escaped the engine)
+    finished = Signal(object)  # the RunRecord, or None when the run raised
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread: threading.Thread | None = None
+        self._runner = None
+        self._lock = threading.Lock()
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, config: RunConfig) -> None:
+        if self.is_running():
+            raise RuntimeError("a run is already in progress: stop it before starting another")
+        # imported here so the window opens before torch and transformers have loaded
+        from engine.runner import Runner
+
+        with self._lock:
+            self._runner = Runner(config, self.event.emit)
+        self._thread = threading.Thread(target=self._run, name="ampscope-run", daemon=True)
+        self.started.emit()
+        self._thread.start()
+
+    def _run(self) -> None:
+        record = None
+        try:
+            record = self._runner.run()
+        except ValueError as exc:  # bad input found before the run began: the fix is the message
+            self.errored.emit(str(exc))
+        except Exception as exc:  # reported in the log pane; the window stays up
+            self.errored.emit(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        finally:
+            with self._lock:
+                self._runner = None
+            self.finished.emit(record)
+
+    def stop(self) -> None:
+        """Ask the run to cancel; what was measured so far is kept."""
+        with self._lock:
+            if self._runner is not None:
+                self._runner.cancel()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Wait for the run thread; True when no thread is left running."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return not self.is_running()
