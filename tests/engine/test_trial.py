@@ -139,3 +139,9 @@ def test_cancel_keeps_what_was_measured():
     assert result.status == "cancelled" and f"{measured} measured steps" in result.reason
     assert 2 <= len(result.steps) < 11
     assert measured == len(result.steps) - 1  # one warm-up step
+
+
+def test_torch_compile_option_trains_the_compiled_model():
+    result = _run("fp32", compile=True, steps=2)
+    assert result.status == "ok", result.reason
+    assert len(result.steps) == 3 and all(s.loss == s.loss for s in result.steps)
