@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyqtgraph.exporters as pg_exporters
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
@@ -40,6 +39,7 @@ from engine.events import (
 )
 from engine.record import RunRecord
 from gui import settings
+from gui.chart_export import export_chart
 from gui.compare_view import CompareView
 from gui.config_panel import ConfigPanel
 from gui.device_status import DeviceStatus
@@ -337,13 +337,7 @@ class MainWindow(QMainWindow):
 
     def export_chart(self, key: str, path: str | Path) -> Path:
         """Write one chart as PNG or SVG (by the file's extension)."""
-        path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix not in (".png", ".svg"):
-            raise ValueError(f"unknown image extension '{suffix or '(none)'}': use .png or .svg")
-        exporter = pg_exporters.SVGExporter if suffix == ".svg" else pg_exporters.ImageExporter
-        exporter(self.chart(key)).export(str(path))
-        return path
+        return export_chart(self.chart(key), path)
 
     def _ask_open_report(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open report", "", REPORT_FILTERS["json"])
