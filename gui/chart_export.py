@@ -1,6 +1,6 @@
 """Save one chart as PNG (pyqtgraph's ImageExporter) or SVG (Qt's QSvgGenerator).
 
-pyqtgraph 0.14's SVGExporter cannot parse the close-path command ("Z") that Qt 6.12
+pyqtgraph 0.14's SVGExporter cannot parse the close-path command ("Z") that Qt 6
 writes into SVG paths and raises on every plot (pyqtgraph issue #3485), so the SVG is
 drawn by Qt itself from the chart's area of the scene.
 """
