@@ -36,6 +36,7 @@ from engine.events import (
     StepSample,
     TrialFinished,
     TrialStarted,
+    to_dict,
 )
 from engine.record import RunRecord
 from gui import settings
@@ -47,8 +48,9 @@ from gui.history import HistoryStore
 from gui.history_view import HistoryView
 from gui.live_charts import CHARTS, LiveCharts
 from gui.model_view import ModelView
+from gui.numerics_view import NumericsView
 from gui.trial_table import TrialTable
-from gui.worker import RunWorker
+from gui.worker import LabWorker, RunWorker
 
 REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)",
                   "csv": "CSV table (*.csv)"}
@@ -114,6 +116,12 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.compare_view, "Compare")
         self.tabs.addTab(self.model_view, "Model")
         self.tabs.addTab(self.history_view, "History")
+        self.numerics_view = NumericsView()
+        self.numerics_view.run_requested.connect(self.start_lab)
+        self.lab_worker = LabWorker(self)
+        self.lab_worker.finished.connect(self._on_lab_finished)
+        self.lab_worker.errored.connect(self._on_lab_errored)
+        self.tabs.addTab(self.numerics_view, "Numerics")
         self.setCentralWidget(self.tabs)
 
         self.run_progress = QProgressBar()
@@ -259,6 +267,38 @@ class MainWindow(QMainWindow):
             self.history_view.refresh()
         self.record_shown.emit(record)
 
+    # --- numerics lab --------------------------------------------------------------------
+
+    def start_lab(self, precision: str) -> bool:
+        """Run the numerics lab with the Run tab's model, device, batch and sequence length."""
+        if self.lab_worker.is_running():
+            return False
+        values = self.config_panel.form_values()
+        trials = None
+        if self.record is not None and not self.worker.is_running():
+            trials = [to_dict(t) for t in self.record.trials]  # the advice cites them
+        self.numerics_view.set_busy(True, f"Running the numerics lab for {precision}…")
+        self.lab_worker.start(
+            model=values["model"], precision=precision, device=values["device"],
+            batch_size=values["batch_size"], seq_len=values["seq_len"], trials=trials,
+            loss_scale=values["init_scale"], trust_remote_code=values["trust_remote_code"])
+        return True
+
+    def _on_lab_finished(self, numerics: dict) -> None:
+        self.lab_worker.join()
+        self.numerics_view.set_busy(False)
+        self.numerics_view.show_numerics(numerics)
+        record = self.record
+        if record is not None and not self.worker.is_running() and record.run_id:
+            # the run's report and history entry carry the lab from now on
+            record.numerics = numerics
+            self.history.add(record)
+
+    def _on_lab_errored(self, message: str) -> None:
+        self.lab_worker.join()
+        self.numerics_view.set_busy(False, f"Numerics lab failed: {message.splitlines()[0]}")
+        self._log("error", f"numerics lab: {message}")
+
     def _log(self, level: str, message: str, precision: str | None = None) -> None:
         where = f"[{precision}] " if precision else ""
         self.log.appendPlainText(f"{level.upper():7} {where}{message}")
@@ -288,6 +328,10 @@ class MainWindow(QMainWindow):
         for entry in record.logs:
             self._log(entry.level, entry.message, entry.precision)
         self._show_results(record)
+        if record.numerics:
+            self.numerics_view.show_numerics(record.numerics)
+        else:
+            self.numerics_view.clear(f"Run {record.run_id} has no numerics: run the lab here.")
         self.setWindowTitle(f"AmpScope — run {record.run_id}")
         self.statusBar().showMessage(f"Showing run {record.run_id} ({record.status})")
         self.record_shown.emit(record)
@@ -329,10 +373,13 @@ class MainWindow(QMainWindow):
         titles = {f"live/{k}": f"Live: {title}" for k, (title, _, _) in CHARTS.items()}
         titles.update({f"compare/{k}": f"Compare: {k.replace('_', ' ')}"
                        for k in self.compare_view.plots})
+        titles["numerics/histogram"] = "Numerics: gradient histogram"
         return titles
 
     def chart(self, key: str):
         group, name = key.split("/", 1)
+        if group == "numerics":
+            return self.numerics_view.histogram
         return (self.charts.plots if group == "live" else self.compare_view.plots)[name]
 
     def export_chart(self, key: str, path: str | Path) -> Path:
@@ -380,6 +427,7 @@ class MainWindow(QMainWindow):
         if self.worker.is_running():
             self.worker.stop()
             self.worker.join()
+        self.lab_worker.join()  # the lab cannot be interrupted; it takes seconds
         store = settings.open_settings()
         store.setValue("window/geometry", self.saveGeometry())
         store.setValue("window/state", self.saveState())

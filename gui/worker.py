@@ -1,9 +1,10 @@
 """The one bridge between the engine and the window.
 
 ``RunWorker`` runs ``engine.runner.Runner`` in a Python thread and re-emits every
-engine event as a Qt signal. The worker object lives in the GUI thread, so the
-signals it emits from the run thread are queued to the widgets' thread by Qt. It never
-touches a widget, and widgets never call torch: they only see the events.
+engine event as a Qt signal; ``LabWorker`` runs the numerics lab the same way. The
+worker objects live in the GUI thread, so the signals they emit from their threads are
+queued to the widgets' thread by Qt. They never touch a widget, and widgets never call
+torch: they only see events and results.
 """
 
 from __future__ import annotations
@@ -64,6 +65,45 @@ class RunWorker(QObject):
 
     def join(self, timeout_s: float | None = None) -> bool:
         """Wait for the run thread; True when no thread is left running."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return not self.is_running()
+
+
+class LabWorker(QObject):
+    """Runs ``engine.numerics.lab.run_lab`` in a thread; its dict comes back as a signal."""
+
+    finished = Signal(object)  # the lab dict
+    errored = Signal(str)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread: threading.Thread | None = None
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, **lab_args) -> None:
+        if self.is_running():
+            raise RuntimeError("the numerics lab is already running")
+        self._thread = threading.Thread(target=self._run, kwargs=lab_args,
+                                        name="ampscope-lab", daemon=True)
+        self._thread.start()
+
+    def _run(self, **lab_args) -> None:
+        from engine.numerics.lab import run_lab
+
+        try:
+            result = run_lab(**lab_args)
+        except ValueError as exc:
+            self.errored.emit(str(exc))
+            return
+        except Exception as exc:  # shown in the view; the window stays up
+            self.errored.emit(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            return
+        self.finished.emit(result)
+
+    def join(self, timeout_s: float | None = None) -> bool:
         if self._thread is not None:
             self._thread.join(timeout_s)
         return not self.is_running()
