@@ -9,9 +9,11 @@ copyable as TSV.
 
 from __future__ import annotations
 
+import html
+
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
+from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
@@ -31,6 +33,11 @@ from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_ts
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
 
 BAR = 0.36  # bar width; measured and predicted memory bars sit side by side
+MIB = 2**20  # memory axes in MiB, the binary unit of the table and the reports
+
+
+def _mib(value: int | None) -> float | None:
+    return None if value is None else value / MIB
 
 
 def _memory_parts(trial: TrialResult) -> list[tuple[str, int | None]]:
@@ -53,10 +60,10 @@ class CompareView(QWidget):
         self.charts = pg.GraphicsLayoutWidget()
         self.plots: dict[str, pg.PlotItem] = {}
         titles = {
-            "memory": ("Memory by category (left: measured, right: predicted)", "memory", "B"),
+            "memory": ("Memory by category (left: measured, right: predicted)", "MiB", None),
             "throughput": ("Throughput (label: speed-up vs fp32)", "tokens/s", None),
             "mfu": ("MFU", "MFU", "%"),
-            "peak_memory": ("Peak memory", "memory", "B"),
+            "peak_memory": ("Peak memory", "MiB", None),
         }
         for i, (key, (title, label, units)) in enumerate(titles.items()):
             plot = self.charts.addPlot(row=i // 2, col=i % 2)
@@ -66,7 +73,7 @@ class CompareView(QWidget):
             plot.setMouseEnabled(x=False, y=False)
             self.plots[key] = plot
         self.memory_legend = self.plots["memory"].addLegend(
-            offset=(-5, 5), labelTextSize="8pt", colCount=2)
+            offset=(-5, 5), labelTextSize="8pt", colCount=3)
 
         self.model = ComparisonModel(self)
         self.proxy = RawValueSortProxy(self)
@@ -100,6 +107,7 @@ class CompareView(QWidget):
         splitter.addWidget(table_box)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 1)
+        splitter.setSizes([560, 260])
         QVBoxLayout(self).addWidget(splitter)
 
     # --- filling ---------------------------------------------------------------------
@@ -122,10 +130,27 @@ class CompareView(QWidget):
                          if values[p].tokens_per_s is not None else None for p in labels],
                         record.trials)
         mfu = [None if values[p].mfu is None else values[p].mfu * 100 for p in labels]
-        self._draw_bars("mfu", labels, mfu, [None] * len(labels), record.trials)
+        self._draw_bars("mfu", labels, mfu,
+                        [None if v is None else f"{v:.1f}%" for v in mfu], record.trials)
+        self._explain_missing_mfu(record.trials, mfu)
         peaks = [values[p].peak_memory_bytes for p in labels]
-        self._draw_bars("peak_memory", labels, peaks,
+        self._draw_bars("peak_memory", labels, [_mib(v) for v in peaks],
                         [None if v is None else format_bytes(v) for v in peaks], record.trials)
+
+    def _explain_missing_mfu(self, trials: list[TrialResult], mfu: list[float | None]) -> None:
+        """The engine's reasons for n/a MFU, written across the empty chart."""
+        reasons = dict.fromkeys(t.summary.mfu_reason for t, v in zip(trials, mfu)
+                                if v is None and t.summary is not None and t.summary.mfu_reason)
+        if not reasons:
+            return
+        plot = self.plots["mfu"]
+        note = pg.TextItem(color="#555555", anchor=(0.5, 0.5))
+        note.setHtml('<div style="text-align:center">MFU n/a: '
+                     + "<br>".join(html.escape(r) for r in reasons) + "</div>")
+        note.setTextWidth(max(200.0, plot.getViewBox().width() * 0.8))
+        top = plot.getViewBox().viewRange()[1][1]
+        note.setPos((len(trials) - 1) / 2, top / 2)
+        plot.addItem(note)
 
     def _na(self, plot: pg.PlotItem, x: float, trial: TrialResult) -> None:
         """Text where a bar would stand: n/a, or the trial's status when it did not finish."""
@@ -157,13 +182,13 @@ class CompareView(QWidget):
         legend = self.memory_legend
         legend.clear()
         bottoms = [0.0] * len(trials)
-        top = 1.0
+        top = 0.0
         for category, color in MEMORY_CATEGORY_COLORS.items():
             xs, heights, y0 = [], [], []
             for i, trial in enumerate(trials):
                 if trial.memory is None:
                     continue
-                value = dict(_memory_parts(trial))[category]
+                value = _mib(dict(_memory_parts(trial))[category])
                 if value:
                     xs.append(i - BAR / 2)
                     heights.append(value)
@@ -185,16 +210,17 @@ class CompareView(QWidget):
             if missing:
                 note = pg.TextItem("n/a: " + ", ".join(missing), color="#555555",
                                    anchor=(0.5, 1.0))
+                note.setFont(QFont(note.textItem.font().family(), 8))
                 note.setPos(i - BAR / 2, bottoms[i])
                 plot.addItem(note)
             if trial.predicted_memory is not None:
                 xs.append(i + BAR / 2)
-                heights.append(trial.predicted_memory.total_bytes)
-                top = max(top, trial.predicted_memory.total_bytes)
+                heights.append(_mib(trial.predicted_memory.total_bytes))
+                top = max(top, heights[-1])
         predicted.setOpts(x=xs, height=heights)
         plot.addItem(predicted)
         legend.addItem(predicted, "predicted total")
-        plot.setYRange(0, top * 1.3, padding=0)
+        plot.setYRange(0, top * 1.7, padding=0)  # headroom for the legend above the bars
 
     # --- clipboard -------------------------------------------------------------------
 

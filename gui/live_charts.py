@@ -45,6 +45,7 @@ HOST_TITLES = {
 }
 MIB = 2**20  # memory axes in MiB, the binary unit the tables and reports use
 MONITOR_COLORS = ("#333333", "#0072B2", "#999999")
+LEGEND_CHARTS = ("loss", "monitor_util", "monitor_memory", "monitor_power")
 
 
 def _mib(value: int | None) -> float | None:
@@ -77,13 +78,18 @@ class LiveCharts(QWidget):
         for i, (key, (title, label, units)) in enumerate(CHARTS.items()):
             axis = {"left": Log2Axis("left")} if key == "loss_scale" else {}
             plot = self.layout_widget.addPlot(row=i // 3, col=i % 3, axisItems=axis)
-            self._style(plot, title, label, units)
+            # precisions keep one colour everywhere, so one legend for them is enough;
+            # monitor curves rise from the left, so their legend sits bottom right
+            offset = None if key not in LEGEND_CHARTS else (
+                (-5, -5) if key.startswith("monitor") else (-5, 5))
+            self._style(plot, title, label, units, offset)
             plot.setLabel("bottom", "time since start" if key.startswith("monitor") else "step",
                           units="s" if key.startswith("monitor") else None)
             self.plots[key] = plot
             self._notes[key] = self._make_note(plot.getViewBox())
         self._series: dict[tuple[str, str], _Series] = {}
         self._trial_lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
+        self._reasons: dict[str, str] = {}  # chart -> why the engine gave no values
         self._t0: float | None = None
         self._host = False
         self._timer = QTimer(self)
@@ -106,13 +112,16 @@ class LiveCharts(QWidget):
         return note
 
     @staticmethod
-    def _style(plot: pg.PlotItem, title: str, label: str, units: str | None) -> None:
+    def _style(plot: pg.PlotItem, title: str, label: str, units: str | None,
+               legend_offset: tuple[int, int] | None) -> None:
         plot.setTitle(title, size="10pt")
         plot.setLabel("left", label, units=units)
         plot.showGrid(x=True, y=True, alpha=0.25)
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
-        plot.addLegend(offset=(-5, 5), labelTextSize="8pt")
+        if legend_offset is not None:
+            plot.addLegend(offset=legend_offset, labelTextSize="8pt",
+                           brush=pg.mkBrush(255, 255, 255, 220), pen=pg.mkPen("#CCCCCC"))
 
     # --- series --------------------------------------------------------------------
 
@@ -188,18 +197,24 @@ class LiveCharts(QWidget):
         if self._t0 is None:
             self._t0 = time_s
         for key in ("monitor_util", "monitor_memory", "monitor_power"):
+            # labels step down so neighbouring short trials do not overprint each other
+            position = 0.95 - 0.12 * ((len(self._trial_lines) // 3) % 4)
             line = pg.InfiniteLine(
                 pos=time_s - self._t0, angle=90,
                 pen=pg.mkPen(precision_color(precision), width=1, style=Qt.PenStyle.DotLine),
-                label=precision, labelOpts={"position": 0.92, "color": precision_color(precision)},
+                label=precision,
+                labelOpts={"position": position, "color": precision_color(precision)},
             )
             self.plots[key].addItem(line)
             self._trial_lines.append((self.plots[key], line))
 
     def note_trial(self, trial: TrialResult) -> None:
-        """Say why MFU is n/a when the engine gave a reason and no MFU point was drawn."""
-        if trial.summary is not None and trial.summary.mfu is None and trial.summary.mfu_reason:
-            self._set_note("mfu", f"MFU n/a: {trial.summary.mfu_reason}")
+        """Keep the engine's reason for a value it could not give, for charts left empty."""
+        summary, memory = trial.summary, trial.memory
+        if summary is not None and summary.mfu is None and summary.mfu_reason:
+            self._reasons.setdefault("mfu", f"MFU n/a: {summary.mfu_reason}")
+        if memory is not None and memory.peak_allocated_bytes is None and memory.notes:
+            self._reasons.setdefault("memory", f"allocator counters n/a: {memory.notes}")
 
     def _set_note(self, chart: str, text: str) -> None:
         if any(key[0] == chart and len(s.x) for key, s in self._series.items()):
@@ -227,6 +242,7 @@ class LiveCharts(QWidget):
         self._trial_lines.clear()
         self._t0 = None
         self._host = False
+        self._reasons.clear()
         for key, (title, label, units) in CHARTS.items():
             self.plots[key].setTitle(title, size="10pt")
             self.plots[key].setLabel("left", label, units=units)
@@ -254,7 +270,7 @@ class LiveCharts(QWidget):
         """Draw what is pending and mark charts the run left empty as n/a."""
         self.flush()
         for chart in CHARTS:
-            self._set_note(chart, "n/a: not reported for this run")
+            self._set_note(chart, self._reasons.get(chart, "n/a: not reported for this run"))
 
     # --- drawing --------------------------------------------------------------------
 

@@ -128,7 +128,8 @@ class MainWindow(QMainWindow):
         self.run_progress.setMaximumWidth(220)
         self.run_progress.setFormat("run %p%")
         self.device_status = DeviceStatus()
-        self.statusBar().addWidget(self.device_status, 1)
+        # permanent widgets: showMessage() would hide ordinary ones while it shows
+        self.statusBar().addPermanentWidget(self.device_status)
         self.statusBar().addPermanentWidget(self.run_progress)
         self.config_panel.device_changed.connect(
             lambda info: self.device_status.show_device(info, self.config_panel.device_error))

@@ -76,17 +76,20 @@ def _param_row(p: ParamInfo) -> list[QStandardItem]:
     return row
 
 
-def _module_row(m: ModuleInfo) -> list[QStandardItem]:
+def _module_row(m: ModuleInfo, tied: list[str]) -> list[QStandardItem]:
+    """``tied``: "param -> shared with" notes for the weights this module holds directly."""
+    marks = (["quantised"] if m.quantized else []) + tied
     row = [
         _item(m.name.rsplit(".", 1)[-1] or "(model)", m.name),
         _item(m.type),
         _item(f"{m.params:,}", m.params),
         _item(format_bytes(m.bytes), m.bytes),
-        _item("quantised" if m.quantized else ""),
+        _item(", ".join(marks)),
     ]
-    if m.quantized:
+    background = TIED_BG if tied else QUANTIZED_BG if m.quantized else None
+    if background is not None:
         for cell in row:
-            cell.setBackground(QBrush(QUANTIZED_BG))
+            cell.setBackground(QBrush(background))
     row[0].setToolTip(m.name or "(model)")
     return row
 
@@ -114,7 +117,10 @@ class ModelView(QWidget):
         self.param_table = QTableView()
         self.param_table.setModel(self.params_proxy)
         self.param_table.setSortingEnabled(True)
+        # model order until the user clicks a header
+        self.param_table.horizontalHeader().setSortIndicator(-1, Qt.SortOrder.AscendingOrder)
         self.param_table.verticalHeader().hide()
+        self.param_table.verticalHeader().setDefaultSectionSize(22)
         self.param_table.horizontalHeader().setSectionResizeMode(
             QHeaderView.ResizeMode.ResizeToContents)
 
@@ -137,6 +143,7 @@ class ModelView(QWidget):
         splitter.addWidget(self.tree)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 2)
+        splitter.setSizes([880, 500])
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.summary)
@@ -167,16 +174,20 @@ class ModelView(QWidget):
             f"{trial.precision}: {trial.param_count:,} parameters, "
             f"{trial.trainable_params:,} trainable; footprint after loading {footprint}"
             + (f" ({trial.footprint_note})" if trial.footprint_note else ""))
+        tied: dict[str, list[str]] = {}
         for p in trial.dtype_map:
             self.params.appendRow(_param_row(p))
-        self._fill_tree(trial.module_tree)
+            if p.tied_to:
+                owner, _, leaf = p.name.rpartition(".")
+                tied.setdefault(owner, []).append(f"{leaf} tied to {p.tied_to}")
+        self._fill_tree(trial.module_tree, tied)
         self.tree.expandToDepth(1)
 
-    def _fill_tree(self, modules: list[ModuleInfo]) -> None:
+    def _fill_tree(self, modules: list[ModuleInfo], tied: dict[str, list[str]]) -> None:
         # pre-order with depths: the parent of a node is the last node one level up
         parents: list[QStandardItem] = [self.modules.invisibleRootItem()]
         for m in modules:
             del parents[m.depth + 1:]
-            row = _module_row(m)
+            row = _module_row(m, tied.get(m.name, []))
             parents[min(m.depth, len(parents) - 1)].appendRow(row)
             parents.append(row[0])

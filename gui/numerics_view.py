@@ -117,6 +117,7 @@ class NumericsView(QWidget):
         left = QSplitter(Qt.Orientation.Vertical)
         left.addWidget(self.formats)
         left.addWidget(self.demos)
+        left.setSizes([300, 480])
         trace_box = QWidget()
         trace_layout = QVBoxLayout(trace_box)
         trace_layout.setContentsMargins(0, 0, 0, 0)
