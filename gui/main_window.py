@@ -63,6 +63,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle("AmpScope")
         self.record: RunRecord | None = None
+        self._run_error: str | None = None  # why the current run failed, once it has
         self.worker = RunWorker(self)
         self.worker.event.connect(self._on_event)
         self.worker.errored.connect(self._on_errored)
@@ -198,6 +199,7 @@ class MainWindow(QMainWindow):
         self.run_progress.setRange(0, steps_per_trial * len(config.precisions))
         self.run_progress.setValue(0)
         self._progress_done = 0
+        self._run_error = None
         self.log.clear()
         self.worker.start(config)
         self._update_buttons()
@@ -240,13 +242,16 @@ class MainWindow(QMainWindow):
             self._log(event.level, event.message, event.precision)
         elif isinstance(event, ErrorEvent):
             self._log("error", event.message, event.precision)
+            self._run_error = event.message
             if event.precision:
                 self.trial_table.set_status(event.precision, "error", event.message)
         elif isinstance(event, RunFinished):
             self.statusBar().showMessage(f"Run finished: {event.status}")
 
     def _on_errored(self, message: str) -> None:
-        self._log("error", message)
+        if message != self._run_error:  # the engine may have said it already as an ErrorEvent
+            self._log("error", message)
+        self._run_error = message
         self.statusBar().showMessage(f"Run failed: {message.splitlines()[0]}")
 
     def _on_finished(self, _runner_record) -> None:
@@ -254,9 +259,10 @@ class MainWindow(QMainWindow):
         record = self.record
         if record is not None and record.finished_s is None:
             record.status = "error"  # the run raised before it could finish
+            why = (self._run_error or "the run failed: see the log").splitlines()[0]
             for p in self.trial_table.precisions():
                 if record.trial(p) is None:
-                    self.trial_table.set_status(p, "not run", "the run failed: see the log")
+                    self.trial_table.set_status(p, "not run", why)
         self.worker.join()
         self._update_buttons()
         if record is None:

@@ -194,3 +194,33 @@ def test_settings_persist_between_windows(qtbot, tmp_path):
     assert values["steps"] == 7
     assert values["optimizer"] == "sgd"
     assert values["precisions"] == ["fp32", "bf16-amp"]
+
+
+def test_a_model_that_cannot_load_is_reported_once_and_the_window_stays_usable(qtbot, window):
+    record = _run(qtbot, window, _config(model="no-such-org/no-such-model"))
+    assert record.status == "error"
+    log = window.log.toPlainText()
+    assert log.count("no-such-org/no-such-model' is not a preset") == 1
+    assert window.trial_table.cell_text("fp32", "Status") == "not run"
+    assert "is not a preset" in window.trial_table.cell_text("fp32", "Reason")
+    assert window.run_button.isEnabled()
+    assert window.history.list() == []  # a run that never started is not history
+
+
+def test_app_main_opens_the_window_and_returns_when_it_closes(qapp):
+    from PySide6.QtCore import QTimer
+
+    from gui.app import main
+
+    shown = []
+
+    def close_windows():
+        shown.extend(w for w in qapp.topLevelWidgets()
+                     if isinstance(w, MainWindow) and w.isVisible())
+        for w in shown:
+            w.close()
+        qapp.quit()  # ends the loop even if no window opened, so the test cannot hang
+
+    QTimer.singleShot(0, close_windows)
+    assert main([]) == 0
+    assert len(shown) == 1
