@@ -408,15 +408,18 @@ def _memory(model, optimizer, grads_bytes: int, activations: int,
         b.numel() * b.element_size() for b in model.buffers()
     )
     opt_bytes = sum(_tensor_bytes(s) for s in optimizer.state.values())
-    act_method = "bytes autograd saved for backward in one micro-batch (saved-tensor hooks)"
     known = params_bytes + grads_bytes + opt_bytes + activations
+    exact = dict(
+        params_bytes=params_bytes,
+        grads_bytes=grads_bytes,
+        optimizer_bytes=opt_bytes,
+        activations_bytes=activations,
+        activations_method="bytes autograd saved for backward in one micro-batch "
+                           "(saved-tensor hooks)",
+    )
     if info.kind != "cuda":
         return MemoryBreakdown(
-            params_bytes=params_bytes,
-            grads_bytes=grads_bytes,
-            optimizer_bytes=opt_bytes,
-            activations_bytes=activations,
-            activations_method=act_method,
+            **exact,
             total_bytes=known,
             total_method="sum of exact tensor bytes (the CPU has no allocator peak counter)",
             notes="CPU run: temporaries, allocator reserve and context are not measurable; "
@@ -426,17 +429,13 @@ def _memory(model, optimizer, grads_bytes: int, activations: int,
     h = nvml.handle(info.index)
     nvml_bytes = nvml.process_memory_bytes(h, {os.getpid()}) if h is not None else None
     return MemoryBreakdown(
-        params_bytes=params_bytes,
-        grads_bytes=grads_bytes,
-        optimizer_bytes=opt_bytes,
-        activations_bytes=activations,
-        activations_method=act_method,
-        temporaries_bytes=max(0, peak_alloc - known) if peak_alloc is not None else None,
+        **exact,
+        temporaries_bytes=max(0, peak_alloc - known),
         peak_allocated_bytes=peak_alloc,
         peak_reserved_bytes=peak_res,
         nvml_process_bytes=nvml_bytes,
-        context_gap_bytes=nvml_bytes - peak_res if nvml_bytes and peak_res else None,
-        total_bytes=peak_alloc or known,
+        context_gap_bytes=nvml_bytes - peak_res if nvml_bytes is not None else None,
+        total_bytes=peak_alloc,
         total_method="torch.cuda.max_memory_allocated over the measured steps",
         notes="temporaries = peak allocated - (parameters + gradients + optimizer state + "
               "saved activations), floored at 0: activations are freed while gradients are "
