@@ -59,8 +59,8 @@ class AllocatorTracker:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.device = device
-        self.peak_allocated = 0
-        self.peak_reserved = 0
+        self.peak_allocated: int | None = None  # None until a step was sampled
+        self.peak_reserved: int | None = None
 
     def start(self) -> None:
         """Begin a step: the allocator's peak counter restarts (host-side, no sync)."""
@@ -73,13 +73,11 @@ class AllocatorTracker:
             return None, None
         allocated = int(torch.cuda.max_memory_allocated(self.device))
         reserved = int(torch.cuda.max_memory_reserved(self.device))
-        self.peak_allocated = max(self.peak_allocated, allocated)
-        self.peak_reserved = max(self.peak_reserved, reserved)
+        self.peak_allocated = max(self.peak_allocated or 0, allocated)
+        self.peak_reserved = max(self.peak_reserved or 0, reserved)
         return allocated, reserved
 
     def stop(self) -> tuple[int | None, int | None]:
-        if not self.cuda:
-            return None, None
         return self.peak_allocated, self.peak_reserved
 
 

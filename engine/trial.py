@@ -417,15 +417,16 @@ def _memory(model, optimizer, grads_bytes: int, activations: int,
         activations_method="bytes autograd saved for backward in one micro-batch "
                            "(saved-tensor hooks)",
     )
-    if info.kind != "cuda":
+    peak_alloc, peak_res = alloc.stop()
+    if peak_alloc is None:  # the CPU, or no step ran before a cancel
         return MemoryBreakdown(
             **exact,
             total_bytes=known,
-            total_method="sum of exact tensor bytes (the CPU has no allocator peak counter)",
-            notes="CPU run: temporaries, allocator reserve and context are not measurable; "
-                  "host RSS is in the monitor samples",
+            total_method="sum of exact tensor bytes (no allocator peak counter: "
+                         f"{'CPU run' if info.kind == 'cpu' else 'no step ran'})",
+            notes="temporaries, allocator reserve and context are not measurable without an "
+                  "allocator peak; on the CPU, host RSS is in the monitor samples",
         )
-    peak_alloc, peak_res = alloc.stop()
     h = nvml.handle(info.index)
     nvml_bytes = nvml.process_memory_bytes(h, {os.getpid()}) if h is not None else None
     return MemoryBreakdown(
