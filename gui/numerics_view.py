@@ -58,6 +58,7 @@ def _table(headers: tuple[str, ...]) -> QTableWidget:
     table = QTableWidget(0, len(headers))
     table.setHorizontalHeaderLabels(headers)
     table.verticalHeader().hide()
+    table.verticalHeader().setDefaultSectionSize(22)
     table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
     table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     table.horizontalHeader().setStretchLastSection(True)
@@ -92,6 +93,9 @@ class NumericsView(QWidget):
 
         self.formats = _table(FORMAT_HEADERS)
         self.demos = _table(DEMO_HEADERS)
+        # long expressions are elided (full text in the tooltip) so the verdict stays in view
+        self.demos.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
+        self.demos.setColumnWidth(0, 230)
         self.trace = _table(TRACE_HEADERS)
         self.trace_note = QLabel()
         self.trace_note.setWordWrap(True)
@@ -117,7 +121,7 @@ class NumericsView(QWidget):
         left = QSplitter(Qt.Orientation.Vertical)
         left.addWidget(self.formats)
         left.addWidget(self.demos)
-        left.setSizes([300, 480])
+        left.setSizes([230, 550])
         trace_box = QWidget()
         trace_layout = QVBoxLayout(trace_box)
         trace_layout.setContentsMargins(0, 0, 0, 0)
@@ -176,7 +180,8 @@ class NumericsView(QWidget):
         rows = [[d["expression"], d["dtype"], _num(d["result"], ".10g"),
                  _num(d["expected_exact"], ".10g"), d["verdict"], d["explanation"]]
                 for d in demos]
-        _fill(self.demos, rows, [d["explanation"] for d in demos])
+        _fill(self.demos, rows, [f"{d['expression']} in {d['dtype']}: {d['explanation']}"
+                                 for d in demos])
         for r, d in enumerate(demos):
             if d["verdict"] in BAD_VERDICTS:
                 self.demos.item(r, 4).setForeground(QColor("#C00000"))
