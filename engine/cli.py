@@ -205,13 +205,11 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
     """Load footprint of each precision, as transformers' get_memory_footprint counts it."""
     from collections import Counter
 
-    from engine.device import probe
     from engine.inventory import count_params, dtype_map
     from engine.models import load_model
     from engine.runner import preflight
 
-    preflight(RunConfig(model=model, precisions=precisions, device=device, seq_len=1))
-    info = probe(device)
+    info = preflight(RunConfig(model=model, precisions=precisions, device=device, seq_len=1))
     rows = []
     for precision in precisions:
         reason = info.unsupported_reason(precision)
