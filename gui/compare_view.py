@@ -17,7 +17,6 @@ from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
-    QLabel,
     QPushButton,
     QSplitter,
     QTableView,
@@ -31,9 +30,13 @@ from engine.record import RunRecord
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
+from gui.plain_text import plain_label
 
 BAR = 0.36  # bar width; measured and predicted memory bars sit side by side
 MIB = 2**20  # memory axes in MiB, the binary unit of the table and the reports
+EMPTY_TEXT = ("Nothing to compare yet. When a run ends (Run tab), or when you open a report "
+              "(File > Open) or a past run (History), its precisions appear here side by side: "
+              "memory by category, throughput, MFU, peak memory and the comparison table.")
 
 
 def _mib(value: int | None) -> float | None:
@@ -55,8 +58,7 @@ class CompareView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.record: RunRecord | None = None
-        self.note = QLabel()
-        self.note.setWordWrap(True)
+        self.note = plain_label(EMPTY_TEXT)
         self.charts = pg.GraphicsLayoutWidget()
         self.plots: dict[str, pg.PlotItem] = {}
         titles = {

@@ -138,7 +138,7 @@ class LiveCharts(QWidget):
             else:
                 style = Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine
                 item = plot.plot(pen=pg.mkPen(color, width=2, style=style),
-                                 name=name if legend else None)
+                                 name=html.escape(name) if legend else None)  # legends are HTML
             series = _Series(item, RingBuffer(self.capacity), RingBuffer(self.capacity))
             self._series[key] = series
         return series
