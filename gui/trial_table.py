@@ -16,7 +16,8 @@ from gui.palette import precision_color
 from gui.plain_text import as_html
 
 HEADERS = ("Precision", "Status", "Progress", "Step time", "Throughput", "Reason")
-STATUS_COLORS = {"ok": "#1B7F3B", "running": "#0072B2", "queued": "#777777"}
+STATUS_COLORS = {"ok": "#1B7F3B", "running": "#0072B2", "queued": "#777777",
+                 "loading model…": "#0072B2"}
 PROBLEM_COLOR = "#C00000"
 
 
