@@ -105,7 +105,7 @@ class HistoryStore:
             damage = _damage(self.path) if self.path.exists() else None
             if damage:
                 self._start_fresh(damage)
-            with self._connect() as db:
+            with self._connect(create=True) as db:
                 db.execute(_SCHEMA)
         except (OSError, sqlite3.Error, HistoryError) as exc:
             self._memory = sqlite3.connect(":memory:")
@@ -134,14 +134,15 @@ class HistoryStore:
                        + (f" with the {len(rows)} runs that could be read." if rows else "."))
 
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
+    def _connect(self, create: bool = False) -> Iterator[sqlite3.Connection]:
         if self._memory is not None:
             with self._memory:
                 yield self._memory
             return
         # one short-lived connection per call, committed and closed at the end, so
-        # nothing stays open when the window closes; mode=rwc only while it is created
-        mode = "rw" if self.path.exists() else "rwc"
+        # nothing stays open when the window closes; a file deleted later is not quietly
+        # made again (mode=rw), so the loss is said rather than hidden
+        mode = "rwc" if create else "rw"
         try:
             with closing(sqlite3.connect(f"file:{self.path}?mode={mode}", uri=True,
                                          timeout=LOCK_WAIT_S)) as db, db:
