@@ -62,6 +62,8 @@ def data_dir() -> Path:
 def device_label(record: RunRecord) -> str:
     """The device a run used, as the engine described it; the requested one otherwise."""
     device = record.environment.get("device") or {}
+    if not isinstance(device, dict):  # a report's environment is free-form
+        return str(device)
     return str(device.get("description") or device.get("name")
                or record.config.get("device", ""))
 

@@ -202,7 +202,7 @@ class LiveCharts(QWidget):
             line = pg.InfiniteLine(
                 pos=time_s - self._t0, angle=90,
                 pen=pg.mkPen(precision_color(precision), width=1, style=Qt.PenStyle.DotLine),
-                label=precision,
+                label=precision.replace("{", "{{").replace("}", "}}"),  # a format string
                 labelOpts={"position": position, "color": precision_color(precision)},
             )
             self.plots[key].addItem(line)

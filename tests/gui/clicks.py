@@ -62,7 +62,8 @@ def tick(items: QListWidget, name: str, checked: bool = True) -> None:
 
 def click_tree_item(tree: QTreeWidget, item, double: bool = False) -> None:
     tree.scrollToItem(item)
-    pos = tree.visualItemRect(item).center()
+    rect = tree.visualItemRect(item)  # on its first characters: the row may be wider than the view
+    pos = QPoint(rect.left() + min(rect.width() // 2, 30), rect.center().y())
     QTest.mouseClick(tree.viewport(), Qt.MouseButton.LeftButton, pos=pos)
     if double:  # the press of a double click's second half, then the double click
         QTest.mouseDClick(tree.viewport(), Qt.MouseButton.LeftButton, pos=pos)
