@@ -92,6 +92,10 @@ def _damage(path: Path) -> str | None:
                 bad = db.execute(f"SELECT count(*) FROM runs WHERE NOT ({_GOOD_ROW})").fetchone()
                 if bad[0]:
                     return f"{bad[0]} of its rows are damaged"
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return None  # in use by another program, not damaged: never moved aside
+        return f"it cannot be read ({exc})"
     except sqlite3.DatabaseError as exc:
         return f"it cannot be read ({exc})"
     return None
@@ -112,9 +116,11 @@ class HistoryStore:
         except (OSError, sqlite3.Error, HistoryError) as exc:
             self._memory = sqlite3.connect(":memory:")
             self._memory.execute(_SCHEMA)
-            self.notice = (f"The history database {self.path} cannot be used ({exc}): runs are "
-                           "kept for this session only; export the ones to keep, and check "
-                           "that the folder can be written")
+            why = str(exc) if isinstance(exc, HistoryError) else (
+                f"the history database {self.path} cannot be used ({exc}); check that its "
+                "folder can be written")
+            self.notice = (f"{why[0].upper()}{why[1:]}. Runs are kept for this session only: "
+                           "export the ones to keep")
 
     def _start_fresh(self, damage: str) -> None:
         """Move a damaged file aside and build a new one with the rows that still read."""

@@ -114,6 +114,21 @@ def test_a_folder_that_cannot_be_created_gives_a_session_history(qtbot, tmp_path
     assert [e.id for e in window.history.list()] == [record.run_id]
 
 
+def test_a_database_locked_at_start_is_not_moved_aside(qtbot):
+    _good_store_with("kept")
+    other = sqlite3.connect(_db(), isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        window = _open(qtbot)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert _asides() == []
+    message = window.statusBar().currentMessage()
+    assert "another program holds it locked" in message and "this session only" in message
+    assert [e.id for e in HistoryStore().list()] == ["kept"]
+
+
 # --- history database that fails during the session ---------------------------------
 
 
