@@ -37,8 +37,24 @@ NOT_SERIALISED = frozenset({"live_steps"})
 
 
 class _Bad(ValueError):
-    def __init__(self, where: str, problem: str) -> None:
-        super().__init__(f"{where or 'the report'}: {problem}")
+    """A problem at a path; each container on the way up puts its key in front (cheap: the
+    path is only built when something is wrong)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str | int] = []
+
+    def __str__(self) -> str:
+        where = ""
+        for part in reversed(self.path):
+            where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else part)
+        return f"{where or 'the report'}: {self.problem}"
+
+
+def _at(exc: _Bad, part: str | int) -> _Bad:
+    exc.path.append(part)
+    return exc
 
 
 def _describe(value) -> str:
@@ -46,124 +62,171 @@ def _describe(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _is_time(name: str) -> bool:
+    return name.endswith("_s") and not name.endswith("per_s")  # tokens_per_s is a rate
+
+
 def _is_step_count(name: str) -> bool:
     return name in ("step", "steps", "warmup") or name.endswith("_steps") or name.startswith(
         "steps_")
 
 
-def _is_time(name: str) -> bool:
-    return name.endswith("_s") and not name.endswith("per_s")  # tokens_per_s is a rate
+@cache
+def _number_checker(name: str):
+    """Limits for a number by its field name: units and counts are in the names."""
+    limits = []
+    if _is_time(name):
+        limits.append((-MAX_EPOCH_S, MAX_EPOCH_S, "seconds is not a plausible time"))
+    if name.endswith("_bytes"):
+        limits.append((-MAX_BYTES, MAX_BYTES, "bytes is not a plausible size"))
+    if _is_step_count(name):
+        limits.append((0, MAX_STEPS, f"is not a plausible number of steps (0 to {MAX_STEPS:,})"))
+    nonfinite_ok = name in NONFINITE_FIELDS
+
+    def check(value) -> None:
+        if value != value or value in (math.inf, -math.inf):
+            if not nonfinite_ok:
+                raise _Bad(f"{value} is not a valid value here")
+            return
+        for low, high, problem in limits:
+            if not low <= value <= high:
+                raise _Bad(f"{_describe(value)} {problem}")
+        if isinstance(value, int) and not -MAX_INT <= value <= MAX_INT:
+            raise _Bad(f"{_describe(value)} is too large")
+
+    return check
 
 
-def _check_number(name: str, value, where: str) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        if name not in NONFINITE_FIELDS:
-            raise _Bad(where, f"{value} is not a valid value here")
-        return
-    if _is_time(name) and not -MAX_EPOCH_S <= value <= MAX_EPOCH_S:
-        raise _Bad(where, f"{_describe(value)} seconds is not a plausible time")
-    if name.endswith("_bytes") and not -MAX_BYTES <= value <= MAX_BYTES:
-        raise _Bad(where, f"{_describe(value)} bytes is not a plausible size")
-    if _is_step_count(name) and not 0 <= value <= MAX_STEPS:
-        raise _Bad(where, f"{_describe(value)} is not a plausible number of steps "
-                          f"(0 to {MAX_STEPS:,})")
-    if isinstance(value, int) and not -MAX_INT <= value <= MAX_INT:
-        raise _Bad(where, f"{_describe(value)} is too large")
-
-
-def _check_free(value, where: str, depth: int) -> None:
+def _check_free(value, depth: int, name: str = "") -> None:
     """A free-form JSON value (config, environment): plain types, bounded depth."""
     if depth > MAX_DEPTH:
-        raise _Bad(where, f"nested more than {MAX_DEPTH} levels deep")
+        raise _Bad(f"nested more than {MAX_DEPTH} levels deep")
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, int | float):
-        _check_number(where.rsplit(".", 1)[-1], value, where)
+        _number_checker(name)(value)
     elif isinstance(value, str):
         if len(value) > MAX_TEXT:
-            raise _Bad(where, f"text of {len(value):,} characters is too long")
+            raise _Bad(f"text of {len(value):,} characters is too long")
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            _check_free(item, f"{where}[{i}]", depth + 1)
+            try:
+                _check_free(item, depth + 1, name)
+            except _Bad as exc:
+                raise _at(exc, i) from None
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_free(item, f"{where}.{key}", depth + 1)
+            try:
+                _check_free(item, depth + 1, str(key))
+            except _Bad as exc:
+                raise _at(exc, str(key)) from None
     else:
-        raise _Bad(where, f"unexpected value {_describe(value)}")
+        raise _Bad(f"unexpected value {_describe(value)}")
 
 
-def _check(tp, value, where: str, name: str, depth: int, numerics: bool = False) -> None:
-    """``value`` (parsed JSON) against the type hint ``tp``."""
-    if depth > MAX_DEPTH:
-        raise _Bad(where, f"nested more than {MAX_DEPTH} levels deep")
+def _text(value, depth: int) -> None:
+    if not isinstance(value, str):
+        raise _Bad(f"expected text, got {_describe(value)}")
+    if len(value) > MAX_TEXT:
+        raise _Bad(f"text of {len(value):,} characters is too long")
+
+
+def _flag(value, depth: int) -> None:
+    if not isinstance(value, bool):
+        raise _Bad(f"expected true or false, got {_describe(value)}")
+
+
+@cache
+def _checker(tp, name: str, numerics: bool):
+    """A function ``check(value, depth)`` for the type hint ``tp`` of field ``name``, built
+    once per hint: a long list of steps is checked by the same closures."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                _check(arg, value, where, name, depth, numerics)
+        optional = type(None) in args
+        subs = [_checker(a, name, numerics) for a in args if a is not type(None)]
+
+        def check_union(value, depth):
+            if value is None and optional:
                 return
-            except _Bad as exc:
-                errors.append(exc)
-        raise errors[0]
-    if tp is typing.Any:
-        _check_free(value, where, depth)
-    elif dataclasses.is_dataclass(tp):
-        _check_dataclass(tp, value, where, depth, numerics)
-    elif origin in (list, tuple) or tp in (list, tuple):
-        if not isinstance(value, list):
-            raise _Bad(where, f"expected a list, got {_describe(value)}")
+            first = None
+            for sub in subs:
+                try:
+                    sub(value, depth)
+                    return
+                except _Bad as exc:
+                    first = first or exc
+            raise first
+        return check_union
+    if dataclasses.is_dataclass(tp):
+        return _dataclass_checker(tp, numerics)
+    if origin in (list, tuple) or tp in (list, tuple):
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        for i, item in enumerate(value):
-            if args:
-                _check(args[0], item, f"{where}[{i}]", name, depth + 1, numerics)
-            else:
-                _check_free(item, f"{where}[{i}]", depth + 1)
-    elif tp is dict or origin is dict:
-        if not isinstance(value, dict):
-            raise _Bad(where, f"expected an object, got {_describe(value)}")
-        _check_free(value, where, depth)
-    elif tp is str:
-        if not isinstance(value, str):
-            raise _Bad(where, f"expected text, got {_describe(value)}")
-        if len(value) > MAX_TEXT:
-            raise _Bad(where, f"text of {len(value):,} characters is too long")
-    elif tp is bool:
-        if not isinstance(value, bool):
-            raise _Bad(where, f"expected true or false, got {_describe(value)}")
-    elif tp is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise _Bad(where, f"expected a whole number, got {_describe(value)}")
-        _check_number(name, value, where)
-    elif tp is float:
-        if numerics and isinstance(value, str) and value in NONFINITE_TEXT:
-            return
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise _Bad(where, f"expected a number, got {_describe(value)}")
-        _check_number(name, value, where)
-    else:  # a hint this checker does not know: at least plain JSON
-        _check_free(value, where, depth)
+        sub = _checker(args[0], name, numerics) if args else (
+            lambda value, depth: _check_free(value, depth, name))
+
+        def check_list(value, depth):
+            if not isinstance(value, list):
+                raise _Bad(f"expected a list, got {_describe(value)}")
+            if depth > MAX_DEPTH:
+                raise _Bad(f"nested more than {MAX_DEPTH} levels deep")
+            for i, item in enumerate(value):
+                try:
+                    sub(item, depth + 1)
+                except _Bad as exc:
+                    raise _at(exc, i) from None
+        return check_list
+    if tp is dict or origin is dict:
+        def check_dict(value, depth):
+            if not isinstance(value, dict):
+                raise _Bad(f"expected an object, got {_describe(value)}")
+            _check_free(value, depth, name)
+        return check_dict
+    if tp is str:
+        return _text
+    if tp is bool:
+        return _flag
+    number = _number_checker(name)
+    if tp is int:
+        def check_int(value, depth):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise _Bad(f"expected a whole number, got {_describe(value)}")
+            number(value)
+        return check_int
+    if tp is float:
+        def check_float(value, depth):
+            if numerics and isinstance(value, str) and value in NONFINITE_TEXT:
+                return
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise _Bad(f"expected a number, got {_describe(value)}")
+            number(value)
+        return check_float
+    # a hint this checker does not know: at least plain JSON
+    return lambda value, depth: _check_free(value, depth, name)
 
 
-def _check_dataclass(cls, value, where: str, depth: int, numerics: bool = False,
-                     skip: frozenset = frozenset()) -> None:
-    if not isinstance(value, dict):
-        raise _Bad(where, f"expected an object, got {_describe(value)}")
+@cache
+def _dataclass_checker(cls, numerics: bool, skip: frozenset = frozenset()):
     hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        at = f"{where}.{f.name}" if where else f.name
-        if f.name not in value:
-            required = (f.default is dataclasses.MISSING
-                        and f.default_factory is dataclasses.MISSING)
-            if required:
-                raise _Bad(at, "missing")
-            continue
-        _check(hints[f.name], value[f.name], at, f.name, depth + 1, numerics)
+    fields = [(f.name, _checker(hints[f.name], f.name, numerics),
+               f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+              for f in dataclasses.fields(cls) if f.name not in skip]
+
+    def check(value, depth):
+        if not isinstance(value, dict):
+            raise _Bad(f"expected an object, got {_describe(value)}")
+        if depth > MAX_DEPTH:
+            raise _Bad(f"nested more than {MAX_DEPTH} levels deep")
+        for name, sub, required in fields:
+            if name not in value:
+                if required:
+                    raise _at(_Bad("missing"), name)
+                continue
+            try:
+                sub(value[name], depth + 1)
+            except _Bad as exc:
+                raise _at(exc, name) from None
+    return check
 
 
 @cache
@@ -184,27 +247,33 @@ def _lab_fields() -> dict:
             "advice": Advice | None}
 
 
-def _check_numerics(value, where: str) -> None:
+def _check_numerics(value) -> None:
     if not isinstance(value, dict):
-        raise _Bad(where, f"expected an object, got {_describe(value)}")
-    _check_free(value, where, 1)
+        raise _Bad(f"expected an object, got {_describe(value)}")
+    _check_free(value, 1)
     for key, tp in _lab_fields().items():
         if key in value:
-            _check(tp, value[key], f"{where}.{key}", key, 2, numerics=True)
+            try:
+                _checker(tp, key, True)(value[key], 2)
+            except _Bad as exc:
+                raise _at(exc, key) from None
 
 
-def _check_config(value, where: str) -> None:
+def _check_config(value) -> None:
     """The run's configuration, against ``RunConfig``'s hints (it is stored as a dict)."""
     from engine.config import RunConfig
 
     if not isinstance(value, dict):
-        raise _Bad(where, f"expected an object, got {_describe(value)}")
-    _check_free(value, where, 1)
+        raise _Bad(f"expected an object, got {_describe(value)}")
+    _check_free(value, 1)
     hints = _hints(RunConfig)
     for f in dataclasses.fields(RunConfig):
         if f.name in value:
             tp = list[str] if f.name == "precisions" else hints[f.name]
-            _check(tp, value[f.name], f"{where}.{f.name}", f.name, 2)
+            try:
+                _checker(tp, f.name, False)(value[f.name], 2)
+            except _Bad as exc:
+                raise _at(exc, f.name) from None
 
 
 def validate_report(data) -> None:
@@ -223,10 +292,17 @@ def validate_report(data) -> None:
             f"report schema version {version} is newer than this AmpScope reads "
             f"({SCHEMA_VERSION}): update AmpScope to open it"
         )
-    _check_dataclass(RunRecord, {k: v for k, v in data.items()
-                                 if k not in ("config", "numerics")},
-                     "", 0, skip=NOT_SERIALISED | {"config", "numerics"})
-    if "config" in data:
-        _check_config(data["config"], "config")
-    if data.get("numerics") is not None:
-        _check_numerics(data["numerics"], "numerics")
+    try:
+        _dataclass_checker(RunRecord, False, NOT_SERIALISED | {"config", "numerics"})(data, 0)
+        if "config" in data:
+            try:
+                _check_config(data["config"])
+            except _Bad as exc:
+                raise _at(exc, "config") from None
+        if data.get("numerics") is not None:
+            try:
+                _check_numerics(data["numerics"])
+            except _Bad as exc:
+                raise _at(exc, "numerics") from None
+    except _Bad as exc:
+        raise ValueError(str(exc)) from None
