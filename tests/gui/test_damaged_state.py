@@ -207,6 +207,19 @@ def test_bad_settings_fall_back_to_defaults_key_by_key(qtbot):
     assert window.width() > 0 and window.isVisible()
 
 
+def test_a_corrupt_window_state_opens_at_the_default_size(qtbot):
+    from PySide6.QtCore import QByteArray
+
+    store = settings.open_settings()
+    store.setValue("window/geometry", QByteArray(b"\x01\xd9\xd0\xcb garbage" * 8))
+    store.setValue("window/state", QByteArray(b"\xff" * 40))
+    store.sync()
+    window = _open(qtbot)
+    free = window.screen().availableGeometry()
+    assert (window.width(), window.height()) == (min(1400, free.width()),
+                                                 min(900, free.height()))
+
+
 def test_unreadable_settings_file_opens_with_defaults(qtbot, tmp_path):
     ini = tmp_path / "cfg" / "AmpScope" / "AmpScope.ini"
     ini.parent.mkdir(parents=True, exist_ok=True)
