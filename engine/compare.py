@@ -202,15 +202,15 @@ def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
             and t.summary.median_step_ms]
     if len(done) < 2:
         return SpeedVerdict("n/a", "fewer than two finished trials: nothing to rank")
-    problems, few, unsteady = [], False, False
+    few = [f"{t.precision} {len(_measured(t))}" for t in done
+           if len(_measured(t)) < spread.MIN_STEPS]
+    problems, unsteady = [], False
+    if few:
+        problems.append(f"too few measured steps for a spread (need {spread.MIN_STEPS}): "
+                        + ", ".join(few))
     for t in done:
-        n = len(_measured(t))
         cv = t.summary.spread.cv if t.summary.spread else None
         drift = _round_drift(t)
-        if n < spread.MIN_STEPS:
-            few = True
-            problems.append(f"{t.precision} has {n} measured steps (a spread needs "
-                            f"{spread.MIN_STEPS})")
         if cv is not None and cv > CV_LIMIT:
             unsteady = True
             problems.append(f"{t.precision} step time varies {cv:.0%} (CV above "

@@ -130,7 +130,7 @@ def test_wide_spread_is_noisy_never_ranked():
 def test_too_few_steps_is_noisy_and_suggests_more():
     record = _record(_trial("fp32", _clean(120.0, n=3)), _trial("bf16-amp", _clean(60.0)))
     verdict = speed_verdict(record.trials)
-    assert verdict.noisy and "fp32 has 3 measured steps" in verdict.text
+    assert verdict.noisy and "too few measured steps for a spread (need 5): fp32 3" in verdict.text
     assert "--steps 40" in verdict.suggestion
 
 
