@@ -8,8 +8,10 @@ Conventions, stated wherever the figures appear:
   the mean of the measured step times.
 - Confidence intervals are percentile bootstrap intervals at ``CI_LEVEL`` over the
   measured (non-warm-up) steps: ``RESAMPLES`` resamples drawn with replacement by
-  numpy's default generator (PCG64) seeded with ``SEED``; the statistic is the median
-  step time. A ratio of two trials resamples each trial's steps independently.
+  numpy's default generator (PCG64) seeded with ``[SEED, CRC-32 of the step times as
+  float64 bytes]``; the statistic is the median step time. A ratio of two trials divides
+  their resampled medians, so each trial's steps are resampled independently (and once:
+  a trial's resampled medians are cached, the ratios of many pairs cost no resampling).
   (scipy.stats.bootstrap computes the same interval; numpy alone keeps scipy out of
   the bundle.)
 
@@ -18,6 +20,9 @@ has too few distinct bootstrap values to bound.
 """
 
 from __future__ import annotations
+
+import zlib
+from functools import lru_cache
 
 import numpy as np
 
@@ -29,8 +34,9 @@ SEED = 0
 MIN_STEPS = 5
 
 METHOD = (f"percentile bootstrap of the median step time over the measured steps, "
-          f"{CI_LEVEL:.0%} level, {RESAMPLES} resamples, numpy PCG64 seed {SEED}; "
-          "p10/p90 by linear interpolation; CV = sample std (ddof=1) / mean")
+          f"{CI_LEVEL:.0%} level, {RESAMPLES} resamples, numpy PCG64 seeded with "
+          f"[{SEED}, CRC-32 of the step times]; p10/p90 by linear interpolation; "
+          "CV = sample std (ddof=1) / mean")
 
 
 def _interval(values: np.ndarray) -> tuple[float, float]:
@@ -39,17 +45,26 @@ def _interval(values: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _bootstrap_medians(step_ms: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    picks = rng.integers(0, len(step_ms), size=(RESAMPLES, len(step_ms)))
-    return np.median(step_ms[picks], axis=1)
+@lru_cache(maxsize=256)
+def _cached_medians(data: bytes) -> np.ndarray:
+    x = np.frombuffer(data, dtype=np.float64)
+    rng = np.random.default_rng([SEED, zlib.crc32(data)])
+    picks = rng.integers(0, len(x), size=(RESAMPLES, len(x)))
+    medians = np.median(x[picks], axis=1)
+    medians.flags.writeable = False
+    return medians
+
+
+def bootstrap_medians(step_ms) -> np.ndarray:
+    """``RESAMPLES`` medians of resamples of ``step_ms`` (read-only, cached by value)."""
+    return _cached_medians(np.ascontiguousarray(step_ms, dtype=np.float64).tobytes())
 
 
 def median_ci(step_ms) -> tuple[float, float] | None:
     """Bootstrap interval of the median step time; None below ``MIN_STEPS`` steps."""
-    x = np.asarray(step_ms, dtype=float)
-    if len(x) < MIN_STEPS:
+    if len(step_ms) < MIN_STEPS:
         return None
-    return _interval(_bootstrap_medians(x, np.random.default_rng(SEED)))
+    return _interval(bootstrap_medians(step_ms))
 
 
 def ratio_ci(numerator_ms, denominator_ms) -> tuple[float, float] | None:
@@ -58,12 +73,9 @@ def ratio_ci(numerator_ms, denominator_ms) -> tuple[float, float] | None:
     With step times, fp32's over another precision's is that precision's speed-up.
     None when either side has fewer than ``MIN_STEPS`` steps.
     """
-    a = np.asarray(numerator_ms, dtype=float)
-    b = np.asarray(denominator_ms, dtype=float)
-    if len(a) < MIN_STEPS or len(b) < MIN_STEPS:
+    if len(numerator_ms) < MIN_STEPS or len(denominator_ms) < MIN_STEPS:
         return None
-    rng = np.random.default_rng(SEED)
-    return _interval(_bootstrap_medians(a, rng) / _bootstrap_medians(b, rng))
+    return _interval(bootstrap_medians(numerator_ms) / bootstrap_medians(denominator_ms))
 
 
 def measured_step_ms(steps: list[StepSample]) -> list[float]:
