@@ -11,7 +11,7 @@ result is the precision's combined result. Only that one is reported as finished
 
 ``interleave="auto"`` interleaves where each trial is cheap (``CHEAP_RULE``): a
 model of at most ``CHEAP_PARAMS`` parameters, whose reload per round costs seconds,
-and at least ``MIN_ROUND_STEPS`` measured steps in every round.
+not compiled, and at least ``MIN_ROUND_STEPS`` measured steps in every round.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from engine.events import StepSample, TrialResult
 CHEAP_PARAMS = 400_000_000
 MIN_ROUND_STEPS = 5
 CHEAP_RULE = (f"a trial is cheap when the model has at most {CHEAP_PARAMS // 10**6} M "
-              f"parameters (reloading it for every round costs seconds) and every round "
-              f"measures at least {MIN_ROUND_STEPS} steps")
+              f"parameters (reloading it for every round costs seconds), is not compiled "
+              f"(torch.compile would recompile in every round) and every round measures at "
+              f"least {MIN_ROUND_STEPS} steps")
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ def choose_rounds(config: RunConfig, params: int | None = None) -> tuple[int, st
         return 1, (f"precisions run one after another: {config.steps} measured steps are too "
                    f"few for {config.rounds} rounds of at least {MIN_ROUND_STEPS} "
                    f"({CHEAP_RULE})")
+    if config.compile:
+        return 1, (f"precisions run one after another: torch.compile would recompile the model "
+                   f"in every round ({CHEAP_RULE}); --interleave on forces rounds")
     if params is None:
         params = model_params(config)
     if params is None or params > CHEAP_PARAMS:

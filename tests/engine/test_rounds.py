@@ -38,6 +38,7 @@ def test_schedule_is_abab_and_splits_the_steps():
         ({"steps": 9}, 1_000_000, 1, "too few"),  # 2 rounds of at least 5 steps
         ({"steps": 10, "precisions": ("fp32",)}, 1_000_000, 1, "one precision"),
         ({"steps": 10, "interleave": "off"}, 1_000_000, 1, "off"),
+        ({"steps": 10, "compile": True}, 1_000_000, 1, "recompile"),
         ({"steps": 4, "interleave": "on"}, CHEAP_PARAMS * 10, 2, "on"),
     ],
 )
