@@ -59,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="each trial in a child process (default) or in this one")
     prof.add_argument("--interleave", default="auto", choices=INTERLEAVE,
                       help="run the precisions in alternating rounds (ABAB) to cancel drift; "
-                           "auto: where each trial is cheap (a model of at most 400 M "
-                           "parameters and 5+ measured steps per round)")
+                           "auto: where each trial is cheap (at most 400 M parameters, no "
+                           "--compile, 5+ measured steps per round)")
     prof.add_argument("--rounds", type=int, default=2,
                       help="rounds per precision when interleaving (steps are split over them)")
     prof.add_argument("--out", help="report file: .json, .csv or .html")
