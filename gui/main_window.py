@@ -224,8 +224,6 @@ class MainWindow(QMainWindow):
         self.run_progress.setRange(0, steps_per_trial * len(config.precisions))
         self.run_progress.setValue(0)
         self.run_progress.setFormat("run %p%")
-        self._progress_done = 0
-        self._steps_per_trial = steps_per_trial
         self._run_error = None
         self.log.clear()
         self.worker.start(config)
@@ -249,7 +247,7 @@ class MainWindow(QMainWindow):
                 self.statusBar().showMessage(f"{event.precision}: training…")
             self.charts.add_step(event)
             self.trial_table.add_step(event)
-            self.run_progress.setValue(self._progress_done + event.step + 1)
+            self._show_progress()
         elif isinstance(event, MonitorSample):
             self.charts.add_monitor(event)
         elif isinstance(event, RunStarted):
@@ -258,13 +256,15 @@ class MainWindow(QMainWindow):
             self._log("info", f"run {event.run_id} started on "
                       f"{event.environment.get('device', {}).get('description', 'n/a')}")
         elif isinstance(event, TrialStarted):
+            if event.rounds > 1:  # interleaved: every round warms up again
+                config = self.record.config
+                per = event.rounds * config.get("warmup", 0) + config.get("steps", 1)
+                self.run_progress.setRange(0, per * len(config.get("precisions", [])))
             self.trial_table.set_status(event.precision, LOADING)
             self.statusBar().showMessage(f"{event.precision}: {LOADING}")
             self.charts.mark_trial_start(event.precision, event.time_s)
         elif isinstance(event, TrialFinished):
-            if event.result.status != "cancelled":  # a stopped trial did not run its steps
-                self._progress_done += self._steps_per_trial
-                self.run_progress.setValue(self._progress_done)
+            self._show_progress()
             trial = event.result
             self.trial_table.finish_trial(trial)
             self.charts.note_trial(trial)
@@ -297,6 +297,20 @@ class MainWindow(QMainWindow):
             return f"Run finished: {len(failed)} of {total} trials failed (see Trials)"
         self.run_progress.setFormat("done")
         return f"Run finished: all {total} trials ok"
+
+    def _show_progress(self) -> None:
+        """Steps seen, a finished precision counting in full (interleaved rounds alternate);
+        a stopped one counts the steps it ran, so Stop reads "cancelled at 44%", not 100%."""
+        precisions = self.record.config.get("precisions", [])
+        per = self.run_progress.maximum() // max(1, len(precisions))
+
+        def done(precision: str) -> int:
+            trial = self.record.trial(precision)
+            if trial is not None and trial.status != "cancelled":
+                return per
+            return min(per, len(self.record.steps(precision)))
+
+        self.run_progress.setValue(sum(done(p) for p in precisions))
 
     def _on_errored(self, message: str) -> None:
         if message != self._run_error:  # the engine may have said it already as an ErrorEvent
