@@ -123,7 +123,7 @@ class CompareView(QWidget):
         splitter.addWidget(table_box)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([560, 260])
+        splitter.setSizes([480, 380])  # room for the speed note and every row at 768 px
         QVBoxLayout(self).addWidget(splitter)
 
     # --- filling ---------------------------------------------------------------------
