@@ -258,7 +258,7 @@ class CompareView(QWidget):
         predicted.setOpts(x=xs, height=heights)
         plot.addItem(predicted)
         legend.addItem(predicted, "predicted total")
-        plot.setYRange(0, top * 1.7, padding=0)  # headroom for the legend above the bars
+        plot.setYRange(0, top * 2.2, padding=0)  # headroom for the legend (2 rows) above the bars
 
     # --- clipboard -------------------------------------------------------------------
 
