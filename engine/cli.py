@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="after the trials, run the numerics lab on the first precision and "
                            "add it (with advice citing the trials) to the report")
     prof.add_argument("--quiet", action="store_true", help="no progress display")
+    from engine.distributed.cli_args import add_distributed_args
+
+    add_distributed_args(prof)
 
     foot = sub.add_parser("footprint", help="load footprint of each precision (no training)")
     _add_model_args(foot, "fp32,fp16,bf16,int8,nf4")
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _profile(args) -> int:
     from engine.compare import baseline_reason, comparison_rows, format_table
+    from engine.distributed.cli_args import distributed_config
     from engine.report.writer import check_writable, write_report
     from engine.runner import Runner
 
@@ -113,7 +117,7 @@ def _profile(args) -> int:
         grad_checkpointing=args.grad_checkpointing, compile=args.compile,
         init_scale=args.init_scale, growth_interval=args.growth_interval, lora_r=args.lora_r,
         device=args.device, isolation=args.isolation, seed=args.seed,
-        trust_remote_code=args.trust_remote_code,
+        trust_remote_code=args.trust_remote_code, **distributed_config(args),
     )
     if args.out:
         check_writable(args.out)

@@ -102,7 +102,12 @@ class Runner:
                                          "the run was stopped before this trial started")
                 else:
                     self._emit(TrialStarted(precision, index, total, time.time()))
-                    if self.config.isolation == "inline":
+                    if self.config.strategy != "none":  # torchrun starts the ranks
+                        from engine.distributed.trial import run_distributed
+
+                        result = run_distributed(self.config, precision, info, self._emit,
+                                                 self._cancel.is_set)
+                    elif self.config.isolation == "inline":
                         result = self._inline(precision, info)
                     else:
                         result = self._in_child(precision, info, monitor)
