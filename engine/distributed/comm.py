@@ -79,8 +79,12 @@ def expected_bytes(rec: DistRecipe, trainable_params: int, unit_params: list[tup
     par, red = dtype_name(rec.param_dtype), dtype_name(rec.reduce_dtype)
     gathered = sum(n * (2 if again else 1) for n, again in unit_params)
     total = sum(n for n, _ in unit_params)
-    return ({f"all_gather:{_dt(par)}": gathered * size[par] * grad_accum,
-             f"reduce_scatter:{_dt(red)}": total * size[red]},
-            f"all-gather: each unit's parameters x {size[par]} B ({par}) per micro-batch, twice "
-            f"for units resharded after forward; reduce-scatter: all parameters x {size[red]} B "
-            f"({red}) per step; shard padding not counted")
+    expected = {f"all_gather:{_dt(par)}": gathered * size[par] * grad_accum,
+                f"reduce_scatter:{_dt(red)}": total * size[red]}
+    formula = (f"all-gather: each unit's parameters x {size[par]} B ({par}) per micro-batch, "
+               f"twice for units resharded after forward; reduce-scatter: all parameters x "
+               f"{size[red]} B ({red}) per step; shard padding not counted")
+    if rec.use_scaler:  # ShardedGradScaler agrees on found-inf across ranks
+        expected["all_reduce:float32"] = 4
+        formula += "; the sharded GradScaler's found-inf flag: one fp32 all-reduce"
+    return expected, formula

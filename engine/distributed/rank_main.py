@@ -47,12 +47,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _bytes(tensors) -> int:
+    """Bytes of distinct tensors: a tied weight counts once, views into one flat
+    buffer (FSDP2's sharded gradients) count each."""
     seen, total = set(), 0
     for t in tensors:
         t = _local(t)
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen.add(ptr)
+        key = (t.data_ptr(), t.numel(), t.dtype)
+        if key not in seen:
+            seen.add(key)
             total += t.numel() * t.element_size()
     return total
 

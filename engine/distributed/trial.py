@@ -198,14 +198,16 @@ def _combined(samples: list[StepSample], config: RunConfig, ranks: dict) -> Step
 
 
 def _failure(out_dir: Path, ranks: dict) -> tuple[int | None, str, str]:
-    """(failed rank, status, reason) from the ranks' own words or torchrun's record."""
-    for rank in sorted(ranks):
-        if "failed" in ranks[rank]:
-            return rank, ranks[rank]["failed"]["status"], ranks[rank]["failed"]["reason"]
+    """(failed rank, status, reason): torchrun's first failure, in that rank's own words
+    where it wrote them (the others often fail after it, on a broken collective)."""
     path = out_dir / "failure.json"
-    if path.exists():
-        fail = json.loads(path.read_text(encoding="utf-8"))
-        rank, code = fail["rank"], fail["exitcode"]
+    fail = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    own = [r for r in sorted(ranks) if "failed" in ranks[r]]
+    rank = fail["rank"] if fail else (own[0] if own else None)
+    if rank is not None and "failed" in ranks.get(rank, {}):
+        return rank, ranks[rank]["failed"]["status"], ranks[rank]["failed"]["reason"]
+    if fail:
+        code = fail["exitcode"]
         if code == -signal.SIGKILL:
             return rank, "oom", (f"rank {rank} was killed (SIGKILL), most likely by the system's "
                                  "out-of-memory killer; torchrun stopped the other ranks")
