@@ -54,6 +54,13 @@ def _unique_params(model) -> int:
 
 
 @pytest.fixture(scope="module")
+def single_report(tmp_path_factory):
+    """One process on the global batch of two ranks of 2 rows."""
+    return _profile(tmp_path_factory.mktemp("one"), "one", "--batch-size", "4",
+                    "--precision", "fp32")
+
+
+@pytest.fixture(scope="module")
 def ddp_report(tmp_path_factory):
     return _profile(tmp_path_factory.mktemp("ddp"), "ddp", "--strategy", "ddp",
                     "--nproc-per-node", "2", "--batch-size", "2",
@@ -93,21 +100,20 @@ def test_unsupported_recipe_is_named_not_run(ddp_report):
     assert int8["status"] == "unsupported" and "ddp" in int8["reason"]
 
 
-def test_ddp_losses_equal_one_process_on_the_same_global_batch(ddp_report, tmp_path):
-    single = _profile(tmp_path, "single", "--batch-size", "4", "--precision", "fp32")
-    expected = [s["loss"] for s in _trial(single, "fp32")["steps"]]
+def test_ddp_losses_equal_one_process_on_the_same_global_batch(ddp_report, single_report):
+    expected = [s["loss"] for s in _trial(single_report, "fp32")["steps"]]
     got = [s["loss"] for s in _trial(ddp_report, "fp32")["steps"]]
     assert len(got) == len(expected) == 2
     assert got == pytest.approx(expected, rel=1e-5)
 
 
-def test_fsdp2_shards_parameters_and_gathers_in_the_policy_dtype(tmp_path, tiny_model):
-    single = _profile(tmp_path, "one", "--batch-size", "2", "--precision", "fp32")
+def test_fsdp2_shards_parameters_and_gathers_in_the_policy_dtype(tmp_path, tiny_model,
+                                                                single_report):
     report = _profile(tmp_path, "fsdp", "--strategy", "fsdp2", "--nproc-per-node", "2",
                       "--batch-size", "1", "--precision", "fp32,bf16-amp")
     fp32, amp = _trial(report, "fp32"), _trial(report, "bf16-amp")
     assert fp32["status"] == amp["status"] == "ok", (fp32["reason"], amp["reason"])
-    whole = _trial(single, "fp32")["memory"]["params_bytes"]
+    whole = _trial(single_report, "fp32")["memory"]["params_bytes"]
     n = _unique_params(tiny_model)
     for rank in fp32["ranks"]:
         shard = rank["memory"]["sharded_params_bytes"]
@@ -144,7 +150,7 @@ def _rank_processes(root: psutil.Process) -> dict[int, psutil.Process]:
 def test_a_killed_rank_ends_its_trial_and_leaves_no_process(tmp_path):
     out = tmp_path / "killed.json"
     args = [sys.executable, "main.py", "profile", "--model", "tiny", "--seq-len", "16",
-            "--batch-size", "1", "--steps", "30", "--warmup", "0", "--device", "cpu",
+            "--batch-size", "1", "--steps", "20", "--warmup", "0", "--device", "cpu",
             "--strategy", "ddp", "--nproc-per-node", "2", "--precision", "fp32,fp32@fp16",
             "--out", str(out)]
     proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
