@@ -50,7 +50,7 @@ class DistRecipe:
         wire = ", ".join(f"{k} in {v}" for k, v in self.collectives.items())
         extra = f"; {self.hook}" if self.hook else ""
         if self.mp_policy:
-            p, r = (dtype_name(d) if d else "param" for d in self.mp_policy)
+            p, r = (dtype_name(d) if d else "None" for d in self.mp_policy)
             extra = f"; MixedPrecisionPolicy(param_dtype={p}, reduce_dtype={r})"
         scaler = "; ShardedGradScaler" if self.use_scaler and self.strategy == "fsdp2" else (
             "; GradScaler" if self.use_scaler else "")
