@@ -141,6 +141,10 @@ def _profile(args) -> int:
         if advice.get("recommended"):
             print(f"advisor: {advice['recommended']}")
     print(format_table(comparison_rows(record)))
+    if config.strategy != "none":
+        from engine.distributed.summary_text import distributed_lines
+
+        print(*distributed_lines(record), sep="\n")
     reason = baseline_reason(record)
     if reason:
         print(f"note: {reason}")
