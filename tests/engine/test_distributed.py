@@ -134,6 +134,9 @@ def test_fsdp2_shards_parameters_and_gathers_in_the_policy_dtype(tmp_path, tiny_
     assert record.trial("fp32").ranks[1].memory.sharded_params_bytes == shard
     assert record.trial("fp32").distributed.collectives == {"all_gather": "fp32",
                                                             "reduce_scatter": "fp32"}
+    from engine.report.html import render_html
+
+    assert "Ranks (fsdp2, 2 ranks, gloo" in render_html(record)
 
 
 def _rank_processes(root: psutil.Process) -> dict[int, psutil.Process]:
@@ -217,3 +220,29 @@ def test_nccl_ddp_on_two_gpus(tmp_path):
     assert (_comm(compressed, "all_reduce")["measured_bytes"] * 2
             == _comm(amp, "all_reduce")["measured_bytes"])
     assert all(r["memory"]["peak_allocated_bytes"] for r in amp["ranks"])
+
+
+def test_ctrl_c_stops_the_ranks_and_leaves_no_process(tmp_path):
+    out = tmp_path / "stopped.json"
+    args = [sys.executable, "main.py", "profile", "--model", "tiny", "--seq-len", "16",
+            "--batch-size", "1", "--steps", "200", "--warmup", "0", "--device", "cpu",
+            "--strategy", "fsdp2", "--nproc-per-node", "2", "--precision", "fp32",
+            "--out", str(out)]
+    proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True)
+    main = psutil.Process(proc.pid)
+    seen: dict[int, psutil.Process] = {}
+    for line in proc.stderr:
+        seen.update({p.pid: p for p in main.children(recursive=True)})
+        if line.strip().startswith("fp32 step 2/"):
+            break
+    assert set(_rank_processes(main)) == {0, 1}
+    seen.update({p.pid: p for p in main.children(recursive=True)})
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    proc.wait(timeout=300)
+    alive = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [p.cmdline() for p in alive]
+    trial = _trial(json.loads(out.read_text()), "fp32")
+    assert trial["status"] == "cancelled", rest[-2000:]
+    assert 2 <= len(trial["steps"]) < 200  # what was measured before the stop is kept
