@@ -248,7 +248,7 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
             if scaler:
                 with counter:
                     scaler.unscale_(optimizer)  # the sharded scaler all-reduces found-inf
-                scale = float(scaler.get_scale())
+                scale = scaler._get_scale_async().clone()  # read after the step: no sync now
             norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))  # not counted: ours
             with counter:
                 if scaler:
@@ -262,11 +262,12 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
             dist.all_reduce(loss_sum)  # the global batch's loss, as one process would see it
             step_ms = timer.sample(mark)
             after = float(scaler.get_scale()) if scaler else None
+            before = float(scale.item()) if scaler else None
             sample = StepSample(
                 precision=rec.label, step=i, warmup=warm, loss=float(loss_sum.item()) / world,
                 step_ms=step_ms, tokens_per_s=tokens / (step_ms / 1e3) if step_ms > 0 else 0.0,
                 tflops=None, mfu=None, allocated_bytes=allocated, reserved_bytes=reserved,
-                loss_scale=after, skipped=bool(after is not None and after < scale),
+                loss_scale=after, skipped=bool(after is not None and after < before),
                 grad_norm=float(_local_norm(norm)), time_s=time.time())
             steps.append(sample)
             journal.write("step", to_dict(sample))
