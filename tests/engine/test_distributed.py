@@ -246,3 +246,26 @@ def test_ctrl_c_stops_the_ranks_and_leaves_no_process(tmp_path):
     trial = _trial(json.loads(out.read_text()), "fp32")
     assert trial["status"] == "cancelled", rest[-2000:]
     assert 2 <= len(trial["steps"]) < 200  # what was measured before the stop is kept
+
+
+def test_multi_node_options_reach_torchrun_unchanged():
+    from torch.distributed.run import get_args_parser
+
+    from engine.cli import build_parser
+    from engine.config import RunConfig
+    from engine.distributed.cli_args import distributed_config
+    from engine.distributed.launch import torchrun_argv
+
+    args = build_parser().parse_args([
+        "profile", "--strategy", "fsdp2", "--nproc-per-node", "8", "--nnodes", "2",
+        "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400",
+        "--rdzv-id", "run1"])
+    config = RunConfig(**distributed_config(args))
+    parsed = get_args_parser().parse_args(
+        torchrun_argv(config.nproc_per_node, list(config.torchrun_args), "/tmp/x"))
+    assert (parsed.nproc_per_node, parsed.nnodes, parsed.node_rank) == ("8", "2", 1)
+    assert (parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.rdzv_id) == (
+        "c10d", "node0:29400", "run1")
+    assert not parsed.standalone and parsed.max_restarts == 0
+    alone = get_args_parser().parse_args(torchrun_argv(2, [], "/tmp/x"))
+    assert alone.standalone  # one machine: a free port, never torchrun's fixed default
