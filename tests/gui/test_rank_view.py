@@ -38,7 +38,7 @@ def _distributed_record():
     trials[1] = dataclasses.replace(trials[1], ranks=failed,
                                     distributed=dataclasses.replace(summary, step_spread_pct=None))
     record.trials = trials
-    return record, fsdp
+    return record
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def _open_from_menu(qtbot, window, monkeypatch, path) -> None:
 
 
 def test_ranks_show_as_bars_beside_the_prediction(qtbot, window, monkeypatch, tmp_path):
-    record, _ = _distributed_record()
+    record = _distributed_record()
     path = write_json(record, tmp_path / "dist.json")
     _open_from_menu(qtbot, window, monkeypatch, path)
     view = window.compare_view.ranks
