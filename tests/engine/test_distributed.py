@@ -187,12 +187,12 @@ def test_a_killed_rank_ends_its_trial_and_leaves_no_process(tmp_path):
     (["--precision", "fp32@bf16"], "needs a distributed run"),
     (["--strategy", "ddp", "--precision", "fp32@int8"], "unknown gradient-reduction dtype"),
 ])
-def test_bad_distributed_input_is_one_line_and_exit_2(args, fragment, tmp_path):
+def test_bad_distributed_input_is_one_line_and_exit_2(args, fragment, tmp_path, capsys):
+    from engine.cli import main
+
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "main.py", "profile", *TINY, *args, "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+    assert main(["profile", *TINY, *args, "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], lines
     assert not out.exists()
 
