@@ -133,8 +133,8 @@ def _profile(args) -> int:
         from engine.events import to_dict
         from engine.numerics.lab import run_lab
 
-        record.numerics = run_lab(config.model, config.precisions[0], config.device,
-                                  config.batch_size, config.seq_len, config.seed,
+        record.numerics = run_lab(config.model, config.precisions[0].partition("@")[0],
+                                  config.device, config.batch_size, config.seq_len, config.seed,
                                   trials=[to_dict(t) for t in record.trials],
                                   trust_remote_code=config.trust_remote_code)
         advice = record.numerics.get("advice", {})
