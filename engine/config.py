@@ -140,6 +140,9 @@ class RunConfig:
         if self.isolation == "inline":
             raise ValueError("distributed ranks are torchrun's processes: drop --isolation "
                              "inline or the strategy")
+        if self.compile:
+            raise ValueError("distributed trials do not torch.compile the model yet: drop "
+                             "--compile or the strategy")
 
     @property
     def tokens_per_step(self) -> int:

@@ -186,6 +186,9 @@ def test_a_killed_rank_ends_its_trial_and_leaves_no_process(tmp_path):
     (["--nproc-per-node", "2"], "--strategy ddp or fsdp2"),
     (["--precision", "fp32@bf16"], "needs a distributed run"),
     (["--strategy", "ddp", "--precision", "fp32@int8"], "unknown gradient-reduction dtype"),
+    (["--strategy", "fsdp2", "--compile"], "drop --compile"),
+    (["--strategy", "ddp", "--isolation", "inline"], "drop --isolation inline"),
+    (["--strategy", "ddp", "--device", "cuda:1"], "use --device cuda or cpu"),
 ])
 def test_bad_distributed_input_is_one_line_and_exit_2(args, fragment, tmp_path, capsys):
     from engine.cli import main
