@@ -80,3 +80,21 @@ def test_a_run_without_ranks_hides_the_rank_view(qtbot, window, monkeypatch, tmp
     _open_from_menu(qtbot, window, monkeypatch, path)
     window.tabs.setCurrentWidget(window.compare_view)
     assert not window.compare_view.ranks.isVisible()
+
+
+def test_a_distributed_run_from_the_window_shows_its_ranks(qtbot, window):
+    from engine.config import RunConfig
+
+    config = RunConfig(model="tiny", precisions=("fp32@bf16",), batch_size=1, seq_len=16,
+                       steps=2, warmup=0, device="cpu", strategy="ddp", nproc_per_node=2)
+    with qtbot.waitSignal(window.record_shown, timeout=600_000) as blocker:
+        assert window.start_run(config)
+    record = blocker.args[0]
+    trial = record.trial("fp32@bf16")
+    assert trial.status == "ok", trial.reason
+    window.tabs.setCurrentWidget(window.compare_view)
+    view = window.compare_view.ranks
+    assert view.isVisible()
+    assert view.bars["parameters (shard)"] == [r.memory.sharded_params_bytes / MIB
+                                               for r in trial.ranks]
+    assert len(view.bars["median step ms"]) == 2
