@@ -27,6 +27,7 @@ REDUCE_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")  # the "@dtype" suffix
 # torchrun options passed through unchanged for multi-node runs (see README, headless use)
 TORCHRUN_FLAGS: tuple[str, ...] = ("--nnodes", "--node-rank", "--rdzv-backend", "--rdzv-endpoint",
                                    "--rdzv-id", "--master-addr", "--master-port")
+INTERLEAVE: tuple[str, ...] = ("auto", "on", "off")  # see engine/rounds.py
 
 
 def parse_precisions(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -80,6 +81,8 @@ class RunConfig:
     strategy: str = "none"
     nproc_per_node: int = 1
     torchrun_args: tuple[str, ...] = ()
+    interleave: str = "auto"  # ABAB rounds of the precisions; auto: where trials are cheap
+    rounds: int = 2
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -114,6 +117,16 @@ class RunConfig:
         object.__setattr__(self, "device", dev)
         if not self.monitor_hz > 0:
             raise ValueError("monitor rate must be above 0 Hz")
+        if self.interleave not in INTERLEAVE:
+            raise ValueError(f"unknown interleave setting '{self.interleave}': choose from "
+                             f"{', '.join(INTERLEAVE)} (--interleave)")
+        if not isinstance(self.rounds, int) or isinstance(self.rounds, bool) or self.rounds < 2:
+            raise ValueError(f"rounds must be a whole number of 2 or more (got {self.rounds!r}): "
+                             "set --rounds, or --interleave off for one round")
+        if self.interleave == "on" and len(self.precisions) > 1 and self.steps < self.rounds:
+            raise ValueError(f"{self.rounds} interleaved rounds need at least {self.rounds} "
+                             f"measured steps (one per round; got {self.steps}): raise --steps "
+                             "or lower --rounds")
         self._check_distributed()
 
     def _check_distributed(self) -> None:
@@ -143,6 +156,11 @@ class RunConfig:
         if self.compile:
             raise ValueError("distributed trials do not torch.compile the model yet: drop "
                              "--compile or the strategy")
+        # each distributed trial is a torchrun launch: precisions run one after another
+        if self.interleave == "on":
+            raise ValueError("distributed trials are not interleaved: drop --interleave on "
+                             "or the strategy")
+        object.__setattr__(self, "interleave", "off")
 
     @property
     def tokens_per_step(self) -> int:

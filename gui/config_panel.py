@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, REDUCE_DTYPES, STRATEGIES, RunConfig
 from engine.device import DeviceInfo, probe
 from engine.presets import presets
+from engine.rounds import CHEAP_RULE
 from gui.palette import precision_color
 
 MODEL_SOURCES = ("Preset", "Local folder", "Hub id")
@@ -137,6 +138,14 @@ class ConfigPanel(QWidget):
         self.reduce_dtype.setToolTip("dtype gradients are reduced in: a DDP compression hook "
                                      "or FSDP2's reduce_dtype")
 
+        self.interleave = QCheckBox("Interleave precisions (ABAB rounds) where cheap")
+        self.interleave.setChecked(defaults.interleave != "off")
+        self.interleave.setToolTip(
+            f"Split each precision's steps over {defaults.rounds} rounds run in turn (fp32, "
+            f"bf16-amp, fp32, bf16-amp), so a machine that drifts slows every precision alike. "
+            f"Only where {CHEAP_RULE}; each round reloads the model and warms up again."
+        )
+
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #C00000;")
@@ -166,6 +175,7 @@ class ConfigPanel(QWidget):
         form.addRow("Strategy", self.strategy)
         form.addRow("Ranks per node", self.nproc)
         form.addRow("Reduce gradients in", self.reduce_dtype)
+        form.addRow(self.interleave)
 
         layout = QVBoxLayout(self)
         layout.addWidget(model_box)
@@ -195,6 +205,7 @@ class ConfigPanel(QWidget):
             self.strategy.currentIndexChanged,
             self.nproc.valueChanged,
             self.reduce_dtype.currentIndexChanged,
+            self.interleave.toggled,
         ):
             signal.connect(self._on_edit)
         self.device.currentIndexChanged.connect(self._on_device)
@@ -237,6 +248,7 @@ class ConfigPanel(QWidget):
             "trust_remote_code": self.trust_remote_code.isChecked(),
             "strategy": self.strategy.currentText(),
             "nproc_per_node": self.nproc.value(),
+            "interleave": "auto" if self.interleave.isChecked() else "off",
         }
 
     def config(self) -> RunConfig:
@@ -294,6 +306,8 @@ class ConfigPanel(QWidget):
                          ("trust_remote_code", self.trust_remote_code)):
             if isinstance(values.get(key), bool):
                 box.setChecked(values[key])
+        if values.get("interleave") in ("auto", "on", "off"):
+            self.interleave.setChecked(values["interleave"] != "off")
         for key, combo in (("optimizer", self.optimizer), ("isolation", self.isolation),
                            ("device", self.device), ("strategy", self.strategy)):
             if isinstance(values.get(key), str) and combo.findText(values[key]) >= 0:

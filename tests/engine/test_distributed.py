@@ -189,6 +189,7 @@ def test_a_killed_rank_ends_its_trial_and_leaves_no_process(tmp_path):
     (["--strategy", "fsdp2", "--compile"], "drop --compile"),
     (["--strategy", "ddp", "--isolation", "inline"], "drop --isolation inline"),
     (["--strategy", "ddp", "--device", "cuda:1"], "use --device cuda or cpu"),
+    (["--strategy", "ddp", "--interleave", "on"], "not interleaved"),
 ])
 def test_bad_distributed_input_is_one_line_and_exit_2(args, fragment, tmp_path, capsys):
     from engine.cli import main
