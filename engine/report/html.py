@@ -14,7 +14,7 @@ from pathlib import Path
 from string import Template
 
 from engine import spread
-from engine.colors import PRECISION_COLORS
+from engine.colors import color_of
 from engine.compare import (
     COLUMNS,
     NOISY_RULE,
@@ -60,7 +60,7 @@ def _number(value) -> str:
 
 
 def _swatch(precision: str) -> str:
-    color = PRECISION_COLORS.get(precision, "#444444")
+    color = color_of(precision)
     return f'<span class="swatch" style="background:{color}"></span>{_e(precision)}'
 
 
@@ -345,7 +345,7 @@ def _module_tree(trial: TrialResult) -> str:
 
 
 def _trial(trial: TrialResult) -> str:
-    color = PRECISION_COLORS.get(trial.precision, "#444444")
+    color = color_of(trial.precision)
     reason = f'<p class="note">{_e(trial.reason)}</p>' if trial.reason else ""
     parts = [
         f'<section class="trial" style="border-left-color:{color}">',

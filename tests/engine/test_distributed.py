@@ -273,3 +273,18 @@ def test_multi_node_options_reach_torchrun_unchanged():
     assert not parsed.standalone and parsed.max_restarts == 0
     alone = get_args_parser().parse_args(torchrun_argv(2, [], "/tmp/x"))
     assert alone.standalone  # one machine: a free port, never torchrun's fixed default
+
+
+def test_a_reduce_dtype_label_keeps_its_base_colour_lightened_and_distinct():
+    from engine.colors import PRECISION_COLORS, color_of
+
+    def rgb(color):
+        return [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+
+    for base, color in PRECISION_COLORS.items():
+        assert color_of(base) == color
+        variants = [color_of(f"{base}@{d}") for d in ("fp32", "bf16", "fp16")]
+        assert len({color, *variants}) == 4
+        for variant in variants:
+            assert all(v >= c for v, c in zip(rgb(variant), rgb(color)))
+    assert color_of("fp12@bf16") == "#444444"
