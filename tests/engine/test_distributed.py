@@ -288,3 +288,17 @@ def test_a_reduce_dtype_label_keeps_its_base_colour_lightened_and_distinct():
         for variant in variants:
             assert all(v >= c for v, c in zip(rgb(variant), rgb(color)))
     assert color_of("fp12@bf16") == "#444444"
+
+
+@pytest.mark.gpu
+def test_nccl_fsdp2_on_two_gpus(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    report = _profile(tmp_path, "nccl-fsdp", "--strategy", "fsdp2", "--nproc-per-node", "2",
+                      "--batch-size", "2", "--device", "cuda",
+                      "--precision", "bf16-amp,bf16-amp@bf16")
+    amp, bf16 = _trial(report, "bf16-amp"), _trial(report, "bf16-amp@bf16")
+    assert amp["status"] == bf16["status"] == "ok", (amp["reason"], bf16["reason"])
+    assert (_comm(bf16, "reduce_scatter")["measured_bytes"] * 2
+            == _comm(amp, "reduce_scatter")["measured_bytes"])
+    assert all(r["memory"]["peak_allocated_bytes"] for r in amp["ranks"])
