@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, RunConfig
+from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, REDUCE_DTYPES, STRATEGIES, RunConfig
 from engine.device import DeviceInfo, probe
 from engine.model_check import check_model
 from engine.presets import presets
@@ -38,6 +38,7 @@ from engine.rounds import CHEAP_RULE
 from gui.palette import precision_color
 
 MODEL_SOURCES = ("Preset", "Local folder", "Hub id")
+REDUCE_AS_COMPUTED = "as computed"
 SOURCE_KINDS = ("preset", "folder", "hub")  # engine.model_check's names for the sources
 # the engine's messages name CLI flags; the form names its fields
 FIELD_OF_FLAG = {
@@ -47,6 +48,9 @@ FIELD_OF_FLAG = {
     "--trust-remote-code": "Trust remote code", "--device": "Device",
     "--lr": "learning rate", "--lora-r": "LoRA rank",
     "--interleave": "Interleave precisions", "--rounds": "rounds",
+    "--strategy": "Strategy", "--nproc-per-node": "Ranks per node",
+    "--reduce-dtype": "Reduce gradients in", "--isolation": "Isolation",
+    "--compile": "torch.compile",
 }
 _FLAG = re.compile(r"--[a-z0-9-]+")
 _FLAG_WITH_VALUE = re.compile(r"set (--[a-z0-9-]+) (\S+)")
@@ -58,6 +62,8 @@ def in_form_words(message: str) -> str:
         lambda m: f'set "{FIELD_OF_FLAG.get(m[1], m[1])}" to {m[2]}', message)
     return _FLAG.sub(lambda m: f'"{FIELD_OF_FLAG[m[0]]}"' if m[0] in FIELD_OF_FLAG else m[0],
                      message)
+
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -149,6 +155,17 @@ class ConfigPanel(QWidget):
             " inline: in this process (debugging)"
         )
 
+        # distributed: torchrun ranks; the reduce dtype becomes each precision's "@dtype"
+        self.strategy = QComboBox()
+        self.strategy.addItems(STRATEGIES)
+        self.strategy.setToolTip("none: one process; ddp or fsdp2: each trial under torchrun")
+        self.nproc = _spin(1, 1024, defaults.nproc_per_node)
+        self.nproc.setToolTip("torchrun --nproc-per-node: ranks on this machine (one GPU each)")
+        self.reduce_dtype = QComboBox()
+        self.reduce_dtype.addItems((REDUCE_AS_COMPUTED, *REDUCE_DTYPES))
+        self.reduce_dtype.setToolTip("dtype gradients are reduced in: a DDP compression hook "
+                                     "or FSDP2's reduce_dtype")
+
         self.interleave = QCheckBox("Interleave precisions (ABAB rounds) where cheap")
         self.interleave.setChecked(defaults.interleave != "off")
         self.interleave.setToolTip(
@@ -184,6 +201,9 @@ class ConfigPanel(QWidget):
         form.addRow("Growth interval", self.growth_interval)
         form.addRow("Device", self.device)
         form.addRow("Isolation", self.isolation)
+        form.addRow("Strategy", self.strategy)
+        form.addRow("Ranks per node", self.nproc)
+        form.addRow("Reduce gradients in", self.reduce_dtype)
         form.addRow(self.interleave)
 
         layout = QVBoxLayout(self)
@@ -211,6 +231,9 @@ class ConfigPanel(QWidget):
             self.init_scale.valueChanged,
             self.growth_interval.valueChanged,
             self.isolation.currentIndexChanged,
+            self.strategy.currentIndexChanged,
+            self.nproc.valueChanged,
+            self.reduce_dtype.currentIndexChanged,
             self.interleave.toggled,
         ):
             signal.connect(self._on_edit)
@@ -234,9 +257,11 @@ class ConfigPanel(QWidget):
 
     def form_values(self) -> dict:
         """The form as RunConfig keyword arguments (not yet validated)."""
+        reduce = self.reduce_dtype.currentText()
+        suffix = "" if reduce == REDUCE_AS_COMPUTED else f"@{reduce}"
         return {
             "model": self.model_text(),
-            "precisions": self.checked_precisions(),
+            "precisions": [p + suffix for p in self.checked_precisions()],
             "batch_size": self.batch_size.value(),
             "seq_len": self.seq_len.value(),
             "steps": self.steps.value(),
@@ -250,6 +275,8 @@ class ConfigPanel(QWidget):
             "device": self.device.currentText(),
             "isolation": self.isolation.currentText(),
             "trust_remote_code": self.trust_remote_code.isChecked(),
+            "strategy": self.strategy.currentText(),
+            "nproc_per_node": self.nproc.value(),
             "interleave": "auto" if self.interleave.isChecked() else "off",
         }
 
@@ -280,8 +307,12 @@ class ConfigPanel(QWidget):
             else:
                 self.source.setCurrentIndex(2)
                 self.hub_id.setText(model)
-        wanted = values.get("precisions")
-        if isinstance(wanted, list) and all(isinstance(p, str) for p in wanted):
+        listed = values.get("precisions")
+        if isinstance(listed, list) and all(isinstance(p, str) for p in listed):
+            wanted = {p.partition("@")[0] for p in listed}
+            reduce = {p.partition("@")[2] or REDUCE_AS_COMPUTED for p in listed}
+            if len(reduce) == 1 and self.reduce_dtype.findText(next(iter(reduce))) >= 0:
+                self.reduce_dtype.setCurrentText(next(iter(reduce)))
             for i in range(self.precisions.count()):
                 item = self.precisions.item(i)
                 if item.flags() & Qt.ItemFlag.ItemIsEnabled:
@@ -297,6 +328,7 @@ class ConfigPanel(QWidget):
             "grad_accum": self.grad_accum,
             "growth_interval": self.growth_interval,
             "init_scale": self.init_scale,
+            "nproc_per_node": self.nproc,
         }
         for key, box in spins.items():
             value = values.get(key)
@@ -312,7 +344,7 @@ class ConfigPanel(QWidget):
         if values.get("interleave") in ("auto", "on", "off"):
             self.interleave.setChecked(values["interleave"] != "off")
         for key, combo in (("optimizer", self.optimizer), ("isolation", self.isolation),
-                           ("device", self.device)):
+                           ("device", self.device), ("strategy", self.strategy)):
             if isinstance(values.get(key), str) and combo.findText(values[key]) >= 0:
                 combo.setCurrentText(values[key])
         self._on_edit()
