@@ -82,6 +82,11 @@ class RunConfig:
         _positive_int("LoRA rank", self.lora_r, "--lora-r")
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warm-up must be 0 or more steps (got {self.warmup!r}): set --warmup")
+        if self.compile and self.warmup < 1:
+            raise ValueError(
+                "--compile needs at least one warm-up step, or compilation would be timed as "
+                "a measured step: set --warmup 1 or more"
+            )
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(
                 f"unknown optimizer '{self.optimizer}': choose from {', '.join(OPTIMIZERS)}"
