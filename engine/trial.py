@@ -291,7 +291,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     params = [p for p in model.parameters() if p.requires_grad]
     eps = adam_eps(rec)
     optimizer = make_optimizer(config.optimizer, params, config.lr, eps,
-                               fused=device.type == "cuda")
+                               fused=info.kind == "cuda")
     if eps != 1e-8 and config.optimizer != "sgd":
         log(f"Adam epsilon raised from 1e-8 to {eps:.3g}: 1e-8 rounds to 0 in "
             f"{str(rec.weight_dtype).removeprefix('torch.')} and 0/0 would make NaN weights",
