@@ -246,8 +246,7 @@ def run_trial(
         return state.result("error", f"{type(exc).__name__}: {exc}")
     finally:
         if device_info.kind == "cuda":
-            with device_info.device_context():
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
     if stopped:
         measured = sum(1 for s in state.steps if not s.warmup)
         return state.result("cancelled", f"stopped by the user after {measured} measured steps")
@@ -260,7 +259,7 @@ def _shape_reason(config: RunConfig, rec: Recipe) -> str | None:
         return None
     try:
         model_config, _ = load_config(resolve_source(config.model), config.trust_remote_code)
-    except ValueError:  # loading the model reports it, as the trial's error
+    except Exception:  # loading the model reports it, as the trial's error
         return None
     return fp8_shape_reason(config.batch_size * config.seq_len, dims(model_config)["hidden"])
 
