@@ -72,7 +72,8 @@ def adam_eps(rec: Recipe) -> float:
     return default
 
 
-def make_optimizer(name: str, params: list, lr: float, eps: float = 1e-8, fused: bool = False):
+def make_optimizer(name: str, params: list, lr: float, eps: float = 1e-8,
+                   fused: bool = False):
     """``fused`` (CUDA): one kernel per step, and a GradScaler hands it the inf check as a
     tensor; the default foreach AdamW makes ``GradScaler.step`` call ``.item()`` mid-step,
     which would slow the scaled (fp16) recipes only."""
