@@ -435,3 +435,20 @@ def test_gpu_acceptance_without_cuda_runs_nothing_and_says_so(tmp_path):
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1 and "nothing was run" in lines[0]
     assert not any((ROOT / "docs" / "results").glob("*-acceptance.md"))
+
+
+def test_html_report_shows_trial_notes_energy_and_the_nvml_method():
+    from engine.report.html import render_html
+    from tests.engine.sample_record import make_record
+
+    record = make_record()
+    trial = record.trials[0]
+    notes = library_sync_notes(RECIPES["int8"], "causal-lm", False, "adamw", "cuda")
+    summary = dataclasses.replace(trial.summary, energy_per_step_j=2.5, energy_per_token_j=0.01,
+                                  energy_method="NVML total-energy counter delta")
+    memory = dataclasses.replace(trial.memory, nvml_method=nvml.BASELINE_METHOD)
+    record.trials[0] = dataclasses.replace(trial, notes=notes, summary=summary, memory=memory)
+    page = render_html(record)
+    assert "find_packed_sequence_indices" in page and "int8_vectorwise_quant" in page
+    assert "2.5 J / 0.01 J (NVML total-energy counter delta)" in page
+    assert "minus a baseline read before the trial" in page
