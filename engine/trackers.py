@@ -89,8 +89,9 @@ class ScalarReadback:
             return _Pending(slot, present, values=[v.detach() if v is not None else None
                                                    for v in values])
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
-        stacked = torch.stack([(v.detach().reshape(()).to(torch.float64) if v is not None
-                                else zero) for v in values])
+        stacked = torch.stack([
+            v.detach().reshape(()).to(device=self.device, dtype=torch.float64)
+            if v is not None else zero for v in values])
         self._host[slot].copy_(stacked, non_blocking=True)
         done = torch.cuda.Event()
         done.record(torch.cuda.current_stream(self.device))
