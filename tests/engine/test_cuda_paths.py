@@ -99,6 +99,23 @@ def test_a_gpu_is_found_by_its_uuid_whatever_torch_numbers_it(fake_nvml):
     assert nvml.device_static(info.nvml_handle())["name"] == "GPU B"
 
 
+def test_probe_of_cuda_1_names_the_gpu_nvml_knows_and_its_sm_count(fake_nvml, monkeypatch):
+    props = SimpleNamespace(name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", major=8, minor=0,
+                            total_memory=10 * 2**30, multi_processor_count=14, uuid="cccc",
+                            pci_domain_id=0, pci_bus_id=0x41, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    fake_nvml.nvmlSystemGetDriverVersion = lambda: "580.1"
+    fake_nvml.nvmlDeviceIsMigDeviceHandle = lambda h: 1
+    info = probe("cuda:1")
+    assert (info.kind, info.index, info.torch_device) == ("cuda", 1, torch.device("cuda", 1))
+    assert info.uuid == "cccc" and info.pci_bus_id == "00000000:41:00.0"
+    assert info.nvml_handle() == 2 and info.driver_version == "580.1"
+    assert info.sm_count == 14 and info.mig
+    assert "instantaneous" in info.power_method  # GA100
+
+
 def test_process_memory_by_pid_then_device_wide_minus_the_baseline(fake_nvml):
     fake_nvml.procs = {1: [(111, 500), (222, 700), (999, 4000)]}
     assert nvml.process_memory(1, {111, 222}, 100) == (1200, nvml.PID_METHOD)
