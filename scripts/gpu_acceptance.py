@@ -276,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     checks += nvml_check(sweep)
     checks.append(compiled_check(_run(precisions=("bf16-amp",), compile=True)))
     checks += second_gpu(torch)
-    checks += quantised_checks(_run(precisions=("int8", "nf4"), batch_size=4, seq_len=512,
-                                    steps=4))
+    checks += quantised_checks(_run(precisions=("int8", "nf4"), batch_size=4, seq_len=256,
+                                    steps=3))
     checks += fp8_checks(info)
     checks.append(oom_then_ok())
     checks.append(sticky_error_then_ok())
