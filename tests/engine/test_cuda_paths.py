@@ -343,6 +343,20 @@ def test_fp8_compiles_by_default_or_says_eager_is_not_representative():
     assert "NOT representative" not in run_description(fp8, "cuda", "adamw", compiled=True)
 
 
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_fp8_trials_compile_when_a_warmup_step_allows_else_say_eager(warmup, monkeypatch):
+    # torchao float8 runs on the CPU too, through torch._scaled_mm; compiling it here
+    # would take minutes, so torch.compile is spied on (the model stays eager)
+    compiled = []
+    monkeypatch.setattr(trial_mod.torch, "compile", lambda model: compiled.append(model) or model)
+    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True)
+    result = run_trial(_config(batch_size=1, seq_len=16, steps=1, warmup=warmup), "fp8",
+                       fp8_device, lambda e: None, lambda: False)
+    assert result.status == "ok", result.reason
+    assert len(compiled) == warmup
+    assert ("NOT representative" in result.recipe) == (warmup == 0)
+
+
 @pytest.mark.parametrize(("batch", "seq", "fragment"), [(3, 5, "batch x sequence = 15"),
                                                         (1, 24, "= 24")])
 def test_fp8_shapes_not_divisible_by_16_are_unsupported_not_an_error(batch, seq, fragment):
