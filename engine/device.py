@@ -100,8 +100,9 @@ class DeviceInfo:
         return nvml.handle_for(self.uuid, self.pci_bus_id)
 
     def describe(self) -> str:
-        if self.kind == "cpu":
-            return f"CPU ({self.name})"
+        if self.kind == "cpu":  # a CPU chosen for want of a usable GPU says why
+            return f"CPU ({self.name})" + (f"; {self.fallback_reason}"
+                                           if self.fallback_reason else "")
         cc = ".".join(map(str, self.compute_capability or ()))
         return f"{self.name} (compute capability {cc}, CUDA {self.cuda_version})"
 

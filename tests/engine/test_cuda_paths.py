@@ -444,6 +444,7 @@ def test_auto_falling_back_to_the_cpu_says_the_driver_is_too_old(old_driver):
     assert info.kind == "cpu"
     assert "--device auto chose the CPU" in info.fallback_reason
     assert "driver on your system is too old" in info.fallback_reason
+    assert "too old" in info.describe()  # every trial's device line says it too
     with pytest.raises(ValueError, match="too old"):
         probe("cuda")
     record = Runner(_config(steps=1, warmup=0, device="auto")).run()
