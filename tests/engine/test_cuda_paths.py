@@ -527,3 +527,12 @@ def test_acceptance_checks_judge_a_record_by_their_bands(tmp_path):
     text = path.read_text(encoding="utf-8")
     assert "| check | expected | measured | result |" in text and "FAIL" in text
     assert f"{len(sweep) + 1} checks:" in text
+
+
+def test_the_monitor_chart_says_what_the_power_reading_averages():
+    from engine.report.charts import monitor_chart
+    from tests.engine.sample_record import make_record
+
+    record = make_record()
+    record.environment = {"device": {"power_method": nvml.power_method((9, 0))}}
+    assert "1 s average" in monitor_chart(record).note
