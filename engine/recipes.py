@@ -99,8 +99,12 @@ def fp8_shape_reason(tokens_per_micro_batch: int, hidden: int) -> str | None:
             f"and sequence length whose product is a multiple of {FP8_MULTIPLE}")
 
 
-def run_description(rec: Recipe, device_type: str, optimizer: str, compiled: bool) -> str:
-    """The recipe as it ran: its text, the optimiser implementation and compilation."""
+def run_description(rec: Recipe, device_type: str, optimizer: str,
+                    compiled: bool | None) -> str:
+    """The recipe as it ran: its text, the optimiser implementation and compilation.
+
+    ``compiled`` is ``None`` for a trial that never reached its training steps.
+    """
     parts = [rec.description]
     if optimizer in ("adamw", "sgd") and device_type == "cuda":
         name = "AdamW" if optimizer == "adamw" else "SGD"
@@ -108,7 +112,7 @@ def run_description(rec: Recipe, device_type: str, optimizer: str, compiled: boo
                      "inf check stays on the GPU: no host sync mid-step)")
     elif optimizer == "adamw8bit":
         parts.append("bitsandbytes AdamW8bit (a GradScaler reads its inf check on the host)")
-    if rec.fp8 and not compiled:
+    if rec.fp8 and compiled is False:
         parts.append("this trial ran eagerly (no warm-up step to compile in): its fp8 speed "
                      "is NOT representative")
     elif compiled and not rec.fp8:

@@ -146,7 +146,7 @@ class _State:
     flops: FlopsInfo | None = None
     steps: list[StepSample] = field(default_factory=list)
     peak: object = None
-    compiled: bool = False
+    compiled: bool | None = None  # None until the trial decided (it may never run)
     notes: list[str] = field(default_factory=list)
     nvml_baseline_bytes: int | None = None  # device-wide used memory before the trial
     energy: tuple[float | None, str] = (None, "not measured")  # joules, how

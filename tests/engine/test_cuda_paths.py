@@ -341,6 +341,9 @@ def test_fp8_compiles_by_default_or_says_eager_is_not_representative():
     assert "torch.compile by default" in fp8.description
     assert "NOT representative" in run_description(fp8, "cuda", "adamw", compiled=False)
     assert "NOT representative" not in run_description(fp8, "cuda", "adamw", compiled=True)
+    # an fp8 trial that never ran (unsupported here) claims nothing about how it ran
+    assert "eagerly" not in run_trial(_config(), "fp8", CPU, lambda e: None,
+                                      lambda: False).recipe
 
 
 @pytest.mark.parametrize("warmup", [0, 1])
