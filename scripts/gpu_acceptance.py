@@ -211,6 +211,11 @@ def second_gpu(torch) -> list[Check]:
     return [timer_check(record, "cuda:1")]
 
 
+def _sweep_group(record) -> list[Check]:
+    return [*sweep_checks(record), timer_check(record, "cuda:0, bf16-amp"),
+            *nvml_check(record)]
+
+
 def environment_lines(info, started: str, seconds: float) -> list[str]:
     from engine.environment import collect
 
@@ -270,17 +275,24 @@ def main(argv: list[str] | None = None) -> int:
     started, t0 = time.strftime("%Y-%m-%d %H:%M", time.gmtime()), time.perf_counter()
     info = probe("cuda")
     print(f"GPU acceptance on {info.describe()}", flush=True)
-    sweep = _run(precisions=SWEEP)
-    checks = sweep_checks(sweep)
-    checks.append(timer_check(sweep, "cuda:0, bf16-amp"))
-    checks += nvml_check(sweep)
-    checks.append(compiled_check(_run(precisions=("bf16-amp",), compile=True)))
-    checks += second_gpu(torch)
-    checks += quantised_checks(_run(precisions=("int8", "nf4"), batch_size=4, seq_len=256,
-                                    steps=3))
-    checks += fp8_checks(info)
-    checks.append(oom_then_ok())
-    checks.append(sticky_error_then_ok())
+    groups = [
+        ("recipe sweep, timer and NVML", lambda: _sweep_group(_run(precisions=SWEEP))),
+        ("bf16-amp compiled", lambda: [compiled_check(_run(precisions=("bf16-amp",),
+                                                           compile=True))]),
+        ("--device cuda:1", lambda: second_gpu(torch)),
+        ("int8 and nf4", lambda: quantised_checks(_run(precisions=("int8", "nf4"),
+                                                       batch_size=4, seq_len=256, steps=3))),
+        ("fp8", lambda: fp8_checks(info)),
+        ("OOM then ok", lambda: [oom_then_ok()]),
+        ("device-side assert then ok", lambda: [sticky_error_then_ok()]),
+    ]
+    checks = []
+    for name, group in groups:
+        try:
+            checks += group()
+        except Exception as exc:  # one broken group must not lose the others' results
+            checks.append(Check(name, "runs", f"the check itself failed: "
+                                f"{type(exc).__name__}: {exc}", False))
     seconds = time.perf_counter() - t0
     checks.append(Check("the whole acceptance run", "< 8 min on one H100",
                         f"{seconds / 60:.1f} min", seconds < 480 if "H100" in info.name
