@@ -43,6 +43,7 @@ from engine.recipes import (
     recipe,
     run_description,
 )
+from engine.spread import step_spread
 from engine.trackers import AllocatorTracker, ScalarReadback, StepTimer
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
@@ -149,7 +150,10 @@ class _State:
     compiled: bool | None = None  # None until the trial decided (it may never run)
     notes: list[str] = field(default_factory=list)
     nvml_baseline_bytes: int | None = None  # device-wide used memory before the trial
-    energy: tuple[float | None, str] = (None, "not measured")  # joules, how
+    energy: tuple[float | None, int, str] = (None, 0, "not measured")  # joules, steps, how
+    round_index: int = 0  # interleaved rounds: steps of earlier rounds come first in ``steps``
+    step_offset: int = 0
+    distinct_batches: int | None = None
 
     def result(self, status: str, reason: str | None) -> TrialResult:
         return TrialResult(
@@ -199,8 +203,8 @@ class _State:
             mfu_reason = None if mfu is not None else "no steps measured"
         mem = self.memory
         last = self.steps[-1] if self.steps else None
-        joules, energy_method = self.energy
-        per_step = joules / len(measured) if joules is not None and measured else None
+        joules, energy_steps, energy_method = self.energy
+        per_step = joules / energy_steps if joules is not None and energy_steps else None
         return TrialSummary(
             steps_measured=len(measured),
             median_step_ms=median_ms,
@@ -218,6 +222,8 @@ class _State:
             energy_per_step_j=per_step,
             energy_per_token_j=per_step / tokens if per_step is not None else None,
             energy_method=energy_method,
+            spread=step_spread(self.steps, tokens),
+            distinct_batches=self.distinct_batches,
         )
 
 
@@ -227,10 +233,18 @@ def run_trial(
     device_info: DeviceInfo,
     emit: Callable[[object], None],
     cancelled: Callable[[], bool],
+    prior_steps: tuple[StepSample, ...] = (),
+    round_index: int = 0,
 ) -> TrialResult:
-    """Measure one precision. Never raises: failures become the trial's status."""
+    """Measure one precision. Never raises: failures become the trial's status.
+
+    ``prior_steps`` are the steps of this precision's earlier rounds when precisions are
+    interleaved (engine/rounds.py): they open the result's steps, new steps are numbered
+    after them, and the summary covers them all.
+    """
     rec = recipe(precision)
-    state = _State(config, rec, device_info)
+    state = _State(config, rec, device_info, steps=list(prior_steps), round_index=round_index,
+                   step_offset=len(prior_steps))
     reason = device_info.unsupported_reason(precision) or _shape_reason(config, rec)
     if reason:
         return state.result("unsupported", reason)
@@ -300,6 +314,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     total = config.warmup + config.steps
     batches = make_batches(loaded.config, loaded.task, config.batch_size, config.seq_len,
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
+    state.distinct_batches = len(batches)
 
     grads_bytes, saved_bytes = _probe(state, loaded, batches[0], params)
     state.peak = peak_flops(info.name if info.kind == "cuda" else None, rec.peak_dtype,
@@ -433,9 +448,9 @@ class _EnergyWindow:
         self.start_j = self.start_s = None
         self.steps = 0
         if not self.cuda:
-            state.energy = (None, "no energy counter on the CPU")
+            state.energy = (None, 0, "no energy counter on the CPU")
         elif self.handle is None:
-            state.energy = (None, f"NVML does not see this GPU: {nvml.unavailable_reason()}")
+            state.energy = (None, 0, f"NVML does not see this GPU: {nvml.unavailable_reason()}")
 
     def begin(self) -> None:
         if self.handle is None:
@@ -443,8 +458,8 @@ class _EnergyWindow:
         torch.cuda.synchronize(self.state.device_info.torch_device)
         self.start_j, self.start_s = nvml.energy_j(self.handle), time.perf_counter()
         if self.start_j is None:
-            self.state.energy = (None, "this GPU or driver has no NVML energy counter "
-                                       "(nvmlDeviceGetTotalEnergyConsumption needs Volta+)")
+            self.state.energy = (None, 0, "this GPU or driver has no NVML energy counter "
+                                          "(nvmlDeviceGetTotalEnergyConsumption needs Volta+)")
 
     def count(self, measured: bool) -> None:
         self.steps += measured
@@ -455,11 +470,12 @@ class _EnergyWindow:
         torch.cuda.synchronize(self.state.device_info.torch_device)
         end_j, seconds = nvml.energy_j(self.handle), time.perf_counter() - self.start_s
         if end_j is None or end_j <= self.start_j:
-            self.state.energy = (None, f"the NVML energy counter did not advance over the "
-                                       f"{seconds:.3g} s of measured steps: run more steps")
+            self.state.energy = (None, 0, f"the NVML energy counter did not advance over the "
+                                          f"{seconds:.3g} s of measured steps: run more steps")
             return
-        self.state.energy = (end_j - self.start_j, (
-            f"NVML total-energy counter delta over the {self.steps} measured steps "
+        this_round = f" of round {self.state.round_index + 1}" if self.state.round_index else ""
+        self.state.energy = (end_j - self.start_j, self.steps, (
+            f"NVML total-energy counter delta over the {self.steps} measured steps{this_round} "
             f"({seconds:.3g} s, GPU drained at both ends), divided by steps and by tokens; "
             "device-wide: another process on this GPU would add to it"))
 
@@ -480,9 +496,10 @@ def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, 
     tflops = counted / (step_ms / 1e3) / 1e12 if counted and step_ms > 0 else None
     mfu = mfu_of(tflops * 1e12, state.peak) if tflops is not None else None
     skipped = after is not None and after < before
+    norm = None if skipped else norm  # a skipped step's norm is inf/NaN
     sample = StepSample(
         precision=state.rec.precision,
-        step=i,
+        step=state.step_offset + i,
         warmup=warm,
         loss=loss,
         step_ms=step_ms,
@@ -495,6 +512,7 @@ def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, 
         skipped=skipped,
         grad_norm=norm,
         time_s=time.time(),
+        round=state.round_index,
     )
     state.steps.append(sample)
     emit(sample)
