@@ -539,3 +539,13 @@ def test_the_monitor_chart_says_what_the_power_reading_averages():
     record = make_record()
     record.environment = {"device": {"power_method": nvml.power_method((9, 0))}}
     assert "1 s average" in monitor_chart(record).note
+
+
+def test_runs_with_fp8_are_not_interleaved_by_default_since_fp8_compiles():
+    from engine.rounds import choose_rounds
+
+    config = _config(precisions=("bf16-amp", "fp8"), steps=20, warmup=1, interleave="auto")
+    rounds, why = choose_rounds(config, params=10_000_000)
+    assert rounds == 1 and "fp8 trials are compiled" in why
+    eager = config.replace(warmup=0)  # nothing compiles without a warm-up step
+    assert choose_rounds(eager, params=10_000_000)[0] > 1
