@@ -206,6 +206,11 @@ def probe(requested: str = "auto") -> DeviceInfo:
     )
 
 
+def nvml_handle_of(index: int):
+    """The NVML handle of torch's ``cuda:index`` (by UUID, never by NVML's own numbering)."""
+    return nvml.handle_for(*_uuid_and_bus_id(torch.cuda.get_device_properties(index)))
+
+
 def _uuid_and_bus_id(props) -> tuple[str | None, str | None]:
     """The GPU's UUID and PCI bus id (NVML's ``domain:bus:device.function`` form)."""
     uuid = getattr(props, "uuid", None)

@@ -146,22 +146,32 @@ def library_sync_notes(rec: Recipe, task: str, compiled: bool, optimizer: str,
     return notes
 
 
-@contextmanager
-def fp32_precision(rec: Recipe):
-    """TF32 for the tf32 recipe only (IEEE fp32 otherwise) on cuBLAS and cuDNN, restored after.
+def _fp32_backends() -> tuple:
+    return (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn)
+
+
+def set_fp32_precision(rec: Recipe) -> list[str]:
+    """TF32 for the tf32 recipe only (IEEE fp32 otherwise) on cuBLAS and cuDNN.
 
     Only the ``fp32_precision`` API is used: mixing it with the older ``allow_tf32``
-    flags or ``set_float32_matmul_precision`` makes inductor raise.
+    flags or ``set_float32_matmul_precision`` makes inductor raise. Returns the modes
+    it replaced.
     """
     mode = "tf32" if rec.tf32 else "ieee"
-    backends = (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn)
-    before = [b.fp32_precision for b in backends]
-    for backend in backends:
+    before = [b.fp32_precision for b in _fp32_backends()]
+    for backend in _fp32_backends():
         backend.fp32_precision = mode
+    return before
+
+
+@contextmanager
+def fp32_precision(rec: Recipe):
+    """``set_fp32_precision`` for the ``with`` block, restored after (the setting is global)."""
+    before = set_fp32_precision(rec)
     try:
         yield
     finally:
-        for backend, value in zip(backends, before):
+        for backend, value in zip(_fp32_backends(), before):
             backend.fp32_precision = value
 
 
