@@ -24,10 +24,12 @@ class ComparisonRow:
     precision: str
     status: str
     reason: str | None
+    trained: str | None  # "all weights", or "LoRA adapters only" with the trainable count
     median_step_ms: float | None
     tokens_per_s: float | None
     speedup_vs_fp32: float | None  # fp32 median step time / this one's
-    mfu: float | None  # fraction of the device's peak FLOP/s
+    mfu: float | None  # model FLOPs (no recompute) / time / the device's (blended) peak
+    hfu: float | None  # hardware FLOPs (counted, recompute included) / time / the same peak
     peak_memory_bytes: int | None
     memory_saving_vs_fp32: float | None  # fraction: 1 - peak / fp32 peak
     skipped_steps: int | None
@@ -78,15 +80,26 @@ def _row(trial: TrialResult, base: TrialResult | None) -> ComparisonRow:
         precision=trial.precision,
         status=trial.status,
         reason=trial.reason,
+        trained=trained_text(trial),
         median_step_ms=step_ms,
         tokens_per_s=s.tokens_per_s if s else None,
         speedup_vs_fp32=speedup,
         mfu=s.mfu if s else None,
+        hfu=s.hfu if s else None,
         peak_memory_bytes=peak,
         memory_saving_vs_fp32=None if peak_share is None else 1.0 - peak_share,
         skipped_steps=s.skipped_steps if s else None,
         final_loss_diff_vs_fp32=loss_diff,
     )
+
+
+def trained_text(trial: TrialResult) -> str | None:
+    """What the trial trained: int8 and nf4 train LoRA adapters on a frozen base."""
+    if not trial.param_count:
+        return None
+    if trial.lora is None:
+        return f"all weights ({trial.trainable_params:,})"
+    return f"LoRA adapters only ({trial.trainable_params:,}, r={trial.lora['r']})"
 
 
 def comparison_rows(record: RunRecord) -> list[ComparisonRow]:
@@ -129,10 +142,12 @@ Formatter = Callable[[object], str]
 COLUMNS: list[tuple[str, str, Formatter]] = [
     ("precision", "Precision", str),
     ("status", "Status", str),
+    ("trained", "Trained params", str),
     ("median_step_ms", "Step time", lambda v: f"{_significant(v)} ms"),
     ("tokens_per_s", "Throughput", _tokens),
     ("speedup_vs_fp32", "Speed-up vs fp32", lambda v: f"{v:.2f}x"),
-    ("mfu", "MFU", _percent),
+    ("mfu", "MFU (model FLOPs)", _percent),
+    ("hfu", "HFU (hardware FLOPs)", _percent),
     ("peak_memory_bytes", "Peak memory", format_bytes),
     ("memory_saving_vs_fp32", "Memory saved vs fp32", _percent),
     ("skipped_steps", "Skipped steps", lambda v: f"{v:d}"),
@@ -142,7 +157,7 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
 """(row field, header, formatter of a non-None value), in display order."""
 
 _FORMATTERS = {key: fmt for key, _, fmt in COLUMNS}
-_TEXT_KEYS = {"precision", "status", "reason"}
+_TEXT_KEYS = {"precision", "status", "trained", "reason"}
 
 
 def format_cell(key: str, value) -> str:

@@ -101,6 +101,9 @@ class MeasuredPeak:
     at_peak: dict = field(default_factory=dict)  # category -> bytes, summing to peak_bytes
     phase: str = ""  # "forward", "backward" or "optimizer": when the peak happened
     start_bytes: int = 0  # held before the step began (weights, state, batch)
+    # phase -> category -> bytes held when that phase first began: at "backward", what the
+    # forward saved for backward; at "optimizer", every gradient
+    at_phase_start: dict = field(default_factory=dict)
 
 
 class MemoryWatcher(TorchDispatchMode):
@@ -109,7 +112,8 @@ class MemoryWatcher(TorchDispatchMode):
     def __init__(self, device: torch.device | str):
         super().__init__()
         self.device = torch.device(device)
-        self.phase = "forward"
+        self._phase = "forward"
+        self._at_phase: dict = {}
         self._records: dict[int, _Record] = {}
         self._lock = threading.RLock()
         self._live = 0
@@ -119,6 +123,16 @@ class MemoryWatcher(TorchDispatchMode):
         self._start = 0
         self._depth = 0
         self._hooks: list = []
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        if value != "forward" and value not in self._at_phase:
+            self._at_phase[value] = self.live()
+        self._phase = value
 
     # --- what existed before the step ------------------------------------------
 
@@ -234,6 +248,14 @@ class MemoryWatcher(TorchDispatchMode):
         self._hooks.clear()
         return super().__exit__(*exc)
 
+    def live(self) -> dict:
+        """Bytes held now, by category."""
+        with self._lock:
+            held = Counter()
+            for record in self._records.values():
+                held[record.category] += record.nbytes
+            return {c: held.get(c, 0) for c in CATEGORIES}
+
     def result(self) -> MeasuredPeak:
         with self._lock:
             at_peak = Counter()
@@ -244,4 +266,5 @@ class MemoryWatcher(TorchDispatchMode):
                 at_peak={c: at_peak.get(c, 0) for c in CATEGORIES},
                 phase=self._peak_phase,
                 start_bytes=self._start,
+                at_phase_start=dict(self._at_phase),
             )

@@ -82,7 +82,7 @@ def model_class(task: str):
         task, AutoModelForCausalLM)
 
 
-def _task_of(config) -> str:
+def task_of(config) -> str:
     """The training head a config gets. Encoder-decoders first: BART also has a CausalLM
     class, its decoder alone, which would silently drop the encoder. Encoders (BERT)
     that also have a causal-LM variant train their masked-LM head."""
@@ -115,7 +115,7 @@ def load_config(source: ModelSource, trust_remote_code: bool = False):
         return preset.build_config(), preset.task
     if source.kind == "folder":
         config = AutoConfig.from_pretrained(source.ref, trust_remote_code=trust_remote_code)
-        return config, _task_of(config)
+        return config, task_of(config)
     try:
         config = AutoConfig.from_pretrained(
             source.ref, trust_remote_code=trust_remote_code, local_files_only=True
@@ -132,7 +132,7 @@ def load_config(source: ModelSource, trust_remote_code: bool = False):
             f"(this machine is offline to the hub): download it first with "
             f"'hf download {source.ref}', pass a local folder, or pick a preset ({names})"
         ) from None
-    return config, _task_of(config)
+    return config, task_of(config)
 
 
 def max_positions(config) -> int | None:
@@ -172,6 +172,8 @@ def dims(config) -> dict:
         "head_dim": head_dim,
         "kv_heads": int(first("num_key_value_heads", "num_kv_heads") or n_heads),
         "attention_width": n_heads * head_dim,
+        "intermediate": int(first("intermediate_size", "n_inner", "ffn_dim", "d_ff",
+                                  "encoder_ffn_dim") or 4 * hidden),
         "vocab": vocab_size(config),
         "encoder_decoder": bool(getattr(config, "is_encoder_decoder", False)),
     }
@@ -207,6 +209,7 @@ class LoadedModel:
     source: ModelSource
     footprint_bytes: int
     footprint_note: str
+    lora: dict | None = None  # the LoRA configuration trained, when the recipe trains adapters
 
 
 @contextmanager
@@ -290,7 +293,13 @@ def _add_lora(model: nn.Module, recipe: Recipe, lora_r: int, grad_checkpointing:
     )
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=grad_checkpointing)
     lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules=targets)
-    return get_peft_model(model, lora)
+    model = get_peft_model(model, lora)
+    trainable, total = model.get_nb_trainable_parameters()
+    return model, {
+        "r": lora.r, "alpha": lora.lora_alpha, "dropout": lora.lora_dropout,
+        "target_modules": sorted(lora.target_modules), "bias": lora.bias,
+        "peft_trainable_params": int(trainable), "peft_total_params": int(total),
+    }
 
 
 def load_model(
@@ -337,12 +346,13 @@ def load_model(
 
         conv1d_to_linear(net)
         convert_to_float8_training(net, module_filter_fn=_fp8_filter)
+    lora = None
     if recipe.lora:
-        net = _add_lora(net, recipe, lora_r, grad_checkpointing)
+        net, lora = _add_lora(net, recipe, lora_r, grad_checkpointing)
     elif grad_checkpointing:
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     net.train()
-    return LoadedModel(net, config, task, source, footprint, note)
+    return LoadedModel(net, config, task, source, footprint, note, lora)
 
 
 def make_batches(
