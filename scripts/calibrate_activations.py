@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.memory_model import LAYER_BASIS, OUTER_BASIS, basis_values  # noqa: E402
 from engine.memtrack import MemoryWatcher  # noqa: E402
-from engine.models import task_of, dims, make_batches, model_class  # noqa: E402
+from engine.models import dims, make_batches, model_class, task_of  # noqa: E402
 
 OUT = ROOT / "resources" / "activation_calibration.json"
 FAMILIES = ("llama", "qwen2", "mistral", "bert", "gpt2", "opt", "gpt_neox", "t5", "bart")
