@@ -137,7 +137,7 @@ def _mode(recipe: Recipe) -> tuple[str, float, str]:
             note += "; float8 casts are not in the calibration"
         return "amp", 1.0, note
     if recipe.weight_dtype.itemsize == 2:
-        return "fp32", 0.5, "pure half precision: the fp32 calibration at half the bytes"
+        return "half", 1.0, "pure half precision"
     return "fp32", 1.0, "fp32"
 
 
@@ -173,10 +173,12 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
                   f"attention) against the tracker on the CPU")
     one_layer = max(b for _, _, b in stacks)
     if grad_checkpointing:
-        # only each checkpointed layer's input is kept; one layer reruns at a time
-        inputs = sum(n for _, n, _ in stacks) * tokens * d["hidden"] * act
+        # only each checkpointed layer's input is kept, in the residual stream's dtype (the
+        # weights': autocast's half outputs are added to it); one layer reruns at a time
+        res = recipe.weight_dtype.itemsize
+        inputs = sum(n for _, n, _ in stacks) * tokens * d["hidden"] * res
         saved = inputs + outer
-        formula = (f"checkpointed: layer inputs L·b·s·h·{act} = {inputs:,} B + outside the "
+        formula = (f"checkpointed: layer inputs L·b·s·h·{res} = {inputs:,} B + outside the "
                    f"layers {outer:,} B = {saved:,} B (one layer reruns in backward: "
                    f"{one_layer:,} B)")
     else:
@@ -187,8 +189,15 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
 
 
 def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size: int,
-                   seq_len: int, grad_checkpointing: bool) -> PredictedMemory:
-    """Predicted bytes by category, and the peak, for one training step of ``recipe``."""
+                   seq_len: int, grad_checkpointing: bool,
+                   device_type: str = "cpu") -> PredictedMemory:
+    """Predicted bytes by category, and the peak, for one training step of ``recipe``.
+
+    The peak is the larger of two moments: backward's start (everything static, the weight
+    copies and saved activations, and the loss's gradient of the logits) and the optimiser
+    step (every gradient, and torch's scratch: one tensor at a time on the CPU, the whole
+    list at once with the foreach kernels torch uses on a GPU).
+    """
     for name, value in (("batch_size", batch_size), ("seq_len", seq_len),
                         ("total_params", shape.total_params)):
         if value < 1:
@@ -219,9 +228,14 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
         opt, opt_text = _adam8_bytes(shape.trainable_sizes)
     else:
         opt, opt_text = 0, "SGD (no momentum): no state"
-    copies_of = shape.trainable_matmul_params if recipe.quant else shape.matmul_params
-    half = recipe.autocast_dtype is not None and recipe.weight_dtype.itemsize == FP32
-    copies = 2 * copies_of if (half or recipe.quant) and recipe.autocast_dtype else 0
+    # autocast copies the weights it casts; a quantised base is dequantised per call
+    # instead (freed at once), so only its adapters and the other frozen weights count.
+    # Checkpointed layers save nothing, their copies included: the head's copy remains.
+    copies_of = shape.matmul_params - shape.quantized_params
+    if grad_checkpointing:
+        copies_of = shape.dims["vocab"] * shape.dims["hidden"]
+    full_weights = recipe.weight_dtype.itemsize == FP32 or recipe.quant
+    copies = 2 * copies_of if recipe.autocast_dtype is not None and full_weights else 0
     saved, one_layer, act_text, method = _activations(shape, recipe, batch_size, seq_len,
                                                       grad_checkpointing)
     inputs = batch_size * seq_len * 8 * (3 if shape.dims.get("encoder_decoder") else 2)
@@ -231,8 +245,12 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
     logits_grad = 2 * tokens * shape.dims["vocab"] * FP32
     backward = static + copies + saved + logits_grad
     if grad_checkpointing:
-        backward = static + copies + saved + one_layer + grads
-    step = static + 2 * grads  # every gradient, and the optimiser's full-size scratch
+        # the last layer reruns first, beside the logits' gradient; the first layer last,
+        # beside nearly every gradient
+        backward = static + copies + saved + one_layer + max(logits_grad, grads)
+    largest = max(shape.trainable_sizes, default=0) * trainable_weight
+    scratch = (grads if device_type == "cuda" else 2 * largest) if optimizer != "sgd" else 0
+    step = static + grads + scratch
     total = max(backward, step)
 
     per = {"weights": float(trainable_weight), "grads": float(trainable_weight),
@@ -249,7 +267,8 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
         f"activations ({method}): {act_text}",
         f"weight copies: 2 B x {copies_of:,} matmul weights = {copies:,} B" if copies
         else "weight copies: none (no autocast over fp32 weights)",
-        f"peak: max(backward start {backward:,} B, optimiser step {step:,} B) = {total:,} B",
+        f"peak: max(backward start {backward:,} B, optimiser step {step:,} B incl. "
+        f"{scratch:,} B scratch) = {total:,} B",
     ]
     return PredictedMemory(
         params_bytes=params,

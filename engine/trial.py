@@ -246,7 +246,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.memory = _memory(measured, alloc, info, config.compile)
     shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
     predicted = predict_memory(rec, config.optimizer, shape, config.batch_size, config.seq_len,
-                               config.grad_checkpointing)
+                               config.grad_checkpointing, device.type)
     state.predicted = with_errors(predicted, state.memory)
     return stopped
 

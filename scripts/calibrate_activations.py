@@ -1,6 +1,6 @@
 """Calibrate the per-layer activation model (engine.memory_model) against the tracker.
 
-For each architecture family, activation mode (fp32; half autocast) and attention
+For each architecture family, activation mode (fp32; half autocast; pure half) and attention
 implementation (eager; sdpa), builds tiny models of several shapes, runs one forward
 under engine.memtrack and records the bytes the forward saved for backward (the
 activations alive when backward begins). A least-squares fit over those shapes gives
@@ -34,7 +34,9 @@ from engine.models import dims, make_batches, model_class, task_of  # noqa: E402
 
 OUT = ROOT / "resources" / "activation_calibration.json"
 FAMILIES = ("llama", "qwen2", "mistral", "bert", "gpt2", "opt", "gpt_neox", "t5", "bart")
-MODES = {"fp32": None, "amp": torch.bfloat16}
+# mode -> (weight dtype, autocast dtype)
+MODES = {"fp32": (torch.float32, None), "amp": (torch.float32, torch.bfloat16),
+         "half": (torch.bfloat16, None)}
 ATTENTION = ("eager", "sdpa")
 
 
@@ -78,18 +80,21 @@ def build(family: str, h: int, heads: int, head_dim: int, kv: int, f: int, layer
     raise ValueError(family)
 
 
-def saved_bytes(config, attention: str, half, batch: int, seq: int) -> int:
+def saved_bytes(config, attention: str, mode: str, batch: int, seq: int) -> int:
+    weights, half = MODES[mode]
     task = task_of(config)
     torch.manual_seed(0)
-    model = model_class(task).from_config(config, attn_implementation=attention)
+    model = model_class(task).from_config(config, attn_implementation=attention, dtype=weights)
     model.train()
     data = make_batches(config, task, batch, seq, 1, 0, "cpu")[0]
     watcher = MemoryWatcher("cpu")
     watcher.track_training(model, None, data)
     with watcher, torch.autocast("cpu", dtype=half or torch.float32, enabled=half is not None):
-        out = model(**data)  # held: the graph, and what it saved, lives as long as the loss
+        # as a training step holds it: the loss (and through it what the graph saved);
+        # the model's other outputs, the logits among them, are dropped
+        loss = model(**data).loss
         held = watcher.live()["activations"]
-    del out
+    del loss
     return held
 
 
@@ -121,7 +126,7 @@ def fit(family: str, mode: str, attention: str, rng: random.Random) -> dict:
             x = basis_values(d, shp["seq"])
             layer_cols = [v * n for n in layers for v in x["layer"]]
             rows.append(layer_cols + x["outer"])
-            targets.append(saved_bytes(config, attention, MODES[mode], shp["batch"], shp["seq"])
+            targets.append(saved_bytes(config, attention, mode, shp["batch"], shp["seq"])
                            / tokens)
     a, b = np.array(rows, dtype=float), np.array(targets)
     coef, *_ = np.linalg.lstsq(a, b, rcond=None)
