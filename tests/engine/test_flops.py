@@ -220,3 +220,42 @@ def test_blended_peak_is_the_harmonic_mix():
     # 3e12 FLOPs take 1/400 + 2/200 of a second-per-TFLOP: not the int8 peak alone
     assert mix.flops_per_s == pytest.approx(3e12 / (1e12 / 400e12 + 2e12 / 200e12))
     assert 200e12 < mix.flops_per_s < 400e12
+
+
+def test_trial_mfu_peak_is_blended_by_the_dtypes_the_step_ran():
+    from types import SimpleNamespace
+
+    from engine.peaks import peak_flops
+    from engine.trial import _peak
+
+    h100 = SimpleNamespace(kind="cuda", name="NVIDIA H100 80GB HBM3")
+    int8, fp16 = (peak_flops(h100.name, k).flops_per_s for k in ("int8", "fp16"))
+    # an int8 trial: forward in int8, backward in fp16, as counted
+    peak = _peak(h100, recipe("int8"), {"int8": 1e12, "fp16": 2e12})
+    assert peak.flops_per_s == pytest.approx(3e12 / (1e12 / int8 + 2e12 / fp16))
+    assert "int8 33.3%" in peak.source and "fp16 66.7%" in peak.source
+    # one dtype: that dtype's own peak; nothing counted: the recipe's
+    assert _peak(h100, recipe("bf16-amp"), {"bf16": 5}).flops_per_s == peak_flops(
+        h100.name, "bf16").flops_per_s
+    assert _peak(h100, recipe("fp8"), {}).flops_per_s == peak_flops(h100.name, "fp8").flops_per_s
+    assert _peak(SimpleNamespace(kind="cpu", name="cpu"), recipe("fp32"), {}).flops_per_s is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", ["int8", "nf4"])
+def test_quantised_cuda_trials_count_their_matmuls(precision):
+    from engine.config import RunConfig
+    from engine.device import probe
+    from engine.trial import run_trial
+
+    config = RunConfig(model="gpt2", batch_size=2, seq_len=128, steps=1, warmup=1,
+                       device="cuda", isolation="inline")
+    result = run_trial(config, precision, probe("cuda"), lambda e: None, lambda: False)
+    assert result.status == "ok", result.reason
+    ratio = result.flops.counted_per_step / result.flops.analytic_per_step
+    assert 0.97 <= ratio <= 1.05
+    op = "bitsandbytes.int8_mixed_scaled_mm" if precision == "int8" else "bitsandbytes.gemm_4bit"
+    assert result.flops.by_op.get(op, 0) > 0
+    if precision == "int8":
+        assert "int8" in result.flops.by_peak_dtype

@@ -124,14 +124,16 @@ def test_error_percentages_against_a_measurement():
     assert pred.error_pct == {}  # the original is left as it was
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16-amp"])
+@pytest.mark.parametrize(("precision", "checkpointing"), [
+    ("fp32", False), ("bf16-amp", False), ("bf16-amp", True)])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_prediction_within_15_percent_of_the_tracker(tmp_path, family, precision):
+def test_prediction_within_15_percent_of_the_tracker(tmp_path, family, precision,
+                                                     checkpointing):
     # shapes the calibration never saw (6 heads, hidden 96, vocabulary 700), through a real
     # trial: the tracker's categories against the per-layer model, every category
     FAMILIES[family]().save_pretrained(tmp_path)
     config = RunConfig(model=str(tmp_path), batch_size=2, seq_len=40, steps=1, warmup=0,
-                       device="cpu", isolation="inline")
+                       device="cpu", isolation="inline", grad_checkpointing=checkpointing)
     result = run_trial(config, precision, probe("cpu"), lambda e: None, lambda: False)
     assert result.status == "ok", result.reason
     errors = result.predicted_memory.error_pct
