@@ -347,6 +347,8 @@ def _trial(trial: TrialResult) -> str:
         ("trains", _e(trained_text(trial) or NA)),
         ("LoRA configuration", render_value(trial.lora) if trial.lora else NA),
         ("load footprint", f"{_bytes(trial.load_footprint_bytes)} {_e(trial.footprint_note)}"),
+        ("quantisation state beside it",
+         _bytes(trial.memory.quant_state_bytes) if trial.memory else NA),
     ]))
     parts.append('<div class="grid2">')
     parts.append(f"<div><h4>Summary and MFU</h4>{_summary(trial)}</div>")
