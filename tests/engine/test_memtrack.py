@@ -124,7 +124,8 @@ def test_checkpointing_keeps_layer_inputs_and_reruns_a_layer_in_backward():
     layer_input = BATCH * SEQ * 96 * 4
     assert 0.2 * per_layer < rerun["activations"] - layer_input < per_layer
     assert rerun["temporaries"] < rerun["activations"] - layer_input
-    assert ckpt.peak_bytes < plain.peak_bytes
+    # (here both peaks may be the optimiser step, where no activation is left)
+    assert ckpt.peak_bytes <= plain.peak_bytes
 
 
 def _step_ready(family, checkpointing=False):
