@@ -255,7 +255,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     alloc = AllocatorTracker(device)
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
                            cancelled)
-    if stopped:
+    if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
         return True
     measured = _tracked_step(state, model, optimizer, scaler, batches)
     state.memory = _memory(measured, alloc, info, config.compile)
@@ -263,7 +263,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     predicted = predict_memory(rec, config.optimizer, shape, config.batch_size, config.seq_len,
                                config.grad_checkpointing, device.type)
     state.predicted = with_errors(predicted, state.memory)
-    return stopped
+    return False
 
 
 def _probe(state: _State, loaded, batch: dict) -> None:
