@@ -115,6 +115,17 @@ def _quantized_bytes(quant: str) -> float:
     return 1.0 if quant == "int8" else 0.5
 
 
+def optimizer_bytes_per_param(optimizer: str, weight_bytes: int) -> float:
+    """Optimiser state per trainable parameter of a large tensor: AdamW's m and v in the
+    parameter's dtype, 8-bit AdamW's two codes (its absmax and small tensors' fp32 state
+    aside: ``predict_memory`` counts those exactly), none for plain SGD."""
+    if optimizer == "adamw":
+        return 2.0 * weight_bytes
+    if optimizer == "adamw8bit":
+        return 2.0
+    return 0.0
+
+
 def _adam8_bytes(sizes: tuple[int, ...]) -> tuple[int, str]:
     big = [n for n in sizes if n >= ADAM8_MIN_SIZE]
     small = sum(n for n in sizes if n < ADAM8_MIN_SIZE)
