@@ -68,6 +68,8 @@ class RunConfig:
     seed: int = 0
     trust_remote_code: bool = False
     monitor_hz: float = 10.0
+    profile_step: bool = True  # one extra step under torch.profiler after the measured ones
+    trace_dir: str | None = None  # where that step's Chrome trace (and CUDA snapshot) go
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

@@ -222,6 +222,53 @@ class TrialSummary:
 
 
 @dataclass(frozen=True)
+class OpTime:
+    """Self time of one aten op with one input dtype in the profiled step."""
+
+    op: str  # profiler name, e.g. "aten::addmm"
+    dtype: str  # the op's first floating-point input dtype ("-" if none)
+    category: str  # matmul, elementwise/normalisation, copy/cast, optimizer, GradScaler, ...
+    calls: int
+    self_ms: float  # CPU self time on the CPU, launched kernels' device time on a GPU
+    step_share: float | None  # of the profiled step's time
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One GPU kernel name launched by one op in the profiled step."""
+
+    name: str
+    op: str
+    dtype: str
+    calls: int
+    ms: float
+    tensor_core: bool | None  # None: not a matmul kernel
+
+
+@dataclass(frozen=True)
+class ProfiledStep:
+    """One extra step under torch.profiler, never counted among the measured steps."""
+
+    time_basis: str  # what an op's time and the step's time are
+    step_ms: float
+    category_ms: dict = field(default_factory=dict)  # category -> ms
+    category_share: dict = field(default_factory=dict)  # category -> share of step_ms
+    matmul_share_by_dtype: dict = field(default_factory=dict)  # dtype -> share of step_ms
+    ops: list[OpTime] = field(default_factory=list)  # most time first
+    kernels: list[KernelTime] = field(default_factory=list)  # GPU only
+    idle_gap_ms: float | None = None  # GPU: time in the step with no kernel running
+    idle_gap_share: float | None = None
+    idle_gap_reason: str | None = None
+    tensor_core_share: float | None = None  # of matmul kernel time, by kernel names
+    tensor_core_reason: str | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_method: str = ""
+    dtype_method: str = ""
+    trace_file: str | None = None  # Chrome trace JSON of this step, when asked for
+    memory_snapshot_file: str | None = None  # CUDA allocator snapshot, when asked for
+
+
+@dataclass(frozen=True)
 class TrialResult:
     precision: str
     status: str  # one of TRIAL_STATUSES
@@ -242,6 +289,8 @@ class TrialResult:
     numerics: dict | None = None
     started_s: float = 0.0
     finished_s: float = 0.0
+    profiled_step: ProfiledStep | None = None
+    profiled_step_reason: str | None = None
 
 
 @dataclass(frozen=True)

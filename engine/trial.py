@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch.profiler import record_function
 
 from engine import flops as flops_mod
 from engine import inventory, nvml
@@ -26,10 +27,12 @@ from engine.events import (
     ModuleInfo,
     ParamInfo,
     PredictedMemory,
+    ProfiledStep,
     StepSample,
     TrialResult,
     TrialSummary,
 )
+from engine.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_bytes, profile_step
 from engine.memory_model import predict_memory, with_errors
 from engine.models import dims, load_model, make_batches
 from engine.peaks import mfu as mfu_of
@@ -134,6 +137,8 @@ class _State:
     flops: FlopsInfo | None = None
     steps: list[StepSample] = field(default_factory=list)
     peak: object = None
+    profiled: ProfiledStep | None = None
+    profiled_reason: str | None = None
 
     def result(self, status: str, reason: str | None) -> TrialResult:
         return TrialResult(
@@ -155,6 +160,9 @@ class _State:
             summary=None if status == "unsupported" else self._summary(),
             started_s=self.started_s,
             finished_s=time.time(),
+            profiled_step=self.profiled,
+            profiled_step_reason=None if self.profiled else (
+                self.profiled_reason or "the trial ended before its measured steps finished"),
         )
 
     def _summary(self) -> TrialSummary:
@@ -277,7 +285,34 @@ def _measure(state: _State, emit, cancelled) -> bool:
         attention_scores_stored=_stores_scores(loaded.config, device),
     )
     state.predicted = with_errors(predicted, state.memory)
+    if not config.profile_step:
+        state.profiled_reason = "turned off (--no-kernel-profile)"
+    elif not stopped and not cancelled():
+        _profiled_step(state, step_model, params, optimizer, scaler, batches, log)
     return stopped
+
+
+def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log) -> None:
+    """One extra step under torch.profiler after the measured ones; it counts for nothing
+    else. A failure here costs only the kernel table, never the trial."""
+    config, rec = state.config, state.rec
+    device = state.device_info.torch_device
+    i = config.warmup + config.steps
+    trace = snapshot = None
+    if config.trace_dir:
+        os.makedirs(config.trace_dir, exist_ok=True)
+        trace = os.path.join(config.trace_dir, f"{rec.precision}.trace.json")
+        if device.type == "cuda":
+            snapshot = os.path.join(config.trace_dir, f"{rec.precision}.memory.pickle")
+    live = live_tensor_bytes(list(model.parameters()), list(model.buffers()),
+                             list(optimizer.state.values()), batches)
+    try:
+        state.profiled = profile_step(
+            lambda: _step(config, rec, device, model, params, optimizer, scaler, batches, i),
+            device, live, trace, snapshot)
+    except Exception as exc:
+        state.profiled_reason = f"the profiled step failed: {type(exc).__name__}: {exc}"
+        log(state.profiled_reason, "warning")
 
 
 def _probe(state: _State, loaded, batch: dict, params: list) -> tuple[int, int]:
@@ -319,6 +354,35 @@ def _probe(state: _State, loaded, batch: dict, params: list) -> tuple[int, int]:
     return grads_bytes, saved.bytes
 
 
+def _step(config: RunConfig, rec: Recipe, device: torch.device, model, params, optimizer,
+          scaler, batches, i: int):
+    """One optimiser step; the named ranges let the profiled step attribute its time."""
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(config.grad_accum):
+        batch = batches[(i * config.grad_accum + micro) % len(batches)]
+        with autocast_for(rec, device):
+            loss = model(**batch).loss / config.grad_accum
+        (scaler.scale(loss) if scaler else loss).backward()
+        loss_sum += loss.detach().float()
+    scale_before = scale_after = None
+    if scaler:
+        with record_function(SCALER_RANGE):
+            scaler.unscale_(optimizer)
+        # the scale as a device tensor: read after the step, so no extra host sync now
+        scale_before = scaler._get_scale_async().clone()
+    with record_function(GRAD_NORM_RANGE):
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))
+    if scaler:
+        with record_function(SCALER_RANGE):
+            scaler.step(optimizer)
+            scaler.update()
+        scale_after = scaler._get_scale_async().clone()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm, scale_before, scale_after
+
+
 def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc, emit,
                  cancelled) -> bool:
     """Warm-up and measured steps; each step is read back while the next one runs."""
@@ -332,26 +396,8 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
                 return True
             alloc.start()
             timer.start()
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(config.grad_accum):
-                batch = batches[(i * config.grad_accum + micro) % len(batches)]
-                with autocast_for(rec, device):
-                    loss = model(**batch).loss / config.grad_accum
-                (scaler.scale(loss) if scaler else loss).backward()
-                loss_sum += loss.detach().float()
-            scale_before = scale_after = None
-            if scaler:
-                scaler.unscale_(optimizer)
-                # the scale as a device tensor: read after the step, so no extra host sync now
-                scale_before = scaler._get_scale_async().clone()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-                scale_after = scaler._get_scale_async().clone()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss_sum, grad_norm, scale_before, scale_after = _step(
+                config, rec, device, model, params, optimizer, scaler, batches, i)
             mark = timer.stop()
             allocated, reserved = alloc.sample()
             pending.append((i, i < config.warmup, mark, loss_sum, grad_norm, scale_before,
