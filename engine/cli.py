@@ -77,6 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     num.add_argument("--json", action="store_true", help="print JSON")
     num.add_argument("--out", help="also write a report (.json or .html) with the numerics")
     num.epilog = "--precision takes one precision here"
+
+    fit = sub.add_parser("fit", help="largest micro-batch per precision within a memory budget")
+    _add_model_args(fit, "fp32,bf16-amp,fp16-amp")
+    fit.add_argument("--seq-len", type=int, default=128)
+    fit.add_argument("--memory-budget", help="e.g. 24GiB; on CUDA defaults to the GPU's "
+                     "memory (a smaller one emulates a smaller card); required on the CPU")
+    fit.add_argument("--max-batch", type=int, default=1024, help="largest batch to try")
+    fit.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    fit.add_argument("--isolation", default="process", choices=("process", "inline"),
+                     help="each probe in a child process (default) or in this one")
+    fit.add_argument("--json", action="store_true", help="print JSON")
+    fit.add_argument("--quiet", action="store_true", help="no progress display")
     return parser
 
 
@@ -91,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
-                   "numerics": _numerics}[args.command]
+                   "numerics": _numerics, "fit": _fit}[args.command]
         return handler(args)
     except ValueError as exc:
         print(f"ampscope: error: {exc}", file=sys.stderr)
@@ -290,4 +302,32 @@ def _numerics(args) -> int:
                            numerics=result, status="ok")
         write_report(record, args.out)
         print(f"report written to {args.out}")
+    return 0
+
+
+# --- fit ---------------------------------------------------------------------------
+
+
+def _fit(args) -> int:
+    import dataclasses
+
+    from engine.fit import FitConfig, format_fit, format_probe, parse_bytes, run_fit
+
+    budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
+    config = FitConfig(model=args.model, precisions=parse_precisions(args.precision),
+                       seq_len=args.seq_len, memory_budget_bytes=budget, device=args.device,
+                       max_batch=args.max_batch, optimizer=args.optimizer,
+                       isolation=args.isolation, seed=args.seed,
+                       trust_remote_code=args.trust_remote_code)
+
+    def progress(precision, probe) -> None:
+        if not args.quiet:
+            print(format_probe(precision, probe), file=sys.stderr, flush=True)
+
+    budget, results = run_fit(config, progress)
+    if args.json:
+        print(json.dumps({"budget_bytes": budget,
+                          "results": [dataclasses.asdict(r) for r in results]}, indent=2))
+    else:
+        print(format_fit(budget, results))
     return 0
