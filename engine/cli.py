@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
@@ -62,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="after the trials, run the numerics lab on the first precision and "
                            "add it (with advice citing the trials) to the report")
     prof.add_argument("--quiet", action="store_true", help="no progress display")
+    prof.add_argument("--trace", metavar="DIR",
+                      help="write each precision's profiled step as a Chrome trace "
+                           "(<precision>.trace.json, opens in Perfetto) and, on CUDA, a memory "
+                           "snapshot (<precision>.memory.pickle, pytorch.org/memory_viz)")
+    prof.add_argument("--no-kernel-profile", action="store_true",
+                      help="skip the extra profiled step (kernel time by dtype)")
 
     foot = sub.add_parser("footprint", help="load footprint of each precision (no training)")
     _add_model_args(foot, "fp32,fp16,bf16,int8,nf4")
@@ -115,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _profile(args) -> int:
     from engine.compare import baseline_reason, comparison_rows, format_table
+    from engine.kernels import format_profiled
     from engine.report.writer import check_writable, write_report
     from engine.runner import Runner
 
@@ -126,6 +134,7 @@ def _profile(args) -> int:
         init_scale=args.init_scale, growth_interval=args.growth_interval, lora_r=args.lora_r,
         device=args.device, isolation=args.isolation, seed=args.seed,
         trust_remote_code=args.trust_remote_code,
+        profile_step=not args.no_kernel_profile, trace_dir=_trace_dir(args),
     )
     if args.out:
         check_writable(args.out)
@@ -152,10 +161,34 @@ def _profile(args) -> int:
     reason = baseline_reason(record)
     if reason:
         print(f"note: {reason}")
+    kernel_text = format_profiled(record.trials)
+    if kernel_text:
+        print(kernel_text)
+    if args.trace:
+        files = [f for t in record.trials if t.profiled_step
+                 for f in (t.profiled_step.trace_file, t.profiled_step.memory_snapshot_file) if f]
+        print(f"traces written to {args.trace}: {', '.join(os.path.basename(f) for f in files)}"
+              if files else f"no trace written to {args.trace}: no profiled step ran")
     if args.out:
         write_report(record, args.out)
         print(f"report written to {args.out}")
     return 0
+
+
+def _trace_dir(args) -> str | None:
+    """The --trace folder, made now so a bad path fails before the run."""
+    if not args.trace:
+        return None
+    if args.no_kernel_profile:
+        raise ValueError("--trace writes the profiled step: leave out --no-kernel-profile")
+    try:
+        os.makedirs(args.trace, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the trace folder {args.trace}: {exc.strerror}: "
+                         "pick another --trace folder") from None
+    if not os.access(args.trace, os.W_OK):
+        raise ValueError(f"the trace folder {args.trace} is not writable: pick another --trace")
+    return os.path.abspath(args.trace)
 
 
 def _stop(runner, previous) -> None:

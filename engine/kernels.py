@@ -111,7 +111,7 @@ def category(call: OpCall) -> str:
         if name == GRAD_NORM_RANGE:
             return GRAD_NORM
     short = call.name.removeprefix("aten::")
-    if short in _MATMUL_OPS or short.startswith(_MATMUL_PREFIXES):
+    if _is_matmul(call.name):
         return MATMUL
     if short in _COPY_OPS:
         return COPY
@@ -213,7 +213,9 @@ def analyse(calls: list[OpCall], device_kind: str, step_wall_us: float,
         tensor_core_share=tc_share,
         tensor_core_reason=tc_reason,
         dtype_method="input dtypes the profiler recorded for each call (record_shapes); "
-                     "the op's dtype is its first floating-point input",
+                     "the op's dtype is its first floating-point input; a matmul that calls "
+                     "another (linear, or autocast's outer call before the cast) takes the "
+                     "dtype of the innermost one",
     )
 
 
@@ -223,6 +225,30 @@ def _ancestors(event) -> tuple[str, ...]:
         names.append(parent.name)
         parent = parent.cpu_parent
     return tuple(names)
+
+
+def _is_matmul(name: str) -> bool:
+    short = name.removeprefix("aten::")
+    return short in _MATMUL_OPS or short.startswith(_MATMUL_PREFIXES)
+
+
+def _work_dtypes(event) -> tuple[str, ...]:
+    """Input dtypes of the GEMM that did the work.
+
+    A matmul that calls another one (``linear`` -> ``addmm``, or autocast's outer call of
+    ``addmm`` before its cast -> the inner ``addmm``) recorded its inputs before the cast;
+    the innermost matmul below it has the dtype that ran.
+    """
+    if not _is_matmul(event.name):
+        return tuple(event.input_dtypes or ())
+    found, pending = event, list(event.cpu_children)
+    while pending:
+        child = pending.pop(0)
+        if _is_matmul(child.name):
+            found, pending = child, list(child.cpu_children)
+        else:
+            pending.extend(child.cpu_children)
+    return tuple(found.input_dtypes or ())
 
 
 def _calls_from(events) -> tuple[list[OpCall], float, list[DeviceSpan]]:
@@ -236,7 +262,7 @@ def _calls_from(events) -> tuple[list[OpCall], float, list[DeviceSpan]]:
             elif e.name.startswith("aten::"):
                 calls.append(OpCall(
                     name=e.name, ancestors=_ancestors(e),
-                    input_dtypes=tuple(e.input_dtypes or ()), self_cpu_us=e.self_cpu_time_total,
+                    input_dtypes=_work_dtypes(e), self_cpu_us=e.self_cpu_time_total,
                     kernels=tuple((k.name, float(k.duration)) for k in e.kernels),
                 ))
         elif e.device_type == DeviceType.CUDA:
@@ -315,3 +341,39 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
         result, peak_memory_bytes=peak, peak_memory_method=method, trace_file=trace_file,
         memory_snapshot_file=memory_snapshot_file if snapshot else None,
     )
+
+
+def _pct(share: float | None) -> str:
+    if share is None:
+        return "n/a"
+    return "<0.1%" if 0 < share < 0.001 else f"{100 * share:.1f}%"
+
+
+def format_profiled(trials) -> str:
+    """Per precision: where the profiled step's time went (the ``profile`` command's text)."""
+    rows = [t for t in trials if t.profiled_step is not None or t.status == "ok"]
+    if not rows:
+        return ""
+    cols = {ELEMENTWISE: "elem/norm", COPY: "copy/cast", OPTIMIZER: "optimizer",
+            SCALER: "GradScaler"}
+    lines = ["Time in one extra profiled step per precision (never a measured step)",
+             f"{'precision':<10} {'step':>10}  {'matmul by dtype':<28} "
+             + " ".join(f"{h:>10}" for h in cols.values()) + f" {'idle gaps':>10} {'on TC':>7}"]
+    notes: dict[str, None] = {}
+    for t in rows:
+        ps = t.profiled_step
+        if ps is None:
+            lines.append(f"{t.precision:<10} n/a: {t.profiled_step_reason}")
+            continue
+        mm = ", ".join(f"{_pct(v)} {k}" for k, v in ps.matmul_share_by_dtype.items()) or "none"
+        lines.append(f"{t.precision:<10} {ps.step_ms:>7.1f} ms  {mm:<28} "
+                     + " ".join(f"{_pct(ps.category_share.get(c)):>10}" for c in cols)
+                     + f" {_pct(ps.idle_gap_share):>10} {_pct(ps.tensor_core_share):>7}")
+        for reason in (ps.idle_gap_reason and f"idle gaps n/a: {ps.idle_gap_reason}",
+                       ps.tensor_core_reason and f"on TC (Tensor Core share of matmul time) "
+                                                 f"n/a: {ps.tensor_core_reason}",
+                       f"time: {ps.time_basis}"):
+            if reason:
+                notes[reason] = None
+    lines += [f"  {n}" for n in notes]
+    return "\n".join(lines)
