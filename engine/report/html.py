@@ -272,6 +272,43 @@ def _summary(trial: TrialResult) -> str:
     ])
 
 
+def _pct_cell(share) -> str:
+    return NA if share is None else _e(f"{100 * share:.1f}%")
+
+
+def _kernel_time(trial: TrialResult) -> str:
+    ps = trial.profiled_step
+    if ps is None:
+        return f'<p class="na">n/a: {_e(trial.profiled_step_reason or "not profiled")}</p>'
+    idle = (_pct_cell(ps.idle_gap_share) if ps.idle_gap_share is not None
+            else f"{NA}: {_e(ps.idle_gap_reason)}")
+    tc = (_pct_cell(ps.tensor_core_share) if ps.tensor_core_share is not None
+          else f"{NA}: {_e(ps.tensor_core_reason)}")
+    out = _kv([
+        ("profiled step", f"{_e(f'{ps.step_ms:.2f} ms')} ({_e(ps.time_basis)})"),
+        ("matmul by dtype", ", ".join(f"{_pct_cell(v)} {_e(k)}"
+                                      for k, v in ps.matmul_share_by_dtype.items()) or NA),
+        *[(name, _pct_cell(share)) for name, share in ps.category_share.items()],
+        ("idle gaps between kernels", idle),
+        ("matmul time on Tensor Cores", tc),
+        ("peak memory", f"{_bytes(ps.peak_memory_bytes)} ({_e(ps.peak_memory_method)})"),
+        ("dtype of an op", _e(ps.dtype_method)),
+    ])
+    rows = [[_e(o.op), _e(o.dtype), _e(o.category), _number(o.calls),
+             _e(f"{o.self_ms:.3f}"), _pct_cell(o.step_share)] for o in ps.ops]
+    out += (f"<details><summary>ops by self time ({len(rows)})</summary>"
+            f"{_table(['op', 'dtype', 'category', 'calls', 'ms', 'share'], rows, {3, 4, 5})}"
+            "</details>")
+    if ps.kernels:
+        rows = [[_e(k.name), _e(k.op), _e(k.dtype), _number(k.calls), _e(f"{k.ms:.3f}"),
+                 NA if k.tensor_core is None else _e("yes" if k.tensor_core else "no")]
+                for k in ps.kernels]
+        out += (f"<details><summary>GPU kernels ({len(rows)})</summary>"
+                f"{_table(['kernel', 'op', 'dtype', 'calls', 'ms', 'Tensor Core'], rows, {3, 4})}"
+                "</details>")
+    return out
+
+
 def _dtype_map(trial: TrialResult) -> str:
     rows = [
         [_e(p.name), _e("x".join(map(str, p.shape))), _e(p.dtype), _e(p.device),
@@ -317,6 +354,7 @@ def _trial(trial: TrialResult) -> str:
     parts.append(f"<div><h4>FLOPs per step</h4>{_flops(trial)}</div>")
     parts.append("</div>")
     parts.append(f"<h4>Memory: measured vs predicted</h4>{_memory(trial)}")
+    parts.append(f"<h4>Time by dtype: one extra profiled step</h4>{_kernel_time(trial)}")
     if trial.dtype_map:
         parts.append(_dtype_map(trial))
     if trial.module_tree:

@@ -101,6 +101,18 @@ def test_profiled_step_survives_the_json_report():
     assert from_dict(TrialResult, old).profiled_step is None
 
 
+def test_html_report_shows_the_profiled_step(tmp_path):
+    from engine.record import RunRecord
+    from engine.report.html import render_html
+
+    result = _trial("tiny", "bf16-amp")
+    page = render_html(RunRecord(trials=[result], status="ok"))
+    assert "Time by dtype: one extra profiled step" in page
+    mm = next(o for o in result.profiled_step.ops if o.op == "aten::mm")
+    assert f"<td>aten::mm</td><td>{mm.dtype}</td>" in page
+    assert "no Tensor Cores" in page
+
+
 def test_turned_off_says_why():
     result = _trial("tiny", "fp32", profile_step=False)
     assert result.profiled_step is None
