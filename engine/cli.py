@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _profile(args) -> int:
     from engine.compare import baseline_reason, comparison_rows, format_table
+    from engine.gpm import format_gpm
     from engine.kernels import format_profiled
     from engine.report.writer import check_writable, write_report
     from engine.runner import Runner
@@ -161,9 +162,9 @@ def _profile(args) -> int:
     reason = baseline_reason(record)
     if reason:
         print(f"note: {reason}")
-    kernel_text = format_profiled(record.trials)
-    if kernel_text:
-        print(kernel_text)
+    for text in (format_profiled(record.trials), format_gpm(record.trials)):
+        if text:
+            print(text)
     if args.trace:
         files = [f for t in record.trials if t.profiled_step
                  for f in (t.profiled_step.trace_file, t.profiled_step.memory_snapshot_file) if f]

@@ -269,6 +269,21 @@ class ProfiledStep:
 
 
 @dataclass(frozen=True)
+class GpmMetrics:
+    """NVML GPM rates over a window (Hopper and newer); all None with ``reason`` elsewhere."""
+
+    tensor_any_util_pct: float | None = None  # SMs doing any tensor (MMA) work
+    tensor_hmma_util_pct: float | None = None  # half-precision MMA (fp16/bf16/tf32)
+    tensor_imma_util_pct: float | None = None  # integer MMA
+    sm_util_pct: float | None = None  # SMs busy
+    sm_occupancy_pct: float | None = None  # active warps vs the maximum
+    dram_bw_util_pct: float | None = None  # DRAM bandwidth used vs the maximum
+    window_s: float | None = None
+    window: str = ""
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class TrialResult:
     precision: str
     status: str  # one of TRIAL_STATUSES
@@ -291,6 +306,7 @@ class TrialResult:
     finished_s: float = 0.0
     profiled_step: ProfiledStep | None = None
     profiled_step_reason: str | None = None
+    gpm: GpmMetrics | None = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from engine.config import RunConfig
 from engine.device import DeviceInfo
 from engine.events import (
     FlopsInfo,
+    GpmMetrics,
     LogEvent,
     MemoryBreakdown,
     ModuleInfo,
@@ -32,6 +33,7 @@ from engine.events import (
     TrialResult,
     TrialSummary,
 )
+from engine.gpm import GpmWindow
 from engine.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_bytes, profile_step
 from engine.memory_model import predict_memory, with_errors
 from engine.models import dims, load_model, make_batches
@@ -139,6 +141,7 @@ class _State:
     peak: object = None
     profiled: ProfiledStep | None = None
     profiled_reason: str | None = None
+    gpm: GpmMetrics | None = None
 
     def result(self, status: str, reason: str | None) -> TrialResult:
         return TrialResult(
@@ -161,6 +164,7 @@ class _State:
             started_s=self.started_s,
             finished_s=time.time(),
             profiled_step=self.profiled,
+            gpm=self.gpm,
             profiled_step_reason=None if self.profiled else (
                 self.profiled_reason or "the trial ended before its measured steps finished"),
         )
@@ -273,8 +277,10 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.peak = peak_flops(info.name if info.kind == "cuda" else None, rec.peak_dtype)
     step_model = torch.compile(model) if config.compile else model
     alloc = AllocatorTracker(device)
+    gpm = GpmWindow(info)
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
-                           cancelled)
+                           cancelled, gpm)
+    state.gpm = gpm.stop()
 
     state.memory = _memory(model, optimizer, grads_bytes, saved_bytes, alloc, info)
     d = dims(loaded.config)
@@ -384,7 +390,7 @@ def _step(config: RunConfig, rec: Recipe, device: torch.device, model, params, o
 
 
 def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc, emit,
-                 cancelled) -> bool:
+                 cancelled, gpm: GpmWindow) -> bool:
     """Warm-up and measured steps; each step is read back while the next one runs."""
     config, rec = state.config, state.rec
     device = state.device_info.torch_device
@@ -394,6 +400,8 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
         for i in range(config.warmup + config.steps):
             if cancelled():
                 return True
+            if i == config.warmup:  # GPM's window: the measured steps
+                gpm.start()
             alloc.start()
             timer.start()
             loss_sum, grad_norm, scale_before, scale_after = _step(

@@ -276,6 +276,17 @@ def _pct_cell(share) -> str:
     return NA if share is None else _e(f"{100 * share:.1f}%")
 
 
+def _gpm(trial: TrialResult) -> str:
+    g = trial.gpm
+    if g is None or g.reason:
+        return f"{NA}: {_e(g.reason if g else 'not sampled')}"
+    return _e(", ".join(
+        f"{label} {'n/a' if v is None else f'{v:.1f}%'}" for label, v in (
+            ("tensor pipes", g.tensor_any_util_pct), ("HMMA", g.tensor_hmma_util_pct),
+            ("IMMA", g.tensor_imma_util_pct), ("SM active", g.sm_util_pct),
+            ("DRAM bandwidth", g.dram_bw_util_pct))) + f" over {g.window}")
+
+
 def _kernel_time(trial: TrialResult) -> str:
     ps = trial.profiled_step
     if ps is None:
@@ -293,6 +304,7 @@ def _kernel_time(trial: TrialResult) -> str:
         ("matmul time on Tensor Cores", tc),
         ("peak memory", f"{_bytes(ps.peak_memory_bytes)} ({_e(ps.peak_memory_method)})"),
         ("dtype of an op", _e(ps.dtype_method)),
+        ("Tensor Core activity (NVML GPM)", _gpm(trial)),
     ])
     rows = [[_e(o.op), _e(o.dtype), _e(o.category), _number(o.calls),
              _e(f"{o.self_ms:.3f}"), _pct_cell(o.step_share)] for o in ps.ops]
