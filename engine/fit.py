@@ -20,10 +20,13 @@ import queue
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.config import ISOLATIONS, OPTIMIZERS, RunConfig, parse_precisions
-from engine.device import DeviceInfo
 from engine.events import TrialResult
+
+if TYPE_CHECKING:  # engine.device imports torch; the window imports this module early
+    from engine.device import DeviceInfo
 
 CARDS_GIB = (24, 40, 48, 80, 141)
 PROBE_WARMUP, PROBE_STEPS = 1, 2
