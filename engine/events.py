@@ -246,6 +246,21 @@ class KernelTime:
 
 
 @dataclass(frozen=True)
+class GemmShapeTime:
+    """A GEMM shape of the profiled step whose M, N or K is off the Tensor Core multiple."""
+
+    op: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    calls: int
+    ms: float
+    tensor_core: bool | None  # GPU: did all its kernels run on Tensor Cores; None on the CPU
+    reason: str
+
+
+@dataclass(frozen=True)
 class ProfiledStep:
     """One extra step under torch.profiler, never counted among the measured steps."""
 
@@ -266,6 +281,7 @@ class ProfiledStep:
     dtype_method: str = ""
     trace_file: str | None = None  # Chrome trace JSON of this step, when asked for
     memory_snapshot_file: str | None = None  # CUDA allocator snapshot, when asked for
+    odd_gemms: list[GemmShapeTime] = field(default_factory=list)  # most time first
 
 
 @dataclass(frozen=True)

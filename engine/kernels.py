@@ -20,9 +20,10 @@ from functools import cache
 
 import torch
 
-from engine.events import KernelTime, OpTime, ProfiledStep
+from engine.events import GemmShapeTime, KernelTime, OpTime, ProfiledStep
 
 STEP_RANGE = "ampscope:step"
+_RANGE_PREFIXES = ("ampscope:", "Optimizer.", "ProfilerStep", "autograd::")
 SCALER_RANGE = "ampscope:grad_scaler"
 GRAD_NORM_RANGE = "ampscope:grad_norm"
 
@@ -73,6 +74,7 @@ class OpCall:
     input_dtypes: tuple[str, ...]  # profiler names ("float", "c10::Half", "Scalar", ...)
     self_cpu_us: float
     kernels: tuple[tuple[str, float], ...] = ()  # (kernel name, device us) launched by it
+    shapes: tuple[tuple[int, ...], ...] = ()  # input shapes (matmuls only)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,34 @@ def _pointwise(short: str) -> bool:
         return any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
     except (AttributeError, RuntimeError):
         return False
+
+
+_GEMM_LEAVES = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_int_mm"}
+
+
+def odd_gemm(call: OpCall, dtype: str) -> tuple[int, int, int, int] | None:
+    """(M, N, K, multiple) of a GEMM call whose M, N or K is not a multiple of 8 (16 for
+    fp8), the alignment Tensor Core kernels need to run at full speed; else None.
+    The same rule as the numerics lab's flagged GEMMs."""
+    short = call.name.removeprefix("aten::")
+    if short not in _GEMM_LEAVES:
+        return None
+    args = call.shapes[1:] if short in ("addmm", "baddbmm") else call.shapes  # skip the bias
+    mats = [s for s in args if len(s) >= 2]
+    if len(mats) < 2:
+        return None
+    a, b = mats[0], mats[1]
+    m, n, k = a[-2], b[-1], a[-1]
+    multiple = 16 if dtype.startswith("float8") else 8
+    if m % multiple or n % multiple or k % multiple:
+        return m, n, k, multiple
+    return None
+
+
+def _odd_reason(m: int, n: int, k: int, multiple: int) -> str:
+    odd = [f"{label}={v}" for label, v in zip("MNK", (m, n, k)) if v % multiple]
+    return (f"{', '.join(odd)} not a multiple of {multiple}: Tensor Cores need padding or a "
+            "slower kernel")
 
 
 def category(call: OpCall) -> str:
@@ -153,12 +183,21 @@ def analyse(calls: list[OpCall], device_kind: str, step_wall_us: float,
     gpu = device_kind == "cuda"
     ops: dict[tuple[str, str, str], _Acc] = {}
     kernels: dict[tuple[str, str, str], _Acc] = {}
+    odd: dict[tuple, _Acc] = {}
     for call in calls:
         cat, dtype = category(call), op_dtype(call.input_dtypes)
         us = sum(d for _, d in call.kernels) if gpu else call.self_cpu_us
         acc = ops.setdefault((call.name, dtype, cat), _Acc())
         acc.calls += 1
         acc.us += us
+        dims = odd_gemm(call, dtype) if cat == MATMUL else None
+        if dims is not None:
+            o = odd.setdefault((call.name, dtype, *dims), _Acc(extra={"tc": True}))
+            o.calls += 1
+            o.us += us
+            if gpu:
+                o.extra["tc"] = o.extra["tc"] and all(tensor_core_kernel(k) for k, _ in
+                                                      call.kernels)
         for kname, dur in call.kernels if gpu else ():
             k = kernels.setdefault((kname, call.name, dtype), _Acc())
             k.calls += 1
@@ -188,6 +227,12 @@ def analyse(calls: list[OpCall], device_kind: str, step_wall_us: float,
                    tensor_core=tensor_core_kernel(kname) if a.extra["matmul"] else None)
         for (kname, op, dtype), a in sorted(kernels.items(), key=lambda kv: -kv[1].us)
     ]
+    odd_rows = [
+        GemmShapeTime(op=name, dtype=dtype, m=m, n=n, k=k, calls=a.calls, ms=a.us / 1e3,
+                      tensor_core=a.extra["tc"] if gpu else None,
+                      reason=_odd_reason(m, n, k, mult))
+        for (name, dtype, m, n, k, mult), a in sorted(odd.items(), key=lambda kv: -kv[1].us)
+    ]
     tc_share, tc_reason = None, ("CPU run: no Tensor Cores" if not gpu else None)
     if gpu:
         mm = [k for k in kernel_rows if k.tensor_core is not None]
@@ -212,6 +257,7 @@ def analyse(calls: list[OpCall], device_kind: str, step_wall_us: float,
         idle_gap_reason=idle_reason,
         tensor_core_share=tc_share,
         tensor_core_reason=tc_reason,
+        odd_gemms=odd_rows,
         dtype_method="input dtypes the profiler recorded for each call (record_shapes); "
                      "the op's dtype is its first floating-point input; a matmul that calls "
                      "another (linear, or autocast's outer call before the cast) takes the "
@@ -264,10 +310,24 @@ def _calls_from(events) -> tuple[list[OpCall], float, list[DeviceSpan]]:
                     name=e.name, ancestors=_ancestors(e),
                     input_dtypes=_work_dtypes(e), self_cpu_us=e.self_cpu_time_total,
                     kernels=tuple((k.name, float(k.duration)) for k in e.kernels),
+                    shapes=_shapes(e) if _is_matmul(e.name) else (),
                 ))
-        elif e.device_type == DeviceType.CUDA:
+        elif e.device_type == DeviceType.CUDA and _device_work(e):
             spans.append(DeviceSpan(e.time_range.start, e.time_range.end))
     return calls, step_us, spans
+
+
+def _shapes(event) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(int(d) for d in shape) for shape in (event.input_shapes or ())
+                 if isinstance(shape, list | tuple) and all(isinstance(d, int) for d in shape))
+
+
+def _device_work(event) -> bool:
+    """A kernel, memcpy or memset: not a range mirrored onto the GPU timeline (the GPU
+    user annotations of record_function) and not a zero-length memory record."""
+    if getattr(event, "is_user_annotation", False) or event.name.startswith(_RANGE_PREFIXES):
+        return False
+    return event.time_range.elapsed_us() > 0 and not event.name.startswith("[")
 
 
 def live_tensor_bytes(*trees) -> int:
@@ -360,6 +420,7 @@ def format_profiled(trials) -> str:
              f"{'precision':<10} {'step':>10}  {'matmul by dtype':<28} "
              + " ".join(f"{h:>10}" for h in cols.values()) + f" {'idle gaps':>10} {'on TC':>7}"]
     notes: dict[str, None] = {}
+    odd_lines: list[str] = []
     for t in rows:
         ps = t.profiled_step
         if ps is None:
@@ -369,11 +430,22 @@ def format_profiled(trials) -> str:
         lines.append(f"{t.precision:<10} {ps.step_ms:>7.1f} ms  {mm:<28} "
                      + " ".join(f"{_pct(ps.category_share.get(c)):>10}" for c in cols)
                      + f" {_pct(ps.idle_gap_share):>10} {_pct(ps.tensor_core_share):>7}")
+        if ps.odd_gemms:
+            ms = sum(g.ms for g in ps.odd_gemms)
+            top = ps.odd_gemms[0]
+            tc = {True: ", all on Tensor Cores", False: ", some off Tensor Cores"}.get(
+                all(g.tensor_core for g in ps.odd_gemms)
+                if all(g.tensor_core is not None for g in ps.odd_gemms) else None, "")
+            odd_lines.append(f"  {t.precision}: {len(ps.odd_gemms)} GEMM shapes off the Tensor "
+                             f"Core multiple, {_pct(ms / ps.step_ms if ps.step_ms else None)} "
+                             f"of the step{tc}; most time: {top.op} {top.m}x{top.n}x{top.k} "
+                             f"{top.dtype} ({top.reason})")
         for reason in (ps.idle_gap_reason and f"idle gaps n/a: {ps.idle_gap_reason}",
                        ps.tensor_core_reason and f"on TC (Tensor Core share of matmul time) "
                                                  f"n/a: {ps.tensor_core_reason}",
                        f"time: {ps.time_basis}"):
             if reason:
                 notes[reason] = None
+    lines += odd_lines
     lines += [f"  {n}" for n in notes]
     return "\n".join(lines)

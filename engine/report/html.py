@@ -311,6 +311,16 @@ def _kernel_time(trial: TrialResult) -> str:
     out += (f"<details><summary>ops by self time ({len(rows)})</summary>"
             f"{_table(['op', 'dtype', 'category', 'calls', 'ms', 'share'], rows, {3, 4, 5})}"
             "</details>")
+    if ps.odd_gemms:
+        rows = [[_e(g.op), _e(g.dtype), _e(f"{g.m}x{g.n}x{g.k}"), _number(g.calls),
+                 _e(f"{g.ms:.3f}"),
+                 NA if g.tensor_core is None else _e("yes" if g.tensor_core else "no"),
+                 _e(g.reason)] for g in ps.odd_gemms]
+        out += (f"<details><summary>GEMM shapes off the Tensor Core multiple ({len(rows)})"
+                "</summary>"
+                + _table(["op", "dtype", "MxNxK", "calls", "ms", "on Tensor Cores", "why"], rows,
+                         {3, 4})
+                + "</details>")
     if ps.kernels:
         rows = [[_e(k.name), _e(k.op), _e(k.dtype), _number(k.calls), _e(f"{k.ms:.3f}"),
                  NA if k.tensor_core is None else _e("yes" if k.tensor_core else "no")]

@@ -84,6 +84,20 @@ def test_profiled_step_names_aten_matmuls_in_the_autocast_dtype(precision, famil
     assert len(result.steps) == 1
 
 
+def test_odd_gemm_shapes_are_the_ones_the_numerics_lab_flags():
+    config = RunConfig(model="tiny", precisions=("bf16-amp",), batch_size=3, seq_len=15,
+                       steps=1, warmup=0, device="cpu", isolation="inline")
+    result = run_trial(config, "bf16-amp", probe("cpu"), lambda _: None, lambda: False)
+    odd = result.profiled_step.odd_gemms
+    assert odd and all(g.tensor_core is None for g in odd)  # no Tensor Cores on a CPU
+    rec = recipe("bf16-amp")
+    loaded = load_model("tiny", rec, "cpu", 0)
+    batch = make_batches(loaded.config, loaded.task, 3, 15, 1, 0, "cpu")[0]
+    flagged = trace_ops(loaded.model, batch, rec, "cpu").flagged_gemms
+    assert {(g.m, g.n, g.k) for g in odd} == {(g.m, g.n, g.k) for g in flagged}
+    assert any(g.m == 45 for g in odd)  # 3 x 15 tokens
+
+
 def test_grad_scaler_time_is_its_own_category():
     ps = _trial("tiny", "fp16-amp").profiled_step
     scaler_ops = {o.op for o in ps.ops if o.category == SCALER}
@@ -153,7 +167,8 @@ def test_gpu_analysis_on_recorded_kernels():
     calls = [
         OpCall("aten::addmm", (), ("c10::BFloat16",) * 3, 50.0,
                ((tc, 300.0), (tc, 100.0))),
-        OpCall("aten::mm", (), ("float", "float"), 40.0, ((simt, 100.0),)),
+        OpCall("aten::mm", (), ("float", "float"), 40.0, ((simt, 100.0),),
+               shapes=((45, 128), (128, 384))),
         OpCall("aten::gelu", (), ("c10::BFloat16",), 10.0, ((gelu, 50.0),)),
         OpCall("aten::_foreach_add_", ("Optimizer.step#AdamW.step",), ("float",), 5.0,
                (("multi_tensor_apply_kernel", 50.0),)),
@@ -167,6 +182,9 @@ def test_gpu_analysis_on_recorded_kernels():
     assert ps.matmul_share_by_dtype == {"bfloat16": pytest.approx(400 / 750),
                                         "float32": pytest.approx(100 / 750)}
     assert ps.category_share[OPTIMIZER] == pytest.approx(50 / 750)
+    (odd,) = ps.odd_gemms  # linked to its kernel: off Tensor Cores
+    assert (odd.m, odd.n, odd.k, odd.tensor_core) == (45, 384, 128, False)
+    assert "M=45" in odd.reason
     kernels = {k.name: k for k in ps.kernels}
     assert kernels[tc].calls == 2 and kernels[tc].tensor_core is True
     assert kernels[simt].tensor_core is False and kernels[gelu].tensor_core is None
