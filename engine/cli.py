@@ -345,7 +345,14 @@ def _numerics(args) -> int:
 def _fit(args) -> int:
     import dataclasses
 
-    from engine.fit import FitConfig, format_fit, format_probe, parse_bytes, run_fit
+    from engine.fit import (
+        FitCancelled,
+        FitConfig,
+        format_fit,
+        format_probe,
+        parse_bytes,
+        run_fit,
+    )
 
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
     config = FitConfig(model=args.model, precisions=parse_precisions(args.precision),
@@ -358,7 +365,12 @@ def _fit(args) -> int:
         if not args.quiet:
             print(format_probe(precision, probe), file=sys.stderr, flush=True)
 
-    budget, results = run_fit(config, progress)
+    try:
+        budget, results = run_fit(config, progress)
+    except (KeyboardInterrupt, FitCancelled):
+        print("ampscope: fit stopped by the user before it finished: no batch reported",
+              file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps({"budget_bytes": budget,
                           "results": [dataclasses.asdict(r) for r in results]}, indent=2))

@@ -188,10 +188,17 @@ def _probe_result(result: TrialResult, batch: int, budget: int, kind: str) -> Fi
                     predicted)
 
 
+class FitCancelled(Exception):
+    """The search was stopped (Ctrl-C, the window closed) before it finished."""
+
+
 def _probe_in_child(config: RunConfig, info: DeviceInfo, fraction: float | None,
                     out) -> None:
+    import signal
+
     from engine.quiet import quiet_libraries
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the search and ends us
     quiet_libraries()
     if fraction is not None:
         import torch
@@ -202,7 +209,8 @@ def _probe_in_child(config: RunConfig, info: DeviceInfo, fraction: float | None,
     out.put(run_trial(config, config.precisions[0], info, lambda _: None, lambda: False))
 
 
-def _run_probe(config: RunConfig, info: DeviceInfo, fraction: float | None) -> TrialResult:
+def _run_probe(config: RunConfig, info: DeviceInfo, fraction: float | None,
+               cancelled: Callable[[], bool]) -> TrialResult:
     precision = config.precisions[0]
     if config.isolation == "inline":
         from engine.trial import run_trial
@@ -212,7 +220,7 @@ def _run_probe(config: RunConfig, info: DeviceInfo, fraction: float | None) -> T
 
             torch.cuda.set_per_process_memory_fraction(fraction, info.index)
         try:
-            return run_trial(config, precision, info, lambda _: None, lambda: False)
+            return run_trial(config, precision, info, lambda _: None, cancelled)
         finally:
             if fraction is not None:
                 torch.cuda.set_per_process_memory_fraction(1.0, info.index)
@@ -222,13 +230,19 @@ def _run_probe(config: RunConfig, info: DeviceInfo, fraction: float | None) -> T
                         name=f"ampscope-fit-{precision}-{config.batch_size}", daemon=True)
     child.start()
     result = None
-    while result is None:
-        try:
-            result = out.get(timeout=0.2)
-        except queue.Empty:
-            if not child.is_alive():
-                break
-    child.join()
+    try:
+        while result is None and not cancelled():
+            try:
+                result = out.get(timeout=0.2)
+            except queue.Empty:
+                if not child.is_alive():
+                    break
+    finally:  # a stop (or Ctrl-C) ends the probe now: it would only measure more
+        if result is None and child.is_alive():
+            child.kill()
+        child.join()
+    if cancelled():
+        raise FitCancelled
     if result is not None:
         return result
     if child.exitcode == -9:
@@ -254,7 +268,8 @@ def budget_for(config: FitConfig, info: DeviceInfo) -> int:
 
 
 def fit_precision(config: FitConfig, precision: str, info: DeviceInfo, budget: int,
-                  on_probe: Callable[[str, FitProbe], None] = lambda *_: None) -> FitResult:
+                  on_probe: Callable[[str, FitProbe], None] = lambda *_: None,
+                  cancelled: Callable[[], bool] = lambda: False) -> FitResult:
     """Search the largest batch of ``precision`` within ``budget`` bytes."""
     unsupported = info.unsupported_reason(precision)
     method = ("torch.cuda.max_memory_allocated over the measured steps" if info.kind == "cuda"
@@ -269,7 +284,9 @@ def fit_precision(config: FitConfig, precision: str, info: DeviceInfo, budget: i
     def fits(batch: int) -> bool:
         if failure:  # an error that is not about memory ends the search
             return False
-        result = _run_probe(config.run_config(batch, precision), info, fraction)
+        result = _run_probe(config.run_config(batch, precision), info, fraction, cancelled)
+        if cancelled():
+            raise FitCancelled
         probe = _probe_result(result, batch, budget, info.kind)
         probes[batch] = probe
         on_probe(precision, probe)
@@ -307,14 +324,15 @@ def _is_oom(result: TrialResult) -> bool:
     return "can't allocate memory" in (result.reason or "")
 
 
-def run_fit(config: FitConfig, on_probe: Callable[[str, FitProbe], None] = lambda *_: None
-            ) -> tuple[int, list[FitResult]]:
-    """(budget bytes, one result per precision); ``ValueError`` on bad input first."""
+def run_fit(config: FitConfig, on_probe: Callable[[str, FitProbe], None] = lambda *_: None,
+            cancelled: Callable[[], bool] = lambda: False) -> tuple[int, list[FitResult]]:
+    """(budget bytes, one result per precision); ``ValueError`` on bad input first,
+    ``FitCancelled`` when ``cancelled()`` turns true during the search."""
     from engine.runner import preflight
 
     info = preflight(config.run_config(1, config.precisions[0]))
     budget = budget_for(config, info)
-    return budget, [fit_precision(config, p, info, budget, on_probe)
+    return budget, [fit_precision(config, p, info, budget, on_probe, cancelled)
                     for p in config.precisions]
 
 

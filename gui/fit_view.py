@@ -43,6 +43,7 @@ class FitWorker(QObject):
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -50,15 +51,19 @@ class FitWorker(QObject):
     def start(self, config: FitConfig) -> None:
         if self.is_running():
             raise RuntimeError("a batch search is already running")
+        self._stop.clear()
         self._thread = threading.Thread(target=self._run, args=(config,), name="ampscope-fit",
                                         daemon=True)
         self._thread.start()
 
     def _run(self, config: FitConfig) -> None:
-        from engine.fit import run_fit
+        from engine.fit import FitCancelled, run_fit
 
         try:
-            budget, results = run_fit(config, self.probe.emit)
+            budget, results = run_fit(config, self.probe.emit, self._stop.is_set)
+        except FitCancelled:
+            self.errored.emit("stopped before the search finished")
+            return
         except ValueError as exc:
             self.errored.emit(str(exc))
             return
@@ -66,6 +71,10 @@ class FitWorker(QObject):
             self.errored.emit(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
             return
         self.finished.emit(budget, results)
+
+    def stop(self) -> None:
+        """End the search: the running probe's process is ended, nothing is reported."""
+        self._stop.set()
 
     def join(self, timeout_s: float | None = None) -> bool:
         if self._thread is not None:

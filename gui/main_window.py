@@ -458,6 +458,8 @@ class MainWindow(QMainWindow):
             self.worker.stop()
             self.worker.join()
         self.lab_worker.join()  # the lab cannot be interrupted; it takes seconds
+        self.fit_view.worker.stop()  # ends the running probe's process
+        self.fit_view.worker.join()
         store = settings.open_settings()
         store.setValue("window/geometry", self.saveGeometry())
         store.setValue("window/state", self.saveState())

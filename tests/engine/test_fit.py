@@ -125,3 +125,38 @@ def test_fit_on_cuda_emulates_a_smaller_card():
         if best < 64:
             nxt = probes[best + 1]
             assert not nxt["fits"] and (nxt["status"] == "oom" or nxt["peak_bytes"] > budget)
+
+
+def _is_probe(process) -> bool:
+    import psutil
+
+    try:
+        return "spawn_main" in " ".join(process.cmdline())
+    except psutil.Error:  # it ended meanwhile
+        return False
+
+
+def test_ctrl_c_stops_the_search_and_its_probe_process():
+    import signal
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "main.py", "fit", "--model", "tiny", "--precision", "fp32",
+         "--seq-len", "32", "--memory-budget", "1GiB", "--device", "cpu"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    parent = psutil.Process(proc.pid)
+    children = []
+    while not children and proc.poll() is None:  # wait for the first probe's process
+        children = [c for c in parent.children(recursive=True) if _is_probe(c)]
+        time.sleep(0.1)
+    assert children, "no probe process started"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        "ampscope: fit stopped by the user before it finished: no batch reported")
+    assert "Traceback" not in err and out == ""
+    for child in children:
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
