@@ -181,6 +181,7 @@ class KernelView(QWidget):
             for col, item in enumerate(cells):
                 self.ops.setItem(row, col, item)
         self.ops.setSortingEnabled(True)
+        self.ops.sortItems(OP_HEADERS.index("Self ms"), Qt.SortOrder.DescendingOrder)
         self.kernels.setVisible(bool(ps.kernels))
         for row, k in enumerate(ps.kernels):
             tc = "n/a (not a matmul)" if k.tensor_core is None else ("yes" if k.tensor_core

@@ -4,7 +4,7 @@ import json
 import math
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QFileDialog
 
 from gui.main_window import MainWindow
@@ -57,6 +57,15 @@ def test_traced_run_from_the_menu_fills_the_kernels_tab(qtbot, window, tmp_path,
     assert ("aten::mm", "bfloat16") in rows
     shares = [view.ops.item(r, 5).text() for r in range(view.ops.rowCount())]
     assert all(s.endswith("%") for s in shares)
+    # most time first, and a click on a header sorts by its numbers
+    ms = [float(view.ops.item(r, 4).text()) for r in range(view.ops.rowCount())]
+    assert ms == sorted(ms, reverse=True)
+    header = view.ops.horizontalHeader()
+    qtbot.mouseClick(header.viewport(), Qt.MouseButton.LeftButton,
+                     pos=header.rect().topLeft() + QPoint(header.sectionViewportPosition(3) + 5,
+                                                          5))
+    calls = [int(view.ops.item(r, 3).text()) for r in range(view.ops.rowCount())]
+    assert calls in (sorted(calls), sorted(calls, reverse=True))
 
 
 def test_fit_view_validates_the_budget_inline(qtbot, window):
