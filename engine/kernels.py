@@ -54,14 +54,16 @@ _DTYPE_NAMES = {
 _FLOATING = ("float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 # Kernel names that run on Tensor Cores: MMA instruction families (HMMA/IMMA, Hopper's
-# wgmma, the xmma/cutlass templates cuBLAS uses) or a GEMM tile name with a half,
-# 8-bit or TF32 input type. SIMT templates and gemv kernels do not.
+# wgmma, Blackwell's tcgen05), cuBLAS's Hopper GEMM family nvjet (warpgroup MMA), tile
+# names such as s16816, or a GEMM/xmma/cutlass/attention kernel whose name carries a
+# half, 8-bit or TF32 input type ("xmma_gemm_f32f32_f32f32" is plain fp32: not TC).
+# SIMT templates and gemv kernels do not. A name is the only evidence a trace has.
 _TENSOR_CORE = re.compile(
-    r"wgmma|hmma|imma|xmma|tensorop|s16816|s1688|h16816|h1688|i16832|i8816|"
-    r"(gemm|cutlass|flash|fmha).*(f16|bf16|fp16|half|e4m3|e5m2|tf32|i8)|"
+    r"wgmma|hmma|imma|tcgen05|nvjet|tensorop|s16816|s1688|h16816|h1688|i16832|i8816|"
+    r"(gemm|xmma|cutlass|flash|fmha).*(f16|bf16|fp16|half|e4m3|e5m2|tf32|i8)|"
     r"(f16|bf16|fp16|half|e4m3|e5m2|tf32).*(gemm|cutlass)", re.IGNORECASE)
 _NOT_TENSOR_CORE = re.compile(r"simt|gemv|dot_kernel|sgemm(?!.*tf32)|dgemm", re.IGNORECASE)
-_MATMUL_KERNEL = re.compile(r"gemm|xmma|wgmma|cutlass|matmul|fmha|flash|attention",
+_MATMUL_KERNEL = re.compile(r"gemm|xmma|wgmma|nvjet|cutlass|matmul|fmha|flash|attention",
                             re.IGNORECASE)
 
 

@@ -152,9 +152,10 @@ def test_tensor_core_names():
           "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn>",
           "ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn",
           "sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4",
-          "nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNT wgmma"]
+          "nvjet_sm90_hss_320x128_64x3_2x1_v_bz_coopA_NNT"]
     off = ["ampere_sgemm_128x64_nn", "void gemv2T_kernel_val<int, int, float, float>",
            "cutlass_80_simt_sgemm_128x128_8x4_nn_align1",
+           "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_stage3",
            "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernel>"]
     assert all(tensor_core_kernel(n) for n in on)
     assert not any(tensor_core_kernel(n) for n in off)
