@@ -149,7 +149,7 @@ def search(fits: Callable[[int], bool], max_batch: int) -> int | None:
     return lo
 
 
-def linear_fit(probes: list[FitProbe], budget_gib_list=CARDS_GIB
+def linear_fit(probes: list[FitProbe], cards_gib: tuple[int, ...] = CARDS_GIB
                ) -> tuple[float | None, float | None, tuple[int, ...], list[CardFit]]:
     """Per-sample slope and fixed part from the two largest fitting probes; batch per card."""
     ok = {p.batch_size: p.peak_bytes for p in probes if p.fits and p.peak_bytes is not None}
@@ -159,7 +159,7 @@ def linear_fit(probes: list[FitProbe], budget_gib_list=CARDS_GIB
     slope = (ok[b2] - ok[b1]) / (b2 - b1)
     fixed = ok[b1] - slope * b1
     cards = []
-    for gib in budget_gib_list:
+    for gib in cards_gib:
         if slope <= 0:
             cards.append(CardFit(gib, None))
         else:
