@@ -160,3 +160,22 @@ def test_ctrl_c_stops_the_search_and_its_probe_process():
     assert "Traceback" not in err and out == ""
     for child in children:
         assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_fit_text_names_the_prediction_and_the_method():
+    from engine.fit import FitResult, format_fit
+
+    probes = [FitProbe(b, fits, "ok", None if fits else "over", peak, "the method", 100.0 * b,
+                       peak + 2**20) for b, fits, peak in
+              [(1, True, 300 * 2**20), (2, True, 400 * 2**20), (4, False, 600 * 2**20),
+               (3, True, 500 * 2**20)]]
+    slope, fixed, line, cards = linear_fit(probes)
+    result = FitResult("bf16-amp", 550 * 2**20, 3, None, 500 * 2**20, "the method", 300.0,
+                       501 * 2**20, probes, slope, fixed, line, cards, "prediction note")
+    text = format_fit(550 * 2**20, [result])
+    row = next(line for line in text.splitlines() if line.startswith("bf16-amp "))
+    assert row.split()[:9] == ["bf16-amp", "3", "500.0", "MiB", "501.0", "MiB", "300", "1", "2"]
+    assert row.rstrip().endswith("1 2 4x 3")
+    assert "memory: the method" in text and "PREDICTION" in text
+    cards_row = [line for line in text.splitlines() if line.startswith("bf16-amp ")][1]
+    assert cards_row.split()[1:] == [str((g * 1024 - 200) // 100) for g in CARDS_GIB]
