@@ -303,6 +303,9 @@ def fit_precision(config: FitConfig, precision: str, info: DeviceInfo, budget: i
     if line and info.kind != "cuda":
         note += ("; measured on the CPU: a GPU also needs its CUDA context and allocator "
                  "reserve, and may use kernels with other workspaces")
+    elif line:
+        note += ("; torch's allocated bytes: the CUDA context and the allocator's reserve "
+                 "come on top on a real card")
     if failure:
         return FitResult(precision, budget, None, failure[0], None, method, None, None,
                          ordered, slope, fixed, line, cards, note)
