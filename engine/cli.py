@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "snapshot (<precision>.memory.pickle, pytorch.org/memory_viz)")
     prof.add_argument("--no-kernel-profile", action="store_true",
                       help="skip the extra profiled step (kernel time by dtype)")
+    from engine.distributed.cli_args import add_distributed_args
+
+    add_distributed_args(prof)
 
     foot = sub.add_parser("footprint", help="load footprint of each precision (no training)")
     _add_model_args(foot, "fp32,fp16,bf16,int8,nf4")
@@ -128,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _profile(args) -> int:
     from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
+    from engine.distributed.cli_args import distributed_config
     from engine.gpm import format_gpm
     from engine.kernels import format_profiled
     from engine.report.writer import check_writable, write_report
@@ -142,6 +146,7 @@ def _profile(args) -> int:
         device=args.device, isolation=args.isolation, seed=args.seed,
         trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
         profile_step=not args.no_kernel_profile, trace_dir=_trace_dir(args),
+        **distributed_config(args),
     )
     if args.out:
         check_writable(args.out)
@@ -157,8 +162,8 @@ def _profile(args) -> int:
         from engine.events import to_dict
         from engine.numerics.lab import run_lab
 
-        record.numerics = run_lab(config.model, config.precisions[0], config.device,
-                                  config.batch_size, config.seq_len, config.seed,
+        record.numerics = run_lab(config.model, config.precisions[0].partition("@")[0],
+                                  config.device, config.batch_size, config.seq_len, config.seed,
                                   trials=[to_dict(t) for t in record.trials],
                                   loss_scale=config.init_scale,
                                   trust_remote_code=config.trust_remote_code)
@@ -167,6 +172,10 @@ def _profile(args) -> int:
             print(f"advisor: {advice['recommended']}")
     verdict = speed_verdict(record.trials)
     print(format_table(comparison_rows(record, verdict)))
+    if config.strategy != "none":
+        from engine.distributed.summary_text import distributed_lines
+
+        print(*distributed_lines(record), sep="\n")
     reason = baseline_reason(record)
     if reason:
         print(f"note: {reason}")

@@ -426,7 +426,8 @@ def format_profiled(trials) -> str:
     for t in rows:
         ps = t.profiled_step
         if ps is None:
-            lines.append(f"{t.precision:<10} n/a: {t.profiled_step_reason}")
+            lines.append(f"{t.precision:<10} n/a: "
+                         f"{t.profiled_step_reason or 'this kind of trial has no profiled step'}")
             continue
         mm = ", ".join(f"{_pct(v)} {k}" for k, v in ps.matmul_share_by_dtype.items()) or "none"
         lines.append(f"{t.precision:<10} {ps.step_ms:>7.1f} ms  {mm:<28} "
