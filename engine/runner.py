@@ -95,6 +95,8 @@ class Runner:
         quiet_libraries()
         self._emit(RunStarted(uuid.uuid4().hex[:12], self.config.to_dict(), collect(info),
                               time.time()))
+        if info.fallback_reason:  # e.g. a driver too old for this torch: say why not the GPU
+            self._emit(LogEvent("warning", info.fallback_reason, None, time.time()))
         monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz)
         monitor.start()
         try:
