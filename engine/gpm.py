@@ -54,9 +54,9 @@ class GpmWindow:
         if cc is not None and tuple(cc) < (9, 0):
             return (f"{NEEDS}: {info.name} is compute capability {cc[0]}.{cc[1]}; GPM starts "
                     "with Hopper (9.0)")
-        self._handle = nvml.handle(info.index)
+        self._handle = info.nvml_handle()
         if self._handle is None:
-            return f"{NEEDS}: NVML has no handle for GPU {info.index}"
+            return f"{NEEDS}: NVML does not find GPU {info.index} by its UUID or PCI bus id"
         try:
             support = _lib().nvmlGpmQueryDeviceSupport(self._handle)
         except Exception as exc:  # NVMLError_NotSupported, NoPermission, an old driver

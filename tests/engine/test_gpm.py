@@ -81,7 +81,7 @@ class _FakeGpmLib:
 @pytest.fixture
 def fake_nvml(monkeypatch):
     monkeypatch.setattr(nvml, "available", lambda: True)
-    monkeypatch.setattr(nvml, "handle", lambda index: object())
+    monkeypatch.setattr(nvml, "handle_for", lambda uuid, bus_id=None: object())
 
     def install(lib):
         monkeypatch.setattr(gpm, "_lib", lambda: lib)
