@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
@@ -68,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="after the trials, run the numerics lab on the first precision and "
                            "add it (with advice citing the trials) to the report")
     prof.add_argument("--quiet", action="store_true", help="no progress display")
+    prof.add_argument("--trace", metavar="DIR",
+                      help="write each precision's profiled step as a Chrome trace "
+                           "(<precision>.trace.json, opens in Perfetto) and, on CUDA, a memory "
+                           "snapshot (<precision>.memory.pickle, pytorch.org/memory_viz)")
+    prof.add_argument("--no-kernel-profile", action="store_true",
+                      help="skip the extra profiled step (kernel time by dtype)")
     from engine.distributed.cli_args import add_distributed_args
 
     add_distributed_args(prof)
@@ -86,6 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     num.add_argument("--json", action="store_true", help="print JSON")
     num.add_argument("--out", help="also write a report (.json or .html) with the numerics")
     num.epilog = "--precision takes one precision here"
+
+    fit = sub.add_parser("fit", help="largest micro-batch per precision within a memory budget")
+    _add_model_args(fit, "fp32,bf16-amp,fp16-amp")
+    fit.add_argument("--seq-len", type=int, default=128)
+    fit.add_argument("--memory-budget", help="e.g. 24GiB; on CUDA defaults to the GPU's "
+                     "memory (a smaller one emulates a smaller card); required on the CPU")
+    fit.add_argument("--max-batch", type=int, default=1024, help="largest batch to try")
+    fit.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    fit.add_argument("--isolation", default="process", choices=("process", "inline"),
+                     help="each probe in a child process (default) or in this one")
+    fit.add_argument("--json", action="store_true", help="print JSON")
+    fit.add_argument("--quiet", action="store_true", help="no progress display")
     return parser
 
 
@@ -100,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
-                   "numerics": _numerics}[args.command]
+                   "numerics": _numerics, "fit": _fit}[args.command]
         return handler(args)
     except ValueError as exc:
         print(f"ampscope: error: {exc}", file=sys.stderr)
@@ -113,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
 def _profile(args) -> int:
     from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
     from engine.distributed.cli_args import distributed_config
+    from engine.gpm import format_gpm
+    from engine.kernels import format_profiled
     from engine.report.writer import check_writable, write_report
     from engine.runner import Runner
 
@@ -124,6 +145,7 @@ def _profile(args) -> int:
         init_scale=args.init_scale, growth_interval=args.growth_interval, lora_r=args.lora_r,
         device=args.device, isolation=args.isolation, seed=args.seed,
         trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
+        profile_step=not args.no_kernel_profile, trace_dir=_trace_dir(args),
         **distributed_config(args),
     )
     if args.out:
@@ -159,10 +181,34 @@ def _profile(args) -> int:
         print(f"note: {reason}")
     print(f"speed: {verdict.text}" + (f"\n  suggestion: {verdict.suggestion}"
                                        if verdict.suggestion else ""))
+    for text in (format_profiled(record.trials), format_gpm(record.trials)):
+        if text:
+            print(text)
+    if args.trace:
+        files = [f for t in record.trials if t.profiled_step
+                 for f in (t.profiled_step.trace_file, t.profiled_step.memory_snapshot_file) if f]
+        print(f"traces written to {args.trace}: {', '.join(os.path.basename(f) for f in files)}"
+              if files else f"no trace written to {args.trace}: no profiled step ran")
     if args.out:
         write_report(record, args.out)
         print(f"report written to {args.out}")
     return 0
+
+
+def _trace_dir(args) -> str | None:
+    """The --trace folder, made now so a bad path fails before the run."""
+    if not args.trace:
+        return None
+    if args.no_kernel_profile:
+        raise ValueError("--trace writes the profiled step: leave out --no-kernel-profile")
+    try:
+        os.makedirs(args.trace, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the trace folder {args.trace}: {exc.strerror}: "
+                         "pick another --trace folder") from None
+    if not os.access(args.trace, os.W_OK):
+        raise ValueError(f"the trace folder {args.trace} is not writable: pick another --trace")
+    return os.path.abspath(args.trace)
 
 
 def _stop(runner, previous) -> None:
@@ -317,4 +363,44 @@ def _numerics(args) -> int:
                            numerics=result, status="ok")
         write_report(record, args.out)
         print(f"report written to {args.out}")
+    return 0
+
+
+# --- fit ---------------------------------------------------------------------------
+
+
+def _fit(args) -> int:
+    import dataclasses
+
+    from engine.fit import (
+        FitCancelled,
+        FitConfig,
+        format_fit,
+        format_probe,
+        parse_bytes,
+        run_fit,
+    )
+
+    budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
+    config = FitConfig(model=args.model, precisions=parse_precisions(args.precision),
+                       seq_len=args.seq_len, memory_budget_bytes=budget, device=args.device,
+                       max_batch=args.max_batch, optimizer=args.optimizer,
+                       isolation=args.isolation, seed=args.seed,
+                       trust_remote_code=args.trust_remote_code)
+
+    def progress(precision, probe) -> None:
+        if not args.quiet:
+            print(format_probe(precision, probe), file=sys.stderr, flush=True)
+
+    try:
+        budget, results = run_fit(config, progress)
+    except (KeyboardInterrupt, FitCancelled):
+        print("ampscope: fit stopped by the user before it finished: no batch reported",
+              file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps({"budget_bytes": budget,
+                          "results": [dataclasses.asdict(r) for r in results]}, indent=2))
+    else:
+        print(format_fit(budget, results))
     return 0

@@ -45,6 +45,8 @@ class ComparisonRow:
     memory_saving_vs_fp32: float | None  # fraction: 1 - peak / fp32 peak
     skipped_steps: int | None
     final_loss_diff_vs_fp32: float | None  # final loss minus fp32's final loss
+    # GPU energy per token over fp32's (NVML energy counter); None without a counter
+    energy_per_token_vs_fp32: float | None = None
 
 
 def baseline_trial(record: RunRecord) -> TrialResult | None:
@@ -111,6 +113,8 @@ def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) ->
         memory_saving_vs_fp32=None if peak_share is None else 1.0 - peak_share,
         skipped_steps=s.skipped_steps if s else None,
         final_loss_diff_vs_fp32=loss_diff,
+        energy_per_token_vs_fp32=_ratio(s.energy_per_token_j if s else None,
+                                        b.energy_per_token_j if b else None),
     )
 
 
@@ -332,6 +336,7 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
     ("memory_saving_vs_fp32", "Memory saved vs fp32", _percent),
     ("skipped_steps", "Skipped steps", lambda v: f"{v:d}"),
     ("final_loss_diff_vs_fp32", "Final loss vs fp32", lambda v: f"{v:+.4f}"),
+    ("energy_per_token_vs_fp32", "Energy/token vs fp32", lambda v: f"{v:.2f}x"),
     ("reason", "Reason", str),
 ]
 """(row field, header, formatter of a non-None value), in display order."""

@@ -78,6 +78,8 @@ class RunConfig:
     seed: int = 0
     trust_remote_code: bool = False
     monitor_hz: float = 10.0
+    profile_step: bool = True  # one extra step under torch.profiler after the measured ones
+    trace_dir: str | None = None  # where that step's Chrome trace (and CUDA snapshot) go
     strategy: str = "none"
     nproc_per_node: int = 1
     torchrun_args: tuple[str, ...] = ()

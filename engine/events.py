@@ -278,6 +278,84 @@ class TrialSummary:
 
 
 @dataclass(frozen=True)
+class OpTime:
+    """Self time of one aten op with one input dtype in the profiled step."""
+
+    op: str  # profiler name, e.g. "aten::addmm"
+    dtype: str  # the op's first floating-point input dtype ("-" if none)
+    category: str  # matmul, elementwise/normalisation, copy/cast, optimizer, GradScaler, ...
+    calls: int
+    self_ms: float  # CPU self time on the CPU, launched kernels' device time on a GPU
+    step_share: float | None  # of the profiled step's time
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One GPU kernel name launched by one op in the profiled step."""
+
+    name: str
+    op: str
+    dtype: str
+    calls: int
+    ms: float
+    tensor_core: bool | None  # None: not a matmul kernel
+
+
+@dataclass(frozen=True)
+class GemmShapeTime:
+    """A GEMM shape of the profiled step whose M, N or K is off the Tensor Core multiple."""
+
+    op: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    calls: int
+    ms: float
+    tensor_core: bool | None  # GPU: did all its kernels run on Tensor Cores; None on the CPU
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProfiledStep:
+    """One extra step under torch.profiler, never counted among the measured steps."""
+
+    time_basis: str  # what an op's time and the step's time are
+    step_ms: float
+    category_ms: dict = field(default_factory=dict)  # category -> ms
+    category_share: dict = field(default_factory=dict)  # category -> share of step_ms
+    matmul_share_by_dtype: dict = field(default_factory=dict)  # dtype -> share of step_ms
+    ops: list[OpTime] = field(default_factory=list)  # most time first
+    kernels: list[KernelTime] = field(default_factory=list)  # GPU only
+    idle_gap_ms: float | None = None  # GPU: time in the step with no kernel running
+    idle_gap_share: float | None = None
+    idle_gap_reason: str | None = None
+    tensor_core_share: float | None = None  # of matmul kernel time, by kernel names
+    tensor_core_reason: str | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_method: str = ""
+    dtype_method: str = ""
+    trace_file: str | None = None  # Chrome trace JSON of this step, when asked for
+    memory_snapshot_file: str | None = None  # CUDA allocator snapshot, when asked for
+    odd_gemms: list[GemmShapeTime] = field(default_factory=list)  # most time first
+
+
+@dataclass(frozen=True)
+class GpmMetrics:
+    """NVML GPM rates over a window (Hopper and newer); all None with ``reason`` elsewhere."""
+
+    tensor_any_util_pct: float | None = None  # SMs doing any tensor (MMA) work
+    tensor_hmma_util_pct: float | None = None  # half-precision MMA (fp16/bf16/tf32)
+    tensor_imma_util_pct: float | None = None  # integer MMA
+    sm_util_pct: float | None = None  # SMs busy
+    sm_occupancy_pct: float | None = None  # active warps vs the maximum
+    dram_bw_util_pct: float | None = None  # DRAM bandwidth used vs the maximum
+    window_s: float | None = None
+    window: str = ""
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class CommVolume:
     """Payload bytes of one collective in one dtype per optimiser step (largest buffer)."""
 
@@ -370,6 +448,9 @@ class TrialResult:
     lora: dict | None = None  # r, alpha, dropout, target_modules, trainable counts
     started_s: float = 0.0
     finished_s: float = 0.0
+    profiled_step: ProfiledStep | None = None
+    profiled_step_reason: str | None = None
+    gpm: GpmMetrics | None = None
     ranks: list[RankResult] = field(default_factory=list)  # distributed trials only
     distributed: DistributedSummary | None = None
 

@@ -19,6 +19,9 @@ def quiet_libraries() -> None:
     # read by transformers and huggingface_hub when they are imported
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # read when torch.profiler first starts: kineto's stage and USDT lines on stderr
+    # (profiler_start / profiler_stop) at each profiled step
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     if "transformers" in sys.modules:  # imported already: the variables above came too late

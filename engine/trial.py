@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch.profiler import record_function
 
 from engine import flops as flops_mod
 from engine import inventory, memtrack, nvml
@@ -21,15 +22,19 @@ from engine.config import RunConfig
 from engine.device import DeviceInfo
 from engine.events import (
     FlopsInfo,
+    GpmMetrics,
     LogEvent,
     MemoryBreakdown,
     ModuleInfo,
     ParamInfo,
     PredictedMemory,
+    ProfiledStep,
     StepSample,
     TrialResult,
     TrialSummary,
 )
+from engine.gpm import GpmWindow
+from engine.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_bytes, profile_step
 from engine.memory_model import predict_memory, with_errors
 from engine.memory_model import shape_of as memory_shape
 from engine.models import dims, load_config, load_model, make_batches, resolve_source
@@ -114,6 +119,9 @@ class _State:
     flops: FlopsInfo | None = None
     steps: list[StepSample] = field(default_factory=list)
     peak: object = None
+    profiled: ProfiledStep | None = None
+    profiled_reason: str | None = None
+    gpm: GpmMetrics | None = None
     compiled: bool | None = None  # None until the trial decided (it may never run)
     notes: list[str] = field(default_factory=list)
     nvml_baseline_bytes: int | None = None  # device-wide used memory before the trial
@@ -146,6 +154,10 @@ class _State:
             lora=self.lora,
             started_s=self.started_s,
             finished_s=time.time(),
+            profiled_step=self.profiled,
+            gpm=self.gpm,
+            profiled_step_reason=None if self.profiled else (
+                self.profiled_reason or "the trial ended before its measured steps finished"),
         )
 
     def _summary(self) -> TrialSummary:
@@ -297,8 +309,10 @@ def _measure(state: _State, emit, cancelled) -> bool:
                                           device.type))
     step_model = torch.compile(model) if state.compiled else model
     alloc = AllocatorTracker(device)
+    gpm = GpmWindow(info)
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
-                           cancelled)
+                           cancelled, gpm)
+    state.gpm = gpm.stop()
     if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
         return True
     measured = _tracked_step(state, model, optimizer, scaler, batches)
@@ -307,7 +321,34 @@ def _measure(state: _State, emit, cancelled) -> bool:
     predicted = predict_memory(rec, config.optimizer, shape, config.batch_size, config.seq_len,
                                config.grad_checkpointing, device.type)
     state.predicted = with_errors(predicted, state.memory)
+    if not config.profile_step:
+        state.profiled_reason = "turned off (--no-kernel-profile)"
+    elif not cancelled():
+        _profiled_step(state, step_model, params, optimizer, scaler, batches, log)
     return False
+
+
+def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log) -> None:
+    """One extra step under torch.profiler after the measured ones; it counts for nothing
+    else. A failure here costs only the kernel table, never the trial."""
+    config, rec = state.config, state.rec
+    device = state.device_info.torch_device
+    i = config.warmup + config.steps
+    trace = snapshot = None
+    if config.trace_dir:
+        os.makedirs(config.trace_dir, exist_ok=True)
+        trace = os.path.join(config.trace_dir, f"{rec.precision}.trace.json")
+        if device.type == "cuda":
+            snapshot = os.path.join(config.trace_dir, f"{rec.precision}.memory.pickle")
+    live = live_tensor_bytes(list(model.parameters()), list(model.buffers()),
+                             list(optimizer.state.values()), batches)
+    try:
+        state.profiled = profile_step(
+            lambda: _step(config, rec, device, model, params, optimizer, scaler, batches, i),
+            device, live, trace, snapshot)
+    except Exception as exc:
+        state.profiled_reason = f"the profiled step failed: {type(exc).__name__}: {exc}"
+        log(state.profiled_reason, "warning")
 
 
 def _probe(state: _State, loaded, batch: dict) -> None:
@@ -367,8 +408,39 @@ def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
     return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
 
 
+def _step(config: RunConfig, rec: Recipe, device: torch.device, model, params, optimizer,
+          scaler, batches, i: int):
+    """One optimiser step; the named ranges let the profiled step attribute its time."""
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(config.grad_accum):
+        batch = batches[(i * config.grad_accum + micro) % len(batches)]
+        with autocast_for(rec, device):
+            loss = model(**batch).loss / config.grad_accum
+        (scaler.scale(loss) if scaler else loss).backward()
+        loss_sum += loss.detach().float()
+    scale_before = scale_after = None
+    if scaler:
+        with record_function(SCALER_RANGE):
+            scaler.unscale_(optimizer)
+        # the scale as a device tensor: read after the step, so no extra host sync now
+        scale_before = scaler._get_scale_async().clone()
+    with record_function(GRAD_NORM_RANGE):
+        # the norm only: clip_grad_norm_ would also rewrite every gradient
+        grad_norm = torch.nn.utils.get_total_norm(
+            [p.grad for p in params if p.grad is not None])
+    if scaler:
+        with record_function(SCALER_RANGE):
+            scaler.step(optimizer)
+            scaler.update()
+        scale_after = scaler._get_scale_async().clone()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm, scale_before, scale_after
+
+
 def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc, emit,
-                 cancelled) -> bool:
+                 cancelled, gpm: GpmWindow) -> bool:
     """Warm-up and measured steps; each step is read back while the next one runs."""
     config, rec = state.config, state.rec
     device = state.device_info.torch_device
@@ -380,32 +452,13 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
         for i in range(config.warmup + config.steps):
             if cancelled():
                 return True
-            if i == config.warmup:
+            if i == config.warmup:  # GPM's and the energy counter's window: measured steps
+                gpm.start()
                 energy.begin()
             alloc.start()
             timer.start()
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(config.grad_accum):
-                batch = batches[(i * config.grad_accum + micro) % len(batches)]
-                with autocast_for(rec, device):
-                    loss = model(**batch).loss / config.grad_accum
-                (scaler.scale(loss) if scaler else loss).backward()
-                loss_sum += loss.detach().float()
-            scale_before = scale_after = None
-            if scaler:
-                scaler.unscale_(optimizer)
-                # the scale as a device tensor: read after the step, so no extra host sync now
-                scale_before = scaler._get_scale_async().clone()
-            # the norm only: clip_grad_norm_ would also rewrite every gradient
-            grad_norm = torch.nn.utils.get_total_norm(
-                [p.grad for p in params if p.grad is not None])
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-                scale_after = scaler._get_scale_async().clone()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss_sum, grad_norm, scale_before, scale_after = _step(
+                config, rec, device, model, params, optimizer, scaler, batches, i)
             mark = timer.stop()
             scalars = readback.push([loss_sum, grad_norm, scale_before, scale_after])
             allocated, reserved = alloc.sample(measured=i >= config.warmup)

@@ -46,8 +46,10 @@ from gui.chart_export import export_chart
 from gui.compare_view import CompareView
 from gui.config_panel import ConfigPanel
 from gui.device_status import DeviceStatus
+from gui.fit_view import FitView
 from gui.history import HistoryError, HistoryStore
 from gui.history_view import HistoryView
+from gui.kernel_view import KernelView
 from gui.live_charts import CHARTS, LiveCharts
 from gui.model_view import ModelView
 from gui.numerics_view import NumericsView
@@ -138,6 +140,10 @@ class MainWindow(QMainWindow):
         self.lab_worker.finished.connect(self._on_lab_finished)
         self.lab_worker.errored.connect(self._on_lab_errored)
         self.tabs.addTab(self.numerics_view, "Numerics")
+        self.kernel_view = KernelView()
+        self.tabs.addTab(self.kernel_view, "Kernels")
+        self.fit_view = FitView(self.config_panel.form_values)
+        self.tabs.addTab(self.fit_view, "Fit")
         self.setCentralWidget(self.tabs)
 
         self.run_progress = QProgressBar()
@@ -189,7 +195,9 @@ class MainWindow(QMainWindow):
         start.triggered.connect(lambda: self.start_run())
         stop = QAction("&Stop", self)
         stop.triggered.connect(self.stop_run)
-        run_menu.addActions([start, stop])
+        traced = QAction("Run with &kernel traces…", self)
+        traced.triggered.connect(self._ask_traced_run)
+        run_menu.addActions([start, stop, traced])
 
     # --- running -----------------------------------------------------------------------
 
@@ -231,6 +239,20 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage("Starting the run…")
         self.setWindowTitle("AmpScope — new run")
         return True
+
+    def _ask_traced_run(self) -> None:
+        """Run the form's config, writing each profiled step's Chrome trace to a folder."""
+        folder = QFileDialog.getExistingDirectory(self, "Folder for the kernel traces")
+        if not folder:
+            return
+        try:
+            config = self.config_panel.config().replace(trace_dir=folder, profile_step=True)
+        except ValueError as exc:
+            self._log("error", str(exc))
+            return
+        if self.start_run(config):
+            self._log("info", f"profiled steps will be written to {folder} as "
+                      "<precision>.trace.json (open in ui.perfetto.dev)")
 
     def stop_run(self) -> None:
         if self.worker.is_running():
@@ -395,6 +417,7 @@ class MainWindow(QMainWindow):
     def _show_results(self, record: RunRecord) -> None:
         self.compare_view.show_record(record)
         self.model_view.show_record(record)
+        self.kernel_view.show_record(record)
 
     def show_record(self, record: RunRecord) -> None:
         """Show a finished run (opened report, history entry) in every view."""
@@ -520,6 +543,8 @@ class MainWindow(QMainWindow):
             self.worker.stop()
             self.worker.join()
         self.lab_worker.join()  # the lab cannot be interrupted; it takes seconds
+        self.fit_view.worker.stop()  # ends the running probe's process
+        self.fit_view.worker.join()
         store = settings.open_settings()
         store.setValue("window/geometry", self.saveGeometry())
         store.setValue("window/state", self.saveState())

@@ -330,6 +330,65 @@ def _summary(trial: TrialResult) -> str:
     ])
 
 
+def _pct_cell(share) -> str:
+    return NA if share is None else _e(f"{100 * share:.1f}%")
+
+
+def _gpm(trial: TrialResult) -> str:
+    g = trial.gpm
+    if g is None or g.reason:
+        return f"{NA}: {_e(g.reason if g else 'not sampled')}"
+    return _e(", ".join(
+        f"{label} {'n/a' if v is None else f'{v:.1f}%'}" for label, v in (
+            ("tensor pipes", g.tensor_any_util_pct), ("HMMA", g.tensor_hmma_util_pct),
+            ("IMMA", g.tensor_imma_util_pct), ("SM active", g.sm_util_pct),
+            ("DRAM bandwidth", g.dram_bw_util_pct))) + f" over {g.window}")
+
+
+def _kernel_time(trial: TrialResult) -> str:
+    ps = trial.profiled_step
+    if ps is None:
+        return f'<p class="na">n/a: {_e(trial.profiled_step_reason or "not profiled")}</p>'
+    idle = (_pct_cell(ps.idle_gap_share) if ps.idle_gap_share is not None
+            else f"{NA}: {_e(ps.idle_gap_reason)}")
+    tc = (_pct_cell(ps.tensor_core_share) if ps.tensor_core_share is not None
+          else f"{NA}: {_e(ps.tensor_core_reason)}")
+    out = _kv([
+        ("profiled step", f"{_e(f'{ps.step_ms:.2f} ms')} ({_e(ps.time_basis)})"),
+        ("matmul by dtype", ", ".join(f"{_pct_cell(v)} {_e(k)}"
+                                      for k, v in ps.matmul_share_by_dtype.items()) or NA),
+        *[(name, _pct_cell(share)) for name, share in ps.category_share.items()],
+        ("idle gaps between kernels", idle),
+        ("matmul time on Tensor Cores", tc),
+        ("peak memory", f"{_bytes(ps.peak_memory_bytes)} ({_e(ps.peak_memory_method)})"),
+        ("dtype of an op", _e(ps.dtype_method)),
+        ("Tensor Core activity (NVML GPM)", _gpm(trial)),
+    ])
+    rows = [[_e(o.op), _e(o.dtype), _e(o.category), _number(o.calls),
+             _e(f"{o.self_ms:.3f}"), _pct_cell(o.step_share)] for o in ps.ops]
+    out += (f"<details><summary>ops by self time ({len(rows)})</summary>"
+            f"{_table(['op', 'dtype', 'category', 'calls', 'ms', 'share'], rows, {3, 4, 5})}"
+            "</details>")
+    if ps.odd_gemms:
+        rows = [[_e(g.op), _e(g.dtype), _e(f"{g.m}x{g.n}x{g.k}"), _number(g.calls),
+                 _e(f"{g.ms:.3f}"),
+                 NA if g.tensor_core is None else _e("yes" if g.tensor_core else "no"),
+                 _e(g.reason)] for g in ps.odd_gemms]
+        out += (f"<details><summary>GEMM shapes off the Tensor Core multiple ({len(rows)})"
+                "</summary>"
+                + _table(["op", "dtype", "MxNxK", "calls", "ms", "on Tensor Cores", "why"], rows,
+                         {3, 4})
+                + "</details>")
+    if ps.kernels:
+        rows = [[_e(k.name), _e(k.op), _e(k.dtype), _number(k.calls), _e(f"{k.ms:.3f}"),
+                 NA if k.tensor_core is None else _e("yes" if k.tensor_core else "no")]
+                for k in ps.kernels]
+        out += (f"<details><summary>GPU kernels ({len(rows)})</summary>"
+                f"{_table(['kernel', 'op', 'dtype', 'calls', 'ms', 'Tensor Core'], rows, {3, 4})}"
+                "</details>")
+    return out
+
+
 def _spread_rows(s) -> list[tuple[str, str]]:
     sp = s.spread
     if sp is None:
@@ -402,6 +461,7 @@ def _trial(trial: TrialResult) -> str:
     parts.append(f"<div><h4>FLOPs per step</h4>{_flops(trial)}</div>")
     parts.append("</div>")
     parts.append(f"<h4>Memory: measured vs predicted</h4>{_memory(trial)}")
+    parts.append(f"<h4>Time by dtype: one extra profiled step</h4>{_kernel_time(trial)}")
     if trial.ranks:
         parts.append(_ranks(trial))
     if trial.dtype_map:
