@@ -9,7 +9,7 @@ the ``RunRecord``: a journal without ``RunFinished`` is an ``interrupted`` run w
 it measured. A torn last line (the process died mid-write) is ignored.
 
 Compactness: fields that are ``None`` are left out (the reader puts them back),
-monitor samples (the bulk of a run) use short keys and rounded times, and a finished
+monitor samples (the bulk of a run) use short keys and times to the millisecond, and a finished
 trial's steps are not written twice when they are the steps already journaled.
 """
 
@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
@@ -86,11 +87,9 @@ def _encode_monitor(m: MonitorSample) -> dict:
         value = getattr(m, name)
         if value is None:
             continue
-        if name == "time_s":
-            value = round(value, 3)
-        elif isinstance(value, float):
-            value = float(f"{value:.6g}")
-        out[short] = value
+        # times to the millisecond; values as measured (cumulative counters such as
+        # energy_j are read as differences, which rounding would destroy)
+        out[short] = round(value, 3) if name == "time_s" else value
     return out
 
 
@@ -359,3 +358,66 @@ def read_run(path: str | os.PathLike) -> RunRecord:
     from engine.report.json_io import read_json
 
     return read_json(path)
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """What History lists for a journaled run, read without parsing the whole file."""
+
+    run_id: str
+    path: Path
+    started_s: float
+    model: str
+    precisions: tuple[str, ...]
+    device: str
+    status: str  # the RunFinished status, or "interrupted"
+
+
+_TAIL_BYTES = 4096
+
+
+def journal_entry(path: Path) -> JournalEntry | None:
+    """The run a journal holds (from its first lines and its end); None if unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            head = [fh.readline() for _ in range(2)]
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - _TAIL_BYTES))
+            tail = fh.read().split(b"\n")
+        run = json.loads(head[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    if not isinstance(run, dict) or run.get("e") != "run" or not run.get("run_id"):
+        return None
+    status = "interrupted"
+    for line in reversed(tail):
+        if line.startswith(b'{"e":"end"'):
+            try:
+                status = json.loads(line).get("status", status)
+            except ValueError:
+                pass
+            break
+    config = run.get("config") or {}
+    device = (run.get("environment") or {}).get("device") or {}
+    return JournalEntry(
+        run_id=str(run["run_id"]),
+        path=Path(path),
+        started_s=float(run.get("time_s") or 0.0),
+        model=str(config.get("model", "")),
+        precisions=tuple(config.get("precisions") or ()),
+        device=str(device.get("description") or device.get("name")
+                   or config.get("device", "")),
+        status=status,
+    )
+
+
+def journal_entries(exclude: set[str] = frozenset()) -> list[JournalEntry]:
+    """Journaled runs whose id is not in ``exclude`` (the History database), newest first."""
+    entries = []
+    for path in journaled_runs():
+        if path.stem in exclude:
+            continue
+        entry = journal_entry(path)
+        if entry is not None and entry.run_id not in exclude:
+            entries.append(entry)
+    return sorted(entries, key=lambda e: e.started_s, reverse=True)

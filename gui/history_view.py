@@ -21,8 +21,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.journal import journal_entries, read_journal
 from engine.record import RunRecord
-from gui.history import HistoryStore, combine_trials
+from gui.history import HistoryEntry, HistoryStore, combine_trials
 from gui.palette import precision_color
 
 HEADERS = ("Run / trial", "Started", "Model", "Precisions", "Device", "Status")
@@ -59,7 +60,14 @@ class HistoryView(QWidget):
 
     def refresh(self) -> None:
         self.tree.clear()
-        for entry in self.store.list():
+        entries = self.store.list()
+        # runs the database does not hold (a window or CLI run that was killed, a CLI
+        # run) are read from their journals in the data folder
+        journaled = journal_entries({e.id for e in entries})
+        self._journals = {j.run_id: j.path for j in journaled}
+        entries += [HistoryEntry(j.run_id, j.started_s, j.model, j.precisions, j.device,
+                                 j.status) for j in journaled]
+        for entry in sorted(entries, key=lambda e: e.started_s, reverse=True):
             started = datetime.datetime.fromtimestamp(entry.started_s).strftime("%Y-%m-%d %H:%M")
             run = QTreeWidgetItem([entry.id, started, entry.model, ", ".join(entry.precisions),
                                    entry.device, entry.status])
@@ -99,12 +107,19 @@ class HistoryView(QWidget):
 
     # --- actions -----------------------------------------------------------------------
 
+    def _load(self, run_id: str) -> RunRecord:
+        if run_id in self._journals:
+            return read_journal(self._journals[run_id])
+        return self.store.load(run_id)
+
     def open_run(self, run_id: str) -> RunRecord:
-        record = self.store.load(run_id)
+        record = self._load(run_id)
         self.open_requested.emit(record)
         return record
 
     def delete_run(self, run_id: str) -> None:
+        if run_id in self._journals:
+            self._journals[run_id].unlink(missing_ok=True)
         self.store.delete(run_id)
         self.refresh()
 
@@ -113,7 +128,7 @@ class HistoryView(QWidget):
         if not picks:
             self.message.setText("Tick at least one trial first.")
             return
-        records = {run_id: self.store.load(run_id) for run_id in dict.fromkeys(r for r, _ in picks)}
+        records = {run_id: self._load(run_id) for run_id in dict.fromkeys(r for r, _ in picks)}
         combined = combine_trials([(records[r], p) for r, p in picks])
         self.message.setText("")
         self.compare_requested.emit(

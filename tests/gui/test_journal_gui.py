@@ -1,0 +1,95 @@
+"""Run journals in the window: History lists interrupted runs, File > Open reads .jsonl."""
+
+import json
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QFileDialog, QPushButton
+
+from engine.config import RunConfig
+from engine.journal import journal_path, runs_dir
+from engine.runner import Runner
+from gui.main_window import MainWindow
+
+
+def _interrupted_journal(steps_kept: int):
+    """A real run's journal cut after ``steps_kept`` steps, as a SIGKILL would leave it."""
+    config = RunConfig(model="tiny", precisions=("fp32", "bf16"), batch_size=1, seq_len=16,
+                       steps=4, warmup=0, device="cpu", isolation="inline")
+    runner = Runner(config)
+    runner.run()
+    path = runner.journal_path
+    kept, steps = [], 0
+    for line in path.read_text().splitlines():
+        kept.append(line)
+        if json.loads(line)["e"] == "step":
+            steps += 1
+            if steps == steps_kept:
+                break
+    path.write_text("\n".join(kept) + "\n" + '{"e":"mon","t":17')  # torn last line
+    return runner.record.run_id, path
+
+
+@pytest.fixture
+def window(qtbot):
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+def _button(widget, text: str) -> QPushButton:
+    (button,) = [b for b in widget.findChildren(QPushButton) if b.text() == text]
+    return button
+
+
+def test_history_lists_an_interrupted_journal_and_opens_it(qtbot, window):
+    run_id, path = _interrupted_journal(steps_kept=2)
+    assert path.parent == runs_dir()
+    view = window.history_view
+    view.refresh()
+    assert run_id in view.run_ids()
+    item = view.tree.topLevelItem(view.run_ids().index(run_id))
+    assert item.text(5) == "interrupted" and item.text(2) == "tiny"
+    window.tabs.setCurrentWidget(view)
+    view.tree.setCurrentItem(item)
+    with qtbot.waitSignal(window.record_shown) as shown:
+        QTest.mouseClick(_button(view, "Open"), Qt.MouseButton.LeftButton)
+    record = shown.args[0]
+    assert record.run_id == run_id and record.status == "interrupted"
+    fp32 = record.trial("fp32")
+    assert fp32.status == "cancelled" and [s.step for s in fp32.steps] == [0, 1]
+    assert "interrupted" in window.statusBar().currentMessage()
+    assert window.trial_table.precisions() == ["fp32"]
+
+
+def test_a_finished_window_run_is_listed_once(qtbot, window):
+    config = RunConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16, steps=2,
+                       warmup=0, device="cpu", isolation="inline")
+    with qtbot.waitSignal(window.record_shown, timeout=300_000) as shown:
+        assert window.start_run(config)
+    run_id = shown.args[0].run_id
+    assert journal_path(run_id).is_file()  # journaled and in the database
+    assert window.history_view.run_ids().count(run_id) == 1
+    item = window.history_view.tree.topLevelItem(window.history_view.run_ids().index(run_id))
+    assert item.text(5) == "ok"
+
+
+def test_file_open_reads_a_journal(qtbot, window, monkeypatch):
+    run_id, path = _interrupted_journal(steps_kept=3)
+    asked = []
+
+    def pick(parent, caption, folder, filters):
+        asked.append(filters)
+        return str(path), filters
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(pick))
+    (action,) = [a for a in window.menuBar().actions()[0].menu().actions()
+                 if a.text().startswith("&Open")]
+    with qtbot.waitSignal(window.record_shown) as shown:
+        action.trigger()
+    assert "*.jsonl" in asked[0]
+    record = shown.args[0]
+    assert record.run_id == run_id and len(record.trial("fp32").steps) == 3
+    assert window.windowTitle().endswith(run_id)
