@@ -228,12 +228,11 @@ def test_out_folder_made_read_only_or_full_during_the_run(tmp_path, ending):
 
 
 def _fill(folder: Path) -> None:
-    with open(folder / "filler", "wb") as fh:
+    with open(folder / "filler", "wb", buffering=0) as fh:
         try:
             while True:
                 fh.write(b"\0" * 4096)
-                fh.flush()
-        except OSError:
+        except OSError:  # ENOSPC: the folder is full
             pass
 
 
