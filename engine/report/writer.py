@@ -35,9 +35,9 @@ def check_writable(path: str | os.PathLike) -> Path:
     not show a read-only mount, a full disk or ``/proc`` as root.
     """
     given = Path(path)
-    _writer(given)
     if given.is_dir():
         raise ValueError(f"{given} is a folder: give a file name such as {given / 'report.json'}")
+    _writer(given)
     target = resolve_target(given)
     _writer(target)
     if target.is_dir():
