@@ -9,12 +9,30 @@ from __future__ import annotations
 
 import importlib.util
 import platform
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from engine import nvml
 from engine.config import PRECISIONS
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why torch finds no CUDA GPU when it says why (a driver too old for this torch).
+
+    torch says it in a warning, which the quiet libraries filter would hide: it is
+    caught here so ``--device auto`` falling back to the CPU can say so.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if torch.cuda.is_available():
+            return None
+    for w in caught:
+        text = str(w.message)
+        if "CUDA" in text or "driver" in text.lower():
+            return " ".join(text.split())
+    return None
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -53,6 +71,7 @@ class DeviceInfo:
     tf32_supported: bool
     fp8_supported: bool
     unsupported: dict = field(default_factory=dict)  # precision -> reason
+    fallback_reason: str | None = None  # why ``auto`` chose the CPU when a GPU may be there
 
     def unsupported_reason(self, precision: str) -> str | None:
         return self.unsupported.get(precision)
@@ -86,6 +105,7 @@ def _has(module: str) -> bool:
 
 def probe(requested: str = "auto") -> DeviceInfo:
     """Inspect the device ``requested`` names. Raises ``ValueError`` for impossible asks."""
+    fallback = cuda_unavailable_reason() if requested.strip().lower() == "auto" else None
     dev = resolve_device(requested)
     unsupported: dict[str, str] = {}
     if not _has("bitsandbytes"):
@@ -113,6 +133,7 @@ def probe(requested: str = "auto") -> DeviceInfo:
             tf32_supported=False,
             fp8_supported=False,
             unsupported=unsupported,
+            fallback_reason=fallback,
         )
     index = dev.index or 0
     props = torch.cuda.get_device_properties(index)

@@ -148,6 +148,9 @@ class Runner:
         if self._use_journal:
             self.journal = JournalWriter(journal_path(run_id), self._journal_failed)
         self._emit(RunStarted(run_id, self.config.to_dict(), collect(info), time.time()))
+        if info.fallback_reason:
+            self._emit(LogEvent("warning", "--device auto runs on the CPU because CUDA is not "
+                                f"usable: {info.fallback_reason}", None, time.time()))
         monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz)
         monitor.start()
         try:
