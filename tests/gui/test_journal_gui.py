@@ -93,3 +93,21 @@ def test_file_open_reads_a_journal(qtbot, window, monkeypatch):
     record = shown.args[0]
     assert record.run_id == run_id and len(record.trial("fp32").steps) == 3
     assert window.windowTitle().endswith(run_id)
+
+
+def test_failed_trials_are_counted_in_the_status_bar(qtbot, window, monkeypatch):
+    import engine.trial as trial_mod
+
+    real = trial_mod.load_model
+
+    def flaky(model, recipe, *a, **k):
+        if recipe.precision == "fp32":
+            raise RuntimeError("driver fell over")
+        return real(model, recipe, *a, **k)
+
+    monkeypatch.setattr(trial_mod, "load_model", flaky)
+    config = RunConfig(model="tiny", precisions=("fp32", "bf16"), batch_size=1, seq_len=16,
+                       steps=1, warmup=0, device="cpu", isolation="inline")
+    with qtbot.waitSignal(window.record_shown, timeout=300_000):
+        assert window.start_run(config)
+    assert "1 of 2 trials failed" in window.statusBar().currentMessage()
