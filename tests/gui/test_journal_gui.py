@@ -111,3 +111,53 @@ def test_failed_trials_are_counted_in_the_status_bar(qtbot, window, monkeypatch)
     with qtbot.waitSignal(window.record_shown, timeout=300_000):
         assert window.start_run(config)
     assert "1 of 2 trials failed" in window.statusBar().currentMessage()
+
+
+WINDOW_RUN = """
+import sys
+from PySide6.QtWidgets import QApplication
+app = QApplication([])
+from engine.config import RunConfig
+from gui.main_window import MainWindow
+from gui.signals import close_on_signals
+window = MainWindow()
+window.show()
+close_on_signals(window)
+window.start_run(RunConfig(model="tiny", precisions=("fp32", "bf16"), batch_size=1,
+                           seq_len=16, steps=500, warmup=0, device="cpu"))
+sys.exit(app.exec())
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_signal_to_the_window_stops_its_run_and_leaves_no_process(tmp_path, sig):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    from engine.journal import read_journal
+
+    data = tmp_path / "signal-data"
+    env = dict(os.environ, AMPSCOPE_DATA_DIR=str(data), QT_QPA_PLATFORM="offscreen")
+    proc = subprocess.Popen([sys.executable, "-c", WINDOW_RUN], env=env,
+                            cwd=Path(__file__).resolve().parents[2])
+    runs = data / "runs"
+    while not any('"e":"step"' in p.read_text() for p in runs.glob("*.jsonl")):
+        assert proc.poll() is None
+        time.sleep(0.1)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(getattr(signal, sig))
+    assert proc.wait() == 0
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert children and alive == []
+    (journal,) = runs.glob("*.jsonl")
+    record = read_journal(journal)
+    assert record.status == "cancelled"
+    fp32 = record.trial("fp32")
+    assert fp32.status == "cancelled" and fp32.steps and fp32.memory is not None
+    assert record.trial("bf16").status == "cancelled"
