@@ -155,7 +155,8 @@ class JournalWriter:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (lives with the run)
-            self._write_line({"e": "journal", "version": JOURNAL_VERSION})
+            if self._fh.tell() == 0:  # a new journal; appending to one keeps its header
+                self._write_line({"e": "journal", "version": JOURNAL_VERSION})
         except OSError as exc:
             self._fh = None
             self._fail(exc)

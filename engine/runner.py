@@ -219,24 +219,30 @@ class Runner:
         """Relay the child's events until its result; None when it ended without one."""
         cancel_deadline = None
         drain_until = None
+        terminated = False
         while True:
-            if self._abort.is_set():
-                child.terminate()
-                return None
             if self.cancelled and cancel_deadline is None:
                 cancel.set()
                 cancel_deadline = time.monotonic() + self._grace_s
+            if self._abort.is_set() and not terminated:
+                cancel_deadline = time.monotonic()  # end it now; what it sent is still read
+            if cancel_deadline is not None and time.monotonic() >= cancel_deadline:
+                if terminated:
+                    child.kill()
+                else:
+                    child.terminate()
+                    terminated = True
+                cancel_deadline = time.monotonic() + TERMINATE_GRACE_S
             try:
                 event = out.get(timeout=0.1)
+            except (EOFError, OSError):  # the pipe broke with the child
+                return None
             except queue.Empty:
                 if not child.is_alive():
                     # the child may have exited with events still in the pipe
                     drain_until = drain_until or time.monotonic() + DRAIN_S
                     if time.monotonic() > drain_until:
                         return None
-                elif cancel_deadline is not None and time.monotonic() > cancel_deadline:
-                    child.terminate()
-                    cancel_deadline = time.monotonic() + TERMINATE_GRACE_S
                 continue
             if isinstance(event, TrialFinished):
                 return event.result

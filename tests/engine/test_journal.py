@@ -145,3 +145,15 @@ def test_a_journal_that_cannot_be_written_does_not_stop_the_run(tmp_path, monkey
     assert [t.status for t in record.trials] == ["ok"]
     warnings = [e.message for e in record.logs if e.level == "warning"]
     assert any("could not be written" in w and "without a journal" in w for w in warnings)
+
+
+def test_numerics_appended_after_the_run_are_read_back(finished_run, tmp_path):
+    from engine.journal import append_numerics
+
+    _, path = finished_run
+    copy = tmp_path / path.name
+    copy.write_bytes(path.read_bytes())
+    append_numerics(copy, {"advice": {"recommended": "bf16-amp"}})
+    back = read_journal(copy)
+    assert back.status == "ok" and back.numerics == {"advice": {"recommended": "bf16-amp"}}
+    assert copy.read_text().count('"e":"journal"') == 1
