@@ -156,7 +156,8 @@ class JournalWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (lives with the run)
             if self._fh.tell() == 0:  # a new journal; appending to one keeps its header
-                self._write_line({"e": "journal", "version": JOURNAL_VERSION})
+                self._write_line({"e": "journal", "version": JOURNAL_VERSION,
+                                  "pid": os.getpid()})
         except OSError as exc:
             self._fh = None
             self._fail(exc)
@@ -385,12 +386,14 @@ def journal_entry(path: Path) -> JournalEntry | None:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - _TAIL_BYTES))
             tail = fh.read().split(b"\n")
-        run = json.loads(head[1])
+        header, run = json.loads(head[0]), json.loads(head[1])
     except (OSError, ValueError, IndexError):
         return None
     if not isinstance(run, dict) or run.get("e") != "run" or not run.get("run_id"):
         return None
-    status = "interrupted"
+    # no end yet: still running if the process that writes it is alive
+    writer = header.get("pid") if isinstance(header, dict) else None
+    status = "running" if isinstance(writer, int) and _alive(writer) else "interrupted"
     for line in reversed(tail):
         if line.startswith(b'{"e":"end"'):
             try:
@@ -410,6 +413,16 @@ def journal_entry(path: Path) -> JournalEntry | None:
                    or config.get("device", "")),
         status=status,
     )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0
+    return True
 
 
 def journal_entries(exclude: set[str] = frozenset()) -> list[JournalEntry]:

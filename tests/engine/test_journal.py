@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -157,3 +158,21 @@ def test_numerics_appended_after_the_run_are_read_back(finished_run, tmp_path):
     back = read_journal(copy)
     assert back.status == "ok" and back.numerics == {"advice": {"recommended": "bf16-amp"}}
     assert copy.read_text().count('"e":"journal"') == 1
+
+
+def test_an_unfinished_journal_is_running_while_its_writer_lives(finished_run, tmp_path):
+    import subprocess
+    import sys
+
+    from engine.journal import journal_entry
+
+    _, path = finished_run
+    lines = path.read_text().splitlines()
+    body = [x for x in lines[1:] if '"e":"end"' not in x]
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for pid, status in ((os.getpid(), "running"), (gone.pid, "interrupted")):
+        cut = tmp_path / f"{pid}.jsonl"
+        cut.write_text("\n".join([json.dumps({"e": "journal", "version": 1, "pid": pid}),
+                                  *body]) + "\n")
+        assert journal_entry(cut).status == status

@@ -252,7 +252,11 @@ def test_ctrl_c_during_the_numerics_lab_keeps_the_trials(tmp_path):
     while "numerics lab" not in line:
         line = proc.stderr.readline()
         assert line or proc.poll() is None, "the run ended before the lab started"
-    lab = psutil.Process(proc.pid).children(recursive=True)
+    lab = []
+    while not lab:  # the message comes just before the lab's process starts
+        assert proc.poll() is None
+        lab = psutil.Process(proc.pid).children(recursive=True)
+        time.sleep(POLL_S)
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate()
     assert proc.returncode == 130, stderr
