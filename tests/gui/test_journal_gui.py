@@ -1,6 +1,8 @@
 """Run journals in the window: History lists interrupted runs, File > Open reads .jsonl."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 from PySide6.QtCore import Qt
@@ -27,6 +29,9 @@ def _interrupted_journal(steps_kept: int):
             steps += 1
             if steps == steps_kept:
                 break
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # the writer was killed: its pid is no longer alive
+    kept[0] = json.dumps({"e": "journal", "version": 1, "pid": gone.pid})
     path.write_text("\n".join(kept) + "\n" + '{"e":"mon","t":17')  # torn last line
     return runner.record.run_id, path
 
