@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from engine import VERSION
-from engine.config import OPTIMIZERS, PRECISIONS, RunConfig, parse_precisions
+from engine.config import INTERLEAVE, OPTIMIZERS, PRECISIONS, RunConfig, parse_precisions
 
 EXIT_FAILED = 1  # trials failed, or the report could not be written
 EXIT_BAD_INPUT = 2  # nothing ran
@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--lora-r", type=int, default=8, help="LoRA rank for int8 and nf4")
     prof.add_argument("--isolation", default="process", choices=("process", "inline"),
                       help="each trial in a child process (default) or in this one")
+    prof.add_argument("--interleave", default="auto", choices=INTERLEAVE,
+                      help="run the precisions in alternating rounds (ABAB) to cancel drift; "
+                           "auto: where each trial is cheap (at most 400 M parameters, no "
+                           "--compile, 5+ measured steps per round)")
+    prof.add_argument("--rounds", type=int, default=2,
+                      help="rounds per precision when interleaving (steps are split over them)")
     prof.add_argument("--out", help="report file: .json, .csv or .html")
     prof.add_argument("--numerics", action="store_true",
                       help="after the trials, run the numerics lab on the first precision and "
@@ -124,7 +130,7 @@ def _profile(args) -> int:
         grad_checkpointing=args.grad_checkpointing, compile=args.compile,
         init_scale=args.init_scale, growth_interval=args.growth_interval, lora_r=args.lora_r,
         device=args.device, isolation=args.isolation, seed=args.seed,
-        trust_remote_code=args.trust_remote_code,
+        trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
     )
     out = _check_out(args.out) if args.out else None
     progress = _Progress(config, enabled=not args.quiet)
@@ -170,7 +176,7 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
     lab_args = dict(model=config.model, precision=config.precisions[0], device=config.device,
                     batch_size=config.batch_size, seq_len=config.seq_len, seed=config.seed,
                     trials=[to_dict(t) for t in record.trials],
-                    trust_remote_code=config.trust_remote_code)
+                    loss_scale=config.init_scale, trust_remote_code=config.trust_remote_code)
     _say("running the numerics lab (Ctrl-C stops it and keeps the trials)...", err=True)
     try:
         numerics = run_lab_in_child(lab_args, lambda: bool(signals.received))
@@ -189,13 +195,16 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
 
 def _finish(record, runner, out, signals) -> int:
     """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
-    from engine.compare import baseline_reason, comparison_rows, format_table
+    from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
     from engine.report.writer import write_report
 
-    _say(format_table(comparison_rows(record)))
+    verdict = speed_verdict(record.trials)
+    _say(format_table(comparison_rows(record, verdict)))
     reason = baseline_reason(record)
     if reason:
         _say(f"note: {reason}")
+    _say(f"speed: {verdict.text}" + (f"\n  suggestion: {verdict.suggestion}"
+                                      if verdict.suggestion else ""))
     journal = runner.journal_path
     code = 0
     if out is not None:
@@ -301,7 +310,10 @@ class _Progress:
             return
         if isinstance(event, TrialStarted):
             self.index = event.index + 1
-            self._line(f"[{self.index}/{event.total}] {event.precision}: loading", end=True)
+            part = f" round {event.round + 1}/{event.rounds}" if event.rounds > 1 else ""
+            # every round warms up again
+            self.total = event.rounds * self.config.warmup + self.config.steps
+            self._line(f"[{self.index}/{event.total}] {event.precision}{part}: loading", end=True)
         elif isinstance(event, StepSample):
             kind = "warm-up" if event.warmup else "step"
             scale = f"  scale {event.loss_scale:g}" if event.loss_scale is not None else ""

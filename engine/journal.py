@@ -167,7 +167,8 @@ class JournalWriter:
             return
         journaled = None
         if isinstance(event, TrialStarted):
-            self._steps[event.precision] = []
+            if event.round == 0:  # later rounds of an interleaved precision add to the first's
+                self._steps[event.precision] = []
         elif isinstance(event, StepSample):
             self._steps.setdefault(event.precision, []).append(event)
         elif isinstance(event, TrialFinished):
@@ -275,7 +276,7 @@ def read_journal(path: str | os.PathLike) -> RunRecord:
             event = decode(line, steps)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"{path} line {number}: a journal event is damaged ({exc})") from None
-        if isinstance(event, TrialStarted):
+        if isinstance(event, TrialStarted) and event.round == 0:
             steps[event.precision] = []
             started.append(event.precision)
         elif isinstance(event, StepSample):

@@ -37,6 +37,7 @@ from engine.model_check import check_model
 from engine.monitor import Monitor
 from engine.quiet import quiet_libraries
 from engine.record import RunRecord
+from engine.rounds import RoundBook, TrialRound, choose_rounds, schedule
 
 CANCEL_GRACE_S = 30.0  # a child that ignores cancel this long is terminated
 TERMINATE_GRACE_S = 5.0  # then killed
@@ -51,14 +52,16 @@ def preflight(config: RunConfig) -> DeviceInfo:
 
 
 def _child_main(config_dict: dict, precision: str, info: DeviceInfo, out, cancel,
-                parent_pid: int, stderr_path: str) -> None:
+                parent_pid: int, stderr_path: str, prior_steps: tuple = (),
+                round_index: int = 0) -> None:
     become_child(parent_pid, stderr_path)
     quiet_libraries()
     try:
         from engine.trial import run_trial
 
         config = RunConfig.from_dict(config_dict)
-        result = run_trial(config, precision, info, out.put, cancel.is_set)
+        result = run_trial(config, precision, info, out.put, cancel.is_set, prior_steps,
+                           round_index)
     except BaseException as exc:  # run_trial never raises; this is the last line of defence
         result = TrialResult(precision, "error", f"{type(exc).__name__}: {exc}")
     out.put(TrialFinished(result, time.time()))
@@ -154,18 +157,25 @@ class Runner:
         monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz)
         monitor.start()
         try:
-            total = len(self.config.precisions)
-            for index, precision in enumerate(self.config.precisions):
+            rounds, why = choose_rounds(self.config)
+            self._emit(LogEvent("info", why, None, time.time()))
+            plan, book = schedule(self.config, rounds), RoundBook()
+            for index, item in enumerate(plan):
+                precision = item.precision
+                if precision in book.done:  # an earlier round of it failed or was stopped
+                    continue
                 if self.cancelled:
-                    result = TrialResult(precision, "cancelled",
-                                         "the run was stopped before this trial started")
+                    result = book.stopped(item)
                 else:
-                    self._emit(TrialStarted(precision, index, total, time.time()))
+                    self._emit(TrialStarted(precision, index, len(plan), time.time(),
+                                            item.round, item.rounds))
                     if self.config.isolation == "inline":
-                        result = self._inline(precision, info)
+                        result = self._inline(precision, info, item, book)
                     else:
-                        result = self._in_child(precision, info, monitor)
-                self._emit(TrialFinished(result, time.time()))
+                        result = self._in_child(precision, info, monitor, item, book)
+                    result = book.finish(item, result)
+                if result is not None:  # the precision's last round: its combined result
+                    self._emit(TrialFinished(result, time.time()))
         finally:
             monitor.stop()
         self._emit(RunFinished("cancelled" if self.cancelled else "ok", time.time()))
@@ -180,12 +190,15 @@ class Runner:
             self.journal.write_numerics(numerics)
             self.journal.close()
 
-    def _inline(self, precision: str, info: DeviceInfo) -> TrialResult:
+    def _inline(self, precision: str, info: DeviceInfo, item: TrialRound,
+                book: RoundBook) -> TrialResult:
         from engine.trial import run_trial
 
-        return run_trial(self.config, precision, info, self._emit, self._cancel.is_set)
+        return run_trial(item.config, precision, info, self._emit, self._cancel.is_set,
+                         book.prior_steps(precision), item.round)
 
-    def _in_child(self, precision: str, info: DeviceInfo, monitor: Monitor) -> TrialResult:
+    def _in_child(self, precision: str, info: DeviceInfo, monitor: Monitor, item: TrialRound,
+                  book: RoundBook) -> TrialResult:
         ctx = mp.get_context("spawn")
         out, cancel = ctx.Queue(), ctx.Event()
         self._child_cancel = cancel
@@ -194,7 +207,8 @@ class Runner:
         stderr = StderrFile()
         child = ctx.Process(
             target=_child_main,
-            args=(self.config.to_dict(), precision, info, out, cancel, os.getpid(), stderr.path),
+            args=(item.config.to_dict(), precision, info, out, cancel, os.getpid(), stderr.path,
+                  book.prior_steps(precision), item.round),
             name=f"ampscope-trial-{precision}",
             daemon=True,
         )
@@ -202,7 +216,7 @@ class Runner:
         with sigint_blocked():
             child.start()
         monitor.watch_pid(child.pid)
-        steps: list[StepSample] = []
+        steps: list[StepSample] = list(book.prior_steps(precision))
         result = None
         try:
             result = self._follow(child, out, cancel, steps)

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, RunConfig
 from engine.device import DeviceInfo, probe
 from engine.presets import presets
+from engine.rounds import CHEAP_RULE
 from gui.palette import precision_color
 
 MODEL_SOURCES = ("Preset", "Local folder", "Hub id")
@@ -125,6 +126,14 @@ class ConfigPanel(QWidget):
             " inline: in this process (debugging)"
         )
 
+        self.interleave = QCheckBox("Interleave precisions (ABAB rounds) where cheap")
+        self.interleave.setChecked(defaults.interleave != "off")
+        self.interleave.setToolTip(
+            f"Split each precision's steps over {defaults.rounds} rounds run in turn (fp32, "
+            f"bf16-amp, fp32, bf16-amp), so a machine that drifts slows every precision alike. "
+            f"Only where {CHEAP_RULE}; each round reloads the model and warms up again."
+        )
+
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #C00000;")
@@ -151,6 +160,7 @@ class ConfigPanel(QWidget):
         form.addRow("Growth interval", self.growth_interval)
         form.addRow("Device", self.device)
         form.addRow("Isolation", self.isolation)
+        form.addRow(self.interleave)
 
         layout = QVBoxLayout(self)
         layout.addWidget(model_box)
@@ -177,6 +187,7 @@ class ConfigPanel(QWidget):
             self.init_scale.valueChanged,
             self.growth_interval.valueChanged,
             self.isolation.currentIndexChanged,
+            self.interleave.toggled,
         ):
             signal.connect(self._on_edit)
         self.device.currentIndexChanged.connect(self._on_device)
@@ -215,6 +226,7 @@ class ConfigPanel(QWidget):
             "device": self.device.currentText(),
             "isolation": self.isolation.currentText(),
             "trust_remote_code": self.trust_remote_code.isChecked(),
+            "interleave": "auto" if self.interleave.isChecked() else "off",
         }
 
     def config(self) -> RunConfig:
@@ -268,6 +280,8 @@ class ConfigPanel(QWidget):
                          ("trust_remote_code", self.trust_remote_code)):
             if isinstance(values.get(key), bool):
                 box.setChecked(values[key])
+        if values.get("interleave") in ("auto", "on", "off"):
+            self.interleave.setChecked(values["interleave"] != "off")
         for key, combo in (("optimizer", self.optimizer), ("isolation", self.isolation),
                            ("device", self.device)):
             if isinstance(values.get(key), str) and combo.findText(values[key]) >= 0:
