@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="after the trials, run the numerics lab on the first precision and "
                            "add it (with advice citing the trials) to the report")
     prof.add_argument("--quiet", action="store_true", help="no progress display")
+    from engine.distributed.cli_args import add_distributed_args
+
+    add_distributed_args(prof)
 
     foot = sub.add_parser("footprint", help="load footprint of each precision (no training)")
     _add_model_args(foot, "fp32,fp16,bf16,int8,nf4")
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(args) -> int:
+    from engine.distributed.cli_args import distributed_config
     from engine.runner import Runner
 
     config = RunConfig(
@@ -131,6 +135,7 @@ def _profile(args) -> int:
         init_scale=args.init_scale, growth_interval=args.growth_interval, lora_r=args.lora_r,
         device=args.device, isolation=args.isolation, seed=args.seed,
         trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
+        **distributed_config(args),
     )
     out = _check_out(args.out) if args.out else None
     progress = _Progress(config, enabled=not args.quiet)
@@ -173,7 +178,8 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
     from engine.events import to_dict
     from engine.runner import run_lab_in_child
 
-    lab_args = dict(model=config.model, precision=config.precisions[0], device=config.device,
+    lab_args = dict(model=config.model, precision=config.precisions[0].partition("@")[0],
+                    device=config.device,
                     batch_size=config.batch_size, seq_len=config.seq_len, seed=config.seed,
                     trials=[to_dict(t) for t in record.trials],
                     loss_scale=config.init_scale, trust_remote_code=config.trust_remote_code)
@@ -200,6 +206,10 @@ def _finish(record, runner, out, signals) -> int:
 
     verdict = speed_verdict(record.trials)
     _say(format_table(comparison_rows(record, verdict)))
+    if record.config.get("strategy", "none") != "none":
+        from engine.distributed.summary_text import distributed_lines
+
+        _say("\n".join(distributed_lines(record)))
     reason = baseline_reason(record)
     if reason:
         _say(f"note: {reason}")

@@ -169,7 +169,12 @@ class Runner:
                 else:
                     self._emit(TrialStarted(precision, index, len(plan), time.time(),
                                             item.round, item.rounds))
-                    if self.config.isolation == "inline":
+                    if self.config.strategy != "none":  # torchrun starts the ranks
+                        from engine.distributed.trial import run_distributed
+
+                        result = run_distributed(item.config, precision, info, self._emit,
+                                                 self._cancel.is_set)
+                    elif self.config.isolation == "inline":
                         result = self._inline(precision, info, item, book)
                     else:
                         result = self._in_child(precision, info, monitor, item, book)

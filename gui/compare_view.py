@@ -40,6 +40,7 @@ from engine.record import RunRecord
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
+from gui.rank_view import RankView
 
 BAR = 0.36  # bar width; measured and predicted memory bars sit side by side
 MIB = 2**20  # memory axes in MiB, the binary unit of the table and the reports
@@ -118,16 +119,19 @@ class CompareView(QWidget):
         table_layout.addWidget(self.table)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(self.charts)
+        self.ranks = RankView()  # distributed trials only
+        splitter.addWidget(self.ranks)
         splitter.addWidget(table_box)
         splitter.setStretchFactor(0, 3)
-        splitter.setStretchFactor(1, 1)
-        splitter.setSizes([560, 260])
+        splitter.setStretchFactor(2, 1)
+        splitter.setSizes([560, 300, 260])
         QVBoxLayout(self).addWidget(splitter)
 
     # --- filling ---------------------------------------------------------------------
 
     def show_record(self, record: RunRecord, note: str | None = None) -> None:
         self.record = record
+        self.ranks.show_record(record)
         verdict = speed_verdict(record.trials)
         rows = comparison_rows(record, verdict)
         self.model.set_rows(rows)

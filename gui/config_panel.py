@@ -28,13 +28,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, RunConfig
+from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, REDUCE_DTYPES, STRATEGIES, RunConfig
 from engine.device import DeviceInfo, probe
 from engine.presets import presets
 from engine.rounds import CHEAP_RULE
 from gui.palette import precision_color
 
 MODEL_SOURCES = ("Preset", "Local folder", "Hub id")
+REDUCE_AS_COMPUTED = "as computed"
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -126,6 +127,17 @@ class ConfigPanel(QWidget):
             " inline: in this process (debugging)"
         )
 
+        # distributed: torchrun ranks; the reduce dtype becomes each precision's "@dtype"
+        self.strategy = QComboBox()
+        self.strategy.addItems(STRATEGIES)
+        self.strategy.setToolTip("none: one process; ddp or fsdp2: each trial under torchrun")
+        self.nproc = _spin(1, 1024, defaults.nproc_per_node)
+        self.nproc.setToolTip("torchrun --nproc-per-node: ranks on this machine (one GPU each)")
+        self.reduce_dtype = QComboBox()
+        self.reduce_dtype.addItems((REDUCE_AS_COMPUTED, *REDUCE_DTYPES))
+        self.reduce_dtype.setToolTip("dtype gradients are reduced in: a DDP compression hook "
+                                     "or FSDP2's reduce_dtype")
+
         self.interleave = QCheckBox("Interleave precisions (ABAB rounds) where cheap")
         self.interleave.setChecked(defaults.interleave != "off")
         self.interleave.setToolTip(
@@ -160,6 +172,9 @@ class ConfigPanel(QWidget):
         form.addRow("Growth interval", self.growth_interval)
         form.addRow("Device", self.device)
         form.addRow("Isolation", self.isolation)
+        form.addRow("Strategy", self.strategy)
+        form.addRow("Ranks per node", self.nproc)
+        form.addRow("Reduce gradients in", self.reduce_dtype)
         form.addRow(self.interleave)
 
         layout = QVBoxLayout(self)
@@ -187,6 +202,9 @@ class ConfigPanel(QWidget):
             self.init_scale.valueChanged,
             self.growth_interval.valueChanged,
             self.isolation.currentIndexChanged,
+            self.strategy.currentIndexChanged,
+            self.nproc.valueChanged,
+            self.reduce_dtype.currentIndexChanged,
             self.interleave.toggled,
         ):
             signal.connect(self._on_edit)
@@ -210,9 +228,11 @@ class ConfigPanel(QWidget):
 
     def form_values(self) -> dict:
         """The form as RunConfig keyword arguments (not yet validated)."""
+        reduce = self.reduce_dtype.currentText()
+        suffix = "" if reduce == REDUCE_AS_COMPUTED else f"@{reduce}"
         return {
             "model": self.model_text(),
-            "precisions": self.checked_precisions(),
+            "precisions": [p + suffix for p in self.checked_precisions()],
             "batch_size": self.batch_size.value(),
             "seq_len": self.seq_len.value(),
             "steps": self.steps.value(),
@@ -226,6 +246,8 @@ class ConfigPanel(QWidget):
             "device": self.device.currentText(),
             "isolation": self.isolation.currentText(),
             "trust_remote_code": self.trust_remote_code.isChecked(),
+            "strategy": self.strategy.currentText(),
+            "nproc_per_node": self.nproc.value(),
             "interleave": "auto" if self.interleave.isChecked() else "off",
         }
 
@@ -254,7 +276,10 @@ class ConfigPanel(QWidget):
                 self.source.setCurrentIndex(2)
                 self.hub_id.setText(model)
         if isinstance(values.get("precisions"), list | tuple):
-            wanted = set(values["precisions"])
+            wanted = {str(p).partition("@")[0] for p in values["precisions"]}
+            reduce = {str(p).partition("@")[2] or REDUCE_AS_COMPUTED for p in values["precisions"]}
+            if len(reduce) == 1 and self.reduce_dtype.findText(next(iter(reduce))) >= 0:
+                self.reduce_dtype.setCurrentText(next(iter(reduce)))
             for i in range(self.precisions.count()):
                 item = self.precisions.item(i)
                 if item.flags() & Qt.ItemFlag.ItemIsEnabled:
@@ -269,6 +294,7 @@ class ConfigPanel(QWidget):
             "warmup": self.warmup,
             "grad_accum": self.grad_accum,
             "growth_interval": self.growth_interval,
+            "nproc_per_node": self.nproc,
         }
         for key, box in spins.items():
             if isinstance(values.get(key), int):
@@ -283,7 +309,7 @@ class ConfigPanel(QWidget):
         if values.get("interleave") in ("auto", "on", "off"):
             self.interleave.setChecked(values["interleave"] != "off")
         for key, combo in (("optimizer", self.optimizer), ("isolation", self.isolation),
-                           ("device", self.device)):
+                           ("device", self.device), ("strategy", self.strategy)):
             if isinstance(values.get(key), str) and combo.findText(values[key]) >= 0:
                 combo.setCurrentText(values[key])
         self._on_edit()

@@ -17,7 +17,7 @@ import matplotlib as mpl
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from engine.colors import PRECISION_COLORS
+from engine.colors import color_of
 from engine.compare import baseline_reason, comparison_rows, format_cell, record_precisions
 from engine.record import RunRecord
 
@@ -52,7 +52,7 @@ class Chart:
 
 
 def _color(precision: str) -> str:
-    return PRECISION_COLORS.get(precision, "#444444")
+    return color_of(precision)
 
 
 def _styled(draw):

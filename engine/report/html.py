@@ -14,7 +14,7 @@ from pathlib import Path
 from string import Template
 
 from engine import spread
-from engine.colors import PRECISION_COLORS
+from engine.colors import color_of
 from engine.compare import (
     COLUMNS,
     NOISY_RULE,
@@ -60,7 +60,7 @@ def _number(value) -> str:
 
 
 def _swatch(precision: str) -> str:
-    color = PRECISION_COLORS.get(precision, "#444444")
+    color = color_of(precision)
     return f'<span class="swatch" style="background:{color}"></span>{_e(precision)}'
 
 
@@ -345,7 +345,7 @@ def _module_tree(trial: TrialResult) -> str:
 
 
 def _trial(trial: TrialResult) -> str:
-    color = PRECISION_COLORS.get(trial.precision, "#444444")
+    color = color_of(trial.precision)
     reason = f'<p class="note">{_e(trial.reason)}</p>' if trial.reason else ""
     parts = [
         f'<section class="trial" style="border-left-color:{color}">',
@@ -365,6 +365,8 @@ def _trial(trial: TrialResult) -> str:
     parts.append(f"<div><h4>FLOPs per step</h4>{_flops(trial)}</div>")
     parts.append("</div>")
     parts.append(f"<h4>Memory: measured vs predicted</h4>{_memory(trial)}")
+    if trial.ranks:
+        parts.append(_ranks(trial))
     if trial.dtype_map:
         parts.append(_dtype_map(trial))
     if trial.module_tree:
@@ -373,6 +375,33 @@ def _trial(trial: TrialResult) -> str:
         parts.append(f"<h4>Numerics</h4>{render_value(trial.numerics)}")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _ranks(trial: TrialResult) -> str:
+    """Distributed trials: memory by category per rank, and bytes per collective."""
+    d = trial.distributed
+    rows = []
+    for r in trial.ranks:
+        m, p = r.memory, r.predicted_memory
+        cells = [_e(r.rank), _e(r.status)]
+        cells += [_bytes(getattr(m, f, None)) if m else NA for f in (
+            "sharded_params_bytes", "unsharded_params_bytes", "grads_bytes", "optimizer_bytes",
+            "activations_bytes", "comm_buffers_bytes", "total_bytes")]
+        err = r.memory_error_pct.get("total")
+        cells += [_bytes(p.total_bytes) if p else NA, NA if err is None else f"{err:+.1f}%",
+                  NA if r.median_step_ms is None else f"{r.median_step_ms:.1f}"]
+        rows.append(cells)
+    ranks = _table(["rank", "status", "params (shard)", "unsharded peak", "grads", "optimizer",
+                    "activations", "buckets", "total", "predicted", "error", "median step ms"],
+                   rows, numeric=set(range(2, 12)))
+    comm = _table(["collective", "dtype", "measured per step", "expected", "calls per step"],
+                  [[_e(c.collective), _e(c.dtype), _bytes(c.measured_bytes),
+                    _bytes(c.expected_bytes), f"{c.calls_per_step:g}"] for c in d.comm],
+                  numeric={2, 3, 4}) if d else ""
+    spread = NA if d is None or d.step_spread_pct is None else f"{d.step_spread_pct:.1f}%"
+    head = (f"<h4>Ranks ({_e(d.strategy)}, {d.world_size} ranks, {_e(d.backend)}; "
+            f"slowest rank {_e(d.slowest_rank)}, step spread {spread})</h4>") if d else ""
+    return f"{head}{ranks}<p class=\"note\">{_e(d.comm_method) if d else ''}</p>{comm}"
 
 
 def _log(record: RunRecord) -> str:
