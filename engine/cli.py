@@ -378,7 +378,7 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
             loaded = load_model(model, precision, info.torch_device, seed, trust_remote_code,
                                 train=False)
         except Exception as exc:  # a model folder that passed the checks and still fails
-            from engine.model_check import one_line
+            from engine.model_health import one_line
 
             raise ValueError(f"{model} could not be loaded as {precision}: "
                              f"{one_line(exc)}") from None

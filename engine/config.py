@@ -129,6 +129,11 @@ class RunConfig:
                              f"measured steps (one per round; got {self.steps}): raise --steps "
                              "or lower --rounds")
         self._check_distributed()
+        if self.compile and self.warmup < 1:
+            raise ValueError(
+                "--compile needs at least one warm-up step, or compilation would be timed as "
+                "a measured step: set --warmup 1 or more"
+            )
 
     def _check_distributed(self) -> None:
         if self.strategy not in STRATEGIES:

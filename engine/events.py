@@ -114,6 +114,7 @@ class MonitorSample:
     sm_clock_mhz: float | None = None
     energy_j: float | None = None
     process_mem_bytes: int | None = None
+    process_mem_method: str | None = None  # by process id, or device-wide minus a baseline
     cpu_pct: float | None = None
     host_rss_bytes: int | None = None
     host_mem_used_bytes: int | None = None
@@ -177,7 +178,9 @@ class MemoryBreakdown:
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     nvml_process_bytes: int | None = None
-    context_gap_bytes: int | None = None  # NVML process memory minus allocator reserved
+    context_gap_bytes: int | None = None  # NVML process memory minus reserved, same moment
+    nvml_method: str = ""  # how nvml_process_bytes was found
+    reserved_at_nvml_read_bytes: int | None = None  # allocator reserved when NVML was read
     total_bytes: int = 0
     total_method: str = ""
     notes: str = ""
@@ -238,6 +241,9 @@ class TrialSummary:
     skipped_steps: int
     final_loss: float | None
     final_loss_scale: float | None
+    energy_per_step_j: float | None = None
+    energy_per_token_j: float | None = None
+    energy_method: str = ""  # how the energy was measured, or why it is n/a
     spread: StepTimeSpread | None = None
     distinct_batches: int | None = None  # synthetic batches cycled through the steps
 
@@ -331,6 +337,7 @@ class TrialResult:
     steps: list[StepSample] = field(default_factory=list)
     summary: TrialSummary | None = None
     numerics: dict | None = None
+    notes: list[str] = field(default_factory=list)  # what to know reading these figures
     started_s: float = 0.0
     finished_s: float = 0.0
     ranks: list[RankResult] = field(default_factory=list)  # distributed trials only

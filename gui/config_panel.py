@@ -7,6 +7,8 @@ Precisions the device cannot run are greyed out, with the engine's reason as too
 
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (
@@ -30,12 +32,38 @@ from PySide6.QtWidgets import (
 
 from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, REDUCE_DTYPES, STRATEGIES, RunConfig
 from engine.device import DeviceInfo, probe
+from engine.model_check import check_model
 from engine.presets import presets
 from engine.rounds import CHEAP_RULE
 from gui.palette import precision_color
 
 MODEL_SOURCES = ("Preset", "Local folder", "Hub id")
 REDUCE_AS_COMPUTED = "as computed"
+SOURCE_KINDS = ("preset", "folder", "hub")  # engine.model_check's names for the sources
+# the engine's messages name CLI flags; the form names its fields
+FIELD_OF_FLAG = {
+    "--model": "Model", "--batch-size": "Batch size", "--seq-len": "Sequence length",
+    "--steps": "Steps", "--warmup": "Warm-up steps", "--grad-accum": "Grad accumulation",
+    "--growth-interval": "Growth interval", "--init-scale": "Initial loss scale",
+    "--trust-remote-code": "Trust remote code", "--device": "Device",
+    "--lr": "learning rate", "--lora-r": "LoRA rank",
+    "--interleave": "Interleave precisions", "--rounds": "rounds",
+    "--strategy": "Strategy", "--nproc-per-node": "Ranks per node",
+    "--reduce-dtype": "Reduce gradients in", "--isolation": "Isolation",
+    "--compile": "torch.compile",
+}
+_FLAG = re.compile(r"--[a-z0-9-]+")
+_FLAG_WITH_VALUE = re.compile(r"set (--[a-z0-9-]+) (\S+)")
+
+
+def in_form_words(message: str) -> str:
+    """An engine message with its CLI flags replaced by the form's field names."""
+    message = _FLAG_WITH_VALUE.sub(
+        lambda m: f'set "{FIELD_OF_FLAG.get(m[1], m[1])}" to {m[2]}', message)
+    return _FLAG.sub(lambda m: f'"{FIELD_OF_FLAG[m[0]]}"' if m[0] in FIELD_OF_FLAG else m[0],
+                     message)
+
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -147,6 +175,7 @@ class ConfigPanel(QWidget):
         )
 
         self.error_label = QLabel()
+        self.error_label.setTextFormat(Qt.TextFormat.PlainText)
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #C00000;")
         self.error_label.hide()
@@ -181,7 +210,7 @@ class ConfigPanel(QWidget):
         layout.addWidget(model_box)
         layout.addWidget(precision_box)
         layout.addWidget(train_box)
-        layout.addWidget(self.error_label)
+        # error_label is placed by the window, next to the Run button
         layout.addStretch(1)
 
         for signal in (
@@ -255,7 +284,9 @@ class ConfigPanel(QWidget):
         """The validated config; raises ``ValueError`` with the fix for bad input."""
         if self.device_error:
             raise ValueError(self.device_error)
-        return RunConfig(**self.form_values())
+        config = RunConfig(**self.form_values())
+        check_model(config.model, config.seq_len, SOURCE_KINDS[self.source.currentIndex()])
+        return config
 
     def error(self) -> str | None:
         return self._error
@@ -263,7 +294,8 @@ class ConfigPanel(QWidget):
     # --- writing the form -----------------------------------------------------------
 
     def set_values(self, values: dict) -> None:
-        """Fill the form from saved values; unknown or stale entries are skipped."""
+        """Fill the form from saved values; a key that is unknown, of the wrong type or out
+        of its field's range keeps the field's default."""
         model = values.get("model")
         if isinstance(model, str) and model:
             if self.preset.findText(model) >= 0:
@@ -275,9 +307,10 @@ class ConfigPanel(QWidget):
             else:
                 self.source.setCurrentIndex(2)
                 self.hub_id.setText(model)
-        if isinstance(values.get("precisions"), list | tuple):
-            wanted = {str(p).partition("@")[0] for p in values["precisions"]}
-            reduce = {str(p).partition("@")[2] or REDUCE_AS_COMPUTED for p in values["precisions"]}
+        listed = values.get("precisions")
+        if isinstance(listed, list) and all(isinstance(p, str) for p in listed):
+            wanted = {p.partition("@")[0] for p in listed}
+            reduce = {p.partition("@")[2] or REDUCE_AS_COMPUTED for p in listed}
             if len(reduce) == 1 and self.reduce_dtype.findText(next(iter(reduce))) >= 0:
                 self.reduce_dtype.setCurrentText(next(iter(reduce)))
             for i in range(self.precisions.count()):
@@ -294,13 +327,15 @@ class ConfigPanel(QWidget):
             "warmup": self.warmup,
             "grad_accum": self.grad_accum,
             "growth_interval": self.growth_interval,
+            "init_scale": self.init_scale,
             "nproc_per_node": self.nproc,
         }
         for key, box in spins.items():
-            if isinstance(values.get(key), int):
-                box.setValue(values[key])
-        if isinstance(values.get("init_scale"), int | float):
-            self.init_scale.setValue(float(values["init_scale"]))
+            value = values.get(key)
+            if (isinstance(value, int | float) and not isinstance(value, bool)
+                    and box.minimum() <= value <= box.maximum()
+                    and (key == "init_scale" or isinstance(value, int))):
+                box.setValue(value)
         for key, box in (("grad_checkpointing", self.grad_checkpointing),
                          ("compile", self.compile),
                          ("trust_remote_code", self.trust_remote_code)):
@@ -355,7 +390,7 @@ class ConfigPanel(QWidget):
             self.config()
             error = None
         except ValueError as exc:
-            error = str(exc)
+            error = in_form_words(str(exc))
         was_valid = self._error is None
         self._error = error
         self.error_label.setText(error or "")

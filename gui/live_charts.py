@@ -138,7 +138,7 @@ class LiveCharts(QWidget):
             else:
                 style = Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine
                 item = plot.plot(pen=pg.mkPen(color, width=2, style=style),
-                                 name=name if legend else None)
+                                 name=html.escape(name) if legend else None)  # legends are HTML
             series = _Series(item, RingBuffer(self.capacity), RingBuffer(self.capacity))
             self._series[key] = series
         return series
@@ -202,7 +202,7 @@ class LiveCharts(QWidget):
             line = pg.InfiniteLine(
                 pos=time_s - self._t0, angle=90,
                 pen=pg.mkPen(precision_color(precision), width=1, style=Qt.PenStyle.DotLine),
-                label=precision,
+                label=precision.replace("{", "{{").replace("}", "}}"),  # a format string
                 labelOpts={"position": position, "color": precision_color(precision)},
             )
             self.plots[key].addItem(line)

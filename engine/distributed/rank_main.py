@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from engine.config import RunConfig
+from engine.device import nvml_handle_of
 from engine.distributed.comm import CommCounter, expected_bytes
 from engine.distributed.memory import errors_pct, predict_rank_memory
 from engine.distributed.recipes import DistRecipe, dist_recipe
@@ -29,6 +30,7 @@ from engine.memory_model import predict_memory
 from engine.models import dims, load_model, make_batches
 from engine.monitor import Monitor
 from engine.quiet import quiet_libraries
+from engine.recipes import set_fp32_precision
 from engine.trackers import AllocatorTracker, HostTracker, NvmlTracker, StepTimer
 from engine.trial import BATCH_POOL, _SavedActivations, _stores_scores, adam_eps, make_optimizer
 
@@ -194,9 +196,8 @@ def run_rank(out_dir: Path) -> int:
 def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, world: int,
            journal: _Journal) -> None:
     base = rec.base
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = base.tf32
-        torch.backends.cudnn.allow_tf32 = base.tf32
+    if device.type == "cuda":  # the rank's own process: set for good, through the new API only
+        set_fp32_precision(base)
     torch.manual_seed(config.seed)
     loaded = load_model(config.model, base, device, config.seed, config.trust_remote_code,
                         config.lora_r, config.grad_checkpointing)
@@ -216,7 +217,7 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
                for b in make_batches(loaded.config, loaded.task, config.batch_size * world,
                                      config.seq_len, min(BATCH_POOL, total * config.grad_accum),
                                      config.seed, "cpu")]
-    tracker = NvmlTracker(device.index) if device.type == "cuda" else HostTracker()
+    tracker = NvmlTracker(nvml_handle_of(device.index)) if device.type == "cuda" else HostTracker()
     samples: list[MonitorSample] = []
     monitor = Monitor(tracker, samples.append, config.monitor_hz)
     monitor.start()
@@ -249,7 +250,8 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
                 with counter:
                     scaler.unscale_(optimizer)  # the sharded scaler all-reduces found-inf
                 scale = scaler._get_scale_async().clone()  # read after the step: no sync now
-            norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))  # not counted: ours
+            # not counted: ours; the norm only (clip_grad_norm_ would rewrite every gradient)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
             with counter:
                 if scaler:
                     scaler.step(optimizer)
@@ -326,7 +328,7 @@ def _measured_memory(model, optimizer, grads_bytes: int, activations: int, unsha
                  unsharded_params_bytes=unsharded.peak if unsharded else None,
                  grads_bytes=grads_bytes, optimizer_bytes=opt, activations_bytes=activations,
                  comm_buffers_bytes=buckets)
-    peak, _ = alloc.stop()
+    peak, _, _ = alloc.stop()
     if peak is None:
         return RankMemory(**parts, total_bytes=sum(v for v in parts.values() if v),
                           total_method="sum of exact tensor bytes (no allocator peak on the CPU)",

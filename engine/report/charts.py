@@ -342,7 +342,9 @@ def monitor_chart(record: RunRecord) -> Chart:
                          color=_color(trial.precision), fontsize=8)
     axes[-1].set_xlabel("time since the run started (s); shaded: each precision's trial")
     source_text = "NVML (GPU)" if source == "nvml" else "psutil (host; no NVML on this machine)"
-    return Chart(title, _svg(fig), f"source: {source_text}")
+    device = record.environment.get("device")
+    power = device.get("power_method") if source == "nvml" and isinstance(device, dict) else None
+    return Chart(title, _svg(fig), f"source: {source_text}" + (f"; {power}" if power else ""))
 
 
 def report_charts(record: RunRecord) -> list[Chart]:

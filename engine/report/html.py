@@ -239,8 +239,9 @@ def _memory(trial: TrialResult) -> str:
             ("peak allocated", _bytes(m.peak_allocated_bytes)),
             ("peak reserved", _bytes(m.peak_reserved_bytes)),
             ("temporaries", _bytes(m.temporaries_bytes)),
-            ("NVML process memory", _bytes(m.nvml_process_bytes)),
-            ("CUDA context and other (NVML - reserved)", _bytes(m.context_gap_bytes)),
+            ("NVML process memory", f"{_bytes(m.nvml_process_bytes)} {_e(m.nvml_method)}"),
+            ("CUDA context and other (NVML - reserved, read together)",
+             _bytes(m.context_gap_bytes)),
             ("activations measured by", _e(m.activations_method) or NA),
             ("total measured by", _e(m.total_method) or NA),
             ("notes", _e(m.notes) or NA),
@@ -295,6 +296,9 @@ def _summary(trial: TrialResult) -> str:
         ("skipped steps", _number(s.skipped_steps)),
         ("final loss", _number(s.final_loss)),
         ("final loss scale", _number(s.final_loss_scale)),
+        ("GPU energy per step / per token",
+         f"{_number(s.energy_per_step_j)} J / {_number(s.energy_per_token_j)} J "
+         f"({_e(s.energy_method) or NA})"),
     ])
 
 
@@ -359,6 +363,7 @@ def _trial(trial: TrialResult) -> str:
         ("parameters", f"{_number(trial.param_count)} ({_number(trial.trainable_params)} "
                        "trainable)"),
         ("load footprint", f"{_bytes(trial.load_footprint_bytes)} {_e(trial.footprint_note)}"),
+        *([("notes", "<br>".join(_e(n) for n in trial.notes))] if trial.notes else []),
     ]))
     parts.append('<div class="grid2">')
     parts.append(f"<div><h4>Summary and MFU</h4>{_summary(trial)}</div>")

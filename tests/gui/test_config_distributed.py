@@ -33,7 +33,8 @@ def test_ranks_without_a_strategy_show_the_fix_inline(window):
     panel = window.config_panel
     _type_number(panel.nproc, 2)
     assert not panel.error_label.isHidden()
-    assert "--strategy ddp or fsdp2" in panel.error_label.text()
+    # in the form's words: the field's name, not the CLI flag
+    assert 'set "Strategy" to ddp or fsdp2' in panel.error_label.text()
     assert not window.run_button.isEnabled()
     _choose(panel.strategy, "ddp")
     assert panel.error_label.isHidden() and window.run_button.isEnabled()
