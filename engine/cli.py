@@ -363,6 +363,7 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
     from collections import Counter
 
     from engine.inventory import count_params, dtype_map
+    from engine.memtrack import quant_state_tensors, unique_bytes
     from engine.models import load_model
     from engine.runner import preflight
 
@@ -389,7 +390,9 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
         rows.append({"precision": precision, "status": "ok", "reason": None,
                      "footprint_bytes": loaded.footprint_bytes,
                      "params": count_params(loaded.model)[0],
-                     "bytes_by_dtype": dict(by_dtype), "note": loaded.footprint_note})
+                     "bytes_by_dtype": dict(by_dtype), "note": loaded.footprint_note,
+                     # absmax / SCB live beside the packed weights, outside the footprint
+                     "quant_state_bytes": unique_bytes(quant_state_tensors(loaded.model))})
         del loaded
     return rows
 
@@ -406,8 +409,10 @@ def _footprint(args) -> int:
             print(f"{r['precision']:<10} {'n/a':>14} {'n/a':>14}  {r['reason']}")
             continue
         dtypes = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in r["bytes_by_dtype"].items())
+        quant = r["quant_state_bytes"]
+        beside = f"; + quantisation state {quant / 2**20:.2f} MiB (absmax, SCB)" if quant else ""
         print(f"{r['precision']:<10} {r['footprint_bytes'] / 2**20:>10.2f} MiB "
-              f"{r['params']:>14,}  {dtypes}")
+              f"{r['params']:>14,}  {dtypes}{beside}")
     notes = {r["note"] for r in rows if r.get("note")}
     for note in notes:
         print(f"note: {note}")

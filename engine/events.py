@@ -88,8 +88,8 @@ class StepSample:
     loss: float | None
     step_ms: float
     tokens_per_s: float
-    tflops: float | None
-    mfu: float | None
+    tflops: float | None  # model FLOPs (no recompute) / step time, in TFLOP/s
+    mfu: float | None  # model FLOPs utilisation: tflops / the (blended) peak
     allocated_bytes: int | None
     reserved_bytes: int | None
     loss_scale: float | None
@@ -97,6 +97,7 @@ class StepSample:
     grad_norm: float | None
     time_s: float
     round: int = 0  # which round of an interleaved run measured it (engine/rounds.py)
+    hfu: float | None = None  # hardware FLOPs (counted, recompute included) / time / peak
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,12 @@ class ModuleInfo:
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Measured memory of one trial, by category, in bytes."""
+    """Measured memory of one trial in bytes: the peak and, by category, what was held then.
+
+    ``total_bytes`` is the measured peak; the ``*_bytes`` categories are the storages
+    alive at that moment (engine.memtrack) and add up to it. Parameters exclude buffers;
+    quantisation state (bitsandbytes' absmax, SCB) is its own category.
+    """
 
     params_bytes: int
     grads_bytes: int
@@ -184,6 +190,14 @@ class MemoryBreakdown:
     total_bytes: int = 0
     total_method: str = ""
     notes: str = ""
+    buffers_bytes: int | None = None
+    quant_state_bytes: int | None = None
+    weight_copies_bytes: int | None = None  # autocast's cast weights, dequantised weights
+    inputs_bytes: int | None = None  # the batch
+    peak_phase: str | None = None  # "forward", "backward" or "optimizer"
+    # "backward"/"optimizer" -> category -> bytes held when that phase began (what the
+    # forward saved for backward; every gradient)
+    at_phase_start_bytes: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -199,15 +213,28 @@ class PredictedMemory:
     bytes_per_param: dict = field(default_factory=dict)
     formula: str = ""
     error_pct: dict = field(default_factory=dict)  # category -> 100*(predicted-measured)/measured
+    buffers_bytes: int = 0
+    quant_state_bytes: int = 0  # bitsandbytes absmax / SCB beside the quantised weights
+    weight_copies_bytes: int = 0  # autocast's low-precision weight copies saved for backward
+    activations_method: str = ""  # calibrated per-layer model, or the uncalibrated fallback
 
 
 @dataclass(frozen=True)
 class FlopsInfo:
+    """FLOPs of one optimiser step in two conventions (engine.flops).
+
+    ``counted_per_step`` are the hardware FLOPs (what ran, recompute included: HFU);
+    ``analytic_per_step`` the model FLOPs (PaLM / nanoGPT, no recompute: MFU).
+    """
+
     counted_per_step: int | None
     counted_method: str
     analytic_per_step: int
     analytic_formula: str
     by_op: dict = field(default_factory=dict)
+    by_peak_dtype: dict = field(default_factory=dict)  # hardware FLOPs by peak-table dtype
+    model_convention: str = ""
+    hardware_convention: str = ""
 
 
 @dataclass(frozen=True)
@@ -231,8 +258,8 @@ class TrialSummary:
     steps_measured: int
     median_step_ms: float | None
     tokens_per_s: float | None
-    tflops: float | None
-    mfu: float | None
+    tflops: float | None  # model FLOPs / median step time
+    mfu: float | None  # against the peak blended by the dtypes the step ran
     mfu_reason: str | None
     peak_flops: float | None
     peak_flops_source: str | None
@@ -246,6 +273,8 @@ class TrialSummary:
     energy_method: str = ""  # how the energy was measured, or why it is n/a
     spread: StepTimeSpread | None = None
     distinct_batches: int | None = None  # synthetic batches cycled through the steps
+    hardware_tflops: float | None = None  # hardware FLOPs / median step time
+    hfu: float | None = None
 
 
 @dataclass(frozen=True)
@@ -338,6 +367,7 @@ class TrialResult:
     summary: TrialSummary | None = None
     numerics: dict | None = None
     notes: list[str] = field(default_factory=list)  # what to know reading these figures
+    lora: dict | None = None  # r, alpha, dropout, target_modules, trainable counts
     started_s: float = 0.0
     finished_s: float = 0.0
     ranks: list[RankResult] = field(default_factory=list)  # distributed trials only

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import flops as flops_mod
-from engine import inventory, nvml
+from engine import inventory, memtrack, nvml
 from engine.config import RunConfig
 from engine.device import DeviceInfo
 from engine.events import (
@@ -31,9 +31,10 @@ from engine.events import (
     TrialSummary,
 )
 from engine.memory_model import predict_memory, with_errors
+from engine.memory_model import shape_of as memory_shape
 from engine.models import dims, load_config, load_model, make_batches, resolve_source
+from engine.peaks import PeakLookup, peak_flops, table
 from engine.peaks import mfu as mfu_of
-from engine.peaks import peak_flops
 from engine.recipes import (
     Recipe,
     autocast_for,
@@ -94,40 +95,6 @@ def make_scaler(rec: Recipe, device: torch.device, config: RunConfig):
     return cls(device.type, init_scale=config.init_scale, growth_interval=config.growth_interval)
 
 
-def _tensor_bytes(obj) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in obj)
-    return 0
-
-
-class _SavedActivations:
-    """Bytes autograd saves for backward, excluding parameters (counted elsewhere)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self._param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self._seen: set[int] = set()
-        self.bytes = 0
-
-    def pack(self, tensor: torch.Tensor):
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr and ptr not in self._param_ptrs and ptr not in self._seen:
-            self._seen.add(ptr)
-            self.bytes += storage.nbytes()
-        return tensor
-
-    @staticmethod
-    def unpack(tensor):
-        return tensor
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-
 @dataclass
 class _State:
     """What a trial has measured so far."""
@@ -154,6 +121,7 @@ class _State:
     round_index: int = 0  # interleaved rounds: steps of earlier rounds come first in ``steps``
     step_offset: int = 0
     distinct_batches: int | None = None
+    lora: dict | None = None
 
     def result(self, status: str, reason: str | None) -> TrialResult:
         return TrialResult(
@@ -175,6 +143,7 @@ class _State:
             flops=self.flops,
             steps=list(self.steps),
             summary=None if status == "unsupported" else self._summary(),
+            lora=self.lora,
             started_s=self.started_s,
             finished_s=time.time(),
         )
@@ -186,10 +155,13 @@ class _State:
         median_ms = statistics.median(s.step_ms for s in timed) if timed else None
         tokens = self.config.tokens_per_step
         tps = tokens / (median_ms / 1e3) if median_ms else None
+        model = self.flops.analytic_per_step if self.flops else None
         counted = self.flops.counted_per_step if self.flops else None
-        tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
+        tflops = model / (median_ms / 1e3) / 1e12 if model and median_ms else None
+        hw_tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
         peak = self.peak
         mfu = mfu_of(tflops * 1e12, peak) if (tflops is not None and peak) else None
+        hfu = mfu_of(hw_tflops * 1e12, peak) if (hw_tflops is not None and peak) else None
         if measured and not timed:
             mfu_reason = ("every measured step was skipped by the GradScaler (inf/NaN "
                           "gradients), so there is no step time")
@@ -197,8 +169,6 @@ class _State:
             mfu_reason = "no steps measured"
         elif peak.flops_per_s is None:
             mfu_reason = peak.reason
-        elif counted is None:
-            mfu_reason = "FLOPs could not be counted for this recipe"
         else:
             mfu_reason = None if mfu is not None else "no steps measured"
         mem = self.memory
@@ -224,6 +194,8 @@ class _State:
             energy_method=energy_method,
             spread=step_spread(self.steps, tokens),
             distinct_batches=self.distinct_batches,
+            hardware_tflops=hw_tflops,
+            hfu=hfu,
         )
 
 
@@ -310,6 +282,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.dtype_map = inventory.dtype_map(model)
     state.module_tree = inventory.module_tree(model)
     state.param_count, state.trainable_params = inventory.count_params(model)
+    state.lora = loaded.lora
     mib = loaded.footprint_bytes / 2**20
     log(f"loaded {config.model}: {state.param_count:,} parameters "
         f"({state.trainable_params:,} trainable), footprint {mib:.2f} MiB")
@@ -330,9 +303,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
     state.distinct_batches = len(batches)
 
-    grads_bytes, saved_bytes = _probe(state, loaded, batches[0], params)
-    state.peak = peak_flops(info.name if info.kind == "cuda" else None, rec.peak_dtype,
-                            info.sm_count, info.mig)
+    _probe(state, loaded, batches[0])
+    state.peak = _peak(info, rec, state.flops.by_peak_dtype)
     # float8 is only fast compiled; compiling needs a warm-up step to land in
     state.compiled = config.compile or (rec.fp8 and config.warmup >= 1)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, config.optimizer,
@@ -341,57 +313,72 @@ def _measure(state: _State, emit, cancelled) -> bool:
     alloc = AllocatorTracker(device)
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
                            cancelled)
-
-    state.memory = _memory(model, optimizer, grads_bytes, saved_bytes, alloc, info,
-                           state.nvml_baseline_bytes)
-    d = dims(loaded.config)
-    predicted = predict_memory(
-        rec, config.optimizer, state.param_count, state.trainable_params,
-        inventory.count_quantized_params(model), d["n_layers"], d["hidden"], d["n_heads"],
-        d["vocab"], config.batch_size, config.seq_len, config.grad_checkpointing,
-        attention_scores_stored=_stores_scores(loaded.config, device),
-    )
+    if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
+        return True
+    measured = _tracked_step(state, model, optimizer, scaler, batches)
+    state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
+    shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
+    predicted = predict_memory(rec, config.optimizer, shape, config.batch_size, config.seq_len,
+                               config.grad_checkpointing, device.type)
     state.predicted = with_errors(predicted, state.memory)
-    return stopped
+    return False
 
 
-def _probe(state: _State, loaded, batch: dict, params: list) -> tuple[int, int]:
-    """One uncounted forward+backward: FLOPs, saved activations and gradient bytes."""
+def _probe(state: _State, loaded, batch: dict) -> None:
+    """One uncounted forward+backward under FlopCounterMode: hardware and model FLOPs."""
     config, rec, model = state.config, state.rec, loaded.model
     device = state.device_info.torch_device
-    saved = _SavedActivations(model)
 
     def step():
-        with saved.hooks(), autocast_for(rec, device):
+        with autocast_for(rec, device):
             loss = model(**batch).loss
         loss.backward()
 
     try:
-        counted, by_op = flops_mod.count_flops(step)
+        counted = flops_mod.count_flops(step, tf32=rec.tf32 and device.type == "cuda")
         counted_method = ("torch.utils.flop_counter.FlopCounterMode over one forward+backward, "
                           f"x {config.grad_accum} micro-batches")
     except Exception as exc:  # some quantised kernels refuse the counting mode
         model.zero_grad(set_to_none=True)
         step()
-        counted, by_op = None, {}
+        counted = None
         counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
-    grads_bytes = sum(_tensor_bytes(p.grad) for p in params if p.grad is not None)
     model.zero_grad(set_to_none=True)
-    d = dims(loaded.config)
     mm_total, mm_trainable = flops_mod.matmul_param_counts(model)
-    analytic, formula = flops_mod.analytic_flops(
-        n_layers=d["n_layers"], hidden=d["hidden"], seq_len=config.seq_len,
+    analytic, formula = flops_mod.model_flops(
         tokens=config.tokens_per_step, matmul_params=mm_total,
         trainable_matmul_params=mm_trainable,
+        attention=flops_mod.attention_stacks(dims(loaded.config), config.seq_len),
     )
+    accum = config.grad_accum
     state.flops = FlopsInfo(
-        counted_per_step=counted * config.grad_accum if counted else None,
+        counted_per_step=counted.total * accum if counted else None,
         counted_method=counted_method,
         analytic_per_step=analytic,
         analytic_formula=formula,
-        by_op={k: v * config.grad_accum for k, v in by_op.items()},
+        by_op={k: v * accum for k, v in counted.by_op.items()} if counted else {},
+        by_peak_dtype={k: v * accum for k, v in counted.by_peak_dtype.items()} if counted else {},
+        model_convention=flops_mod.MODEL_FLOPS_CONVENTION,
+        hardware_convention=flops_mod.HARDWARE_FLOPS_CONVENTION,
     )
-    return grads_bytes, saved.bytes
+
+
+def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
+    """The peak MFU divides by: blended by the FLOPs each dtype ran (the recipe's own dtype
+    where the FLOPs could not be counted)."""
+    if info.kind != "cuda":
+        return peak_flops(None, rec.peak_dtype)
+    columns = table()["dtypes"]
+
+    def lookup(key: str) -> PeakLookup:
+        if key in columns:
+            return peak_flops(info.name, key)
+        return PeakLookup(None, None, f"no peak FLOP/s column for {key} matmuls")
+
+    if not by_peak_dtype:
+        return lookup(rec.peak_dtype)
+    blend = flops_mod.blended_peak(by_peak_dtype, lookup)
+    return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
 
 
 def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc, emit,
@@ -494,21 +481,16 @@ class _EnergyWindow:
             "device-wide: another process on this GPU would add to it"))
 
 
-def _stores_scores(model_config, device: torch.device) -> bool:
-    # Fused GPU attention keeps no s x s score matrix; eager attention and torch's CPU
-    # attention path save it for backward.
-    eager = getattr(model_config, "_attn_implementation", None) == "eager"
-    return eager or device.type == "cpu"
-
-
 def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, item) -> None:
     i, warm, mark, scalars, allocated, reserved = item
     config = state.config
     step_ms = timer.sample(mark)
     loss, norm, before, after = readback.read(scalars)
+    model = state.flops.analytic_per_step if state.flops else None
     counted = state.flops.counted_per_step if state.flops else None
-    tflops = counted / (step_ms / 1e3) / 1e12 if counted and step_ms > 0 else None
+    tflops = model / (step_ms / 1e3) / 1e12 if model and step_ms > 0 else None
     mfu = mfu_of(tflops * 1e12, state.peak) if tflops is not None else None
+    hfu = mfu_of(counted / (step_ms / 1e3), state.peak) if counted and step_ms > 0 else None
     skipped = after is not None and after < before
     norm = None if skipped else norm  # a skipped step's norm is inf/NaN
     sample = StepSample(
@@ -527,37 +509,68 @@ def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, 
         grad_norm=norm,
         time_s=time.time(),
         round=state.round_index,
+        hfu=hfu,
     )
     state.steps.append(sample)
     emit(sample)
 
 
-def _memory(model, optimizer, grads_bytes: int, activations: int,
-            alloc: AllocatorTracker, info: DeviceInfo,
-            nvml_baseline_bytes: int | None = None) -> MemoryBreakdown:
-    params_bytes = inventory.unique_param_bytes(model) + sum(
-        b.numel() * b.element_size() for b in model.buffers()
-    )
-    opt_bytes = sum(_tensor_bytes(s) for s in optimizer.state.values())
-    known = params_bytes + grads_bytes + opt_bytes + activations
-    exact = dict(
-        params_bytes=params_bytes,
-        grads_bytes=grads_bytes,
-        optimizer_bytes=opt_bytes,
-        activations_bytes=activations,
-        activations_method="bytes autograd saved for backward in one micro-batch "
-                           "(saved-tensor hooks)",
+def _tracked_step(state: _State, model, optimizer, scaler, batches) -> memtrack.MeasuredPeak:
+    """One more optimiser step, untimed, watched by engine.memtrack from a steady state
+    (optimiser state exists, gradients were freed), as the timed steps ran it."""
+    config, rec = state.config, state.rec
+    device = state.device_info.torch_device
+    watcher = memtrack.MemoryWatcher(device)
+    watcher.track_training(model, optimizer, batches[0])
+    with watcher:
+        for micro in range(config.grad_accum):
+            batch = batches[micro % len(batches)]
+            watcher.phase = "forward"
+            with autocast_for(rec, device):
+                loss = model(**batch).loss / config.grad_accum
+            watcher.phase = "backward"
+            (scaler.scale(loss) if scaler else loss).backward()
+            del loss
+        watcher.phase = "optimizer"
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        watcher.mark_optimizer_state(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+    return watcher.result()
+
+
+def _memory(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: DeviceInfo,
+            compiled: bool, nvml_baseline_bytes: int | None = None) -> MemoryBreakdown:
+    at = measured.at_peak
+    method = ("engine.memtrack: every storage from allocation to release over one step; "
+              "the largest sum of live bytes")
+    if compiled:
+        method += " (an eager step: compiled kernels fuse and may allocate less)"
+    fields = dict(
+        params_bytes=at["params"],
+        buffers_bytes=at["buffers"],
+        quant_state_bytes=at["quant_state"],
+        grads_bytes=at["grads"],
+        optimizer_bytes=at["optimizer"],
+        inputs_bytes=at["inputs"],
+        weight_copies_bytes=at["weight_copies"],
+        activations_bytes=at["activations"],
+        activations_method="storages made inside a module's forward (checkpointed layers' "
+                           "recomputed forward included) alive at the peak",
+        temporaries_bytes=at["temporaries"],
+        total_bytes=measured.peak_bytes,
+        total_method=method,
+        peak_phase=measured.phase,
+        at_phase_start_bytes=measured.at_phase_start,
     )
     peak_alloc, peak_res, covers = alloc.stop()
     if peak_alloc is None:  # the CPU, or no step ran before a cancel
-        return MemoryBreakdown(
-            **exact,
-            total_bytes=known,
-            total_method="sum of exact tensor bytes (no allocator peak counter: "
-                         f"{'CPU run' if info.kind == 'cpu' else 'no step ran'})",
-            notes="temporaries, allocator reserve and context are not measurable without an "
-                  "allocator peak; on the CPU, host RSS is in the monitor samples",
-        )
+        return MemoryBreakdown(**fields, notes="categories are what was held at the peak; "
+                               "weight copies are autocast's cast (and bitsandbytes' "
+                               "dequantised) weights")
     # NVML and the allocator read at the same moment, the GPU idle: the gap is what the
     # allocator does not hold (CUDA context, loaded kernels), not a peak-vs-now artefact
     torch.cuda.synchronize(info.torch_device)
@@ -565,19 +578,15 @@ def _memory(model, optimizer, grads_bytes: int, activations: int,
     nvml_bytes, nvml_method = nvml.process_memory(info.nvml_handle(), {os.getpid()},
                                                   nvml_baseline_bytes)
     return MemoryBreakdown(
-        **exact,
-        temporaries_bytes=max(0, peak_alloc - known),
+        **fields,
         peak_allocated_bytes=peak_alloc,
         peak_reserved_bytes=peak_res,
         nvml_process_bytes=nvml_bytes,
         context_gap_bytes=nvml_bytes - reserved_now if nvml_bytes is not None else None,
         nvml_method=nvml_method,
         reserved_at_nvml_read_bytes=reserved_now,
-        total_bytes=peak_alloc,
-        total_method=f"peak of torch.cuda.max_memory_allocated {covers}",
-        notes="temporaries = peak allocated - (parameters + gradients + optimizer state + "
-              "saved activations), floored at 0: activations are freed while gradients are "
-              "allocated, so the categories overlap in time. Peak reserved covers the same "
-              "steps. Context gap = NVML process memory - allocator reserved, both read after "
-              "the steps at the same moment",
+        notes="categories are what was held at the peak. torch.cuda.max_memory_allocated "
+              f"{covers} stands beside it: it also sees kernels' scratch memory (cuBLAS "
+              "workspaces) that no tensor holds. Context gap = NVML process memory - "
+              "allocator reserved, both read after the steps at the same moment",
     )

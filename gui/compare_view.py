@@ -59,9 +59,18 @@ def _memory_parts(trial: TrialResult) -> list[tuple[str, int | None]]:
         ("parameters", m.params_bytes),
         ("gradients", m.grads_bytes),
         ("optimizer state", m.optimizer_bytes),
+        ("weight copies", m.weight_copies_bytes or 0),  # 0 in reports from before them
         ("activations", m.activations_bytes),
-        ("other", m.temporaries_bytes),
+        ("other", _other(m)),
     ]
+
+
+def _other(m) -> int | None:
+    """The rest of the measured peak: temporaries, buffers, quantisation state, the batch."""
+    if m.temporaries_bytes is None:
+        return None
+    return sum(v or 0 for v in (m.temporaries_bytes, m.buffers_bytes, m.quant_state_bytes,
+                                m.inputs_bytes))
 
 
 class CompareView(QWidget):
@@ -78,7 +87,7 @@ class CompareView(QWidget):
             "memory": ("Memory by category (left: measured, right: predicted)", "MiB", None),
             "throughput": ("Throughput (whiskers: 95% CI; label: speed-up vs fp32)", "tokens/s",
                            None),
-            "mfu": ("MFU", "MFU", "%"),
+            "mfu": ("MFU (model FLOPs, no recompute; peak blended by dtype)", "MFU", "%"),
             "peak_memory": ("Peak memory", "MiB", None),
         }
         for i, (key, (title, label, units)) in enumerate(titles.items()):

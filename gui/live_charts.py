@@ -32,7 +32,7 @@ CHARTS: dict[str, tuple[str, str, str | None]] = {
     "loss_scale": ("Loss scale (○ = skipped step)", "log2(scale)", None),
     "step_time": ("Step time", "step time", "s"),
     "throughput": ("Throughput", "tokens/s", None),
-    "mfu": ("MFU", "MFU (%)", None),
+    "mfu": ("MFU (model FLOPs, no recompute)", "MFU (%)", None),
     "memory": ("Allocated (solid) / reserved (dashed)", "memory (MiB)", None),
     "monitor_util": ("GPU utilisation", "utilisation (%)", None),
     "monitor_memory": ("GPU memory", "memory (MiB)", None),

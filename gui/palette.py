@@ -14,6 +14,7 @@ MEMORY_CATEGORY_COLORS: dict[str, str] = {
     "parameters": "#1F4E79",
     "gradients": "#4A7FB0",
     "optimizer state": "#8FB8DE",
+    "weight copies": "#A8D5BA",
     "activations": "#D9B56C",
     "other": "#BBBBBB",
 }

@@ -13,7 +13,7 @@ import math
 
 from engine.distributed.recipes import DistRecipe
 from engine.events import RankMemory
-from engine.memory_model import _optimizer_bytes
+from engine.memory_model import optimizer_bytes_per_param
 
 _CATEGORIES = ("sharded_params_bytes", "unsharded_params_bytes", "grads_bytes",
                "optimizer_bytes", "activations_bytes", "comm_buffers_bytes", "total_bytes")
@@ -23,7 +23,7 @@ def predict_rank_memory(rec: DistRecipe, optimizer: str, params: int, trainable:
                         buffers_bytes: int, world: int, root_params: int, largest_unit: int,
                         activations: int) -> RankMemory:
     w = rec.base.weight_dtype.itemsize
-    opt = _optimizer_bytes(optimizer, w)
+    opt = optimizer_bytes_per_param(optimizer, w)
     if rec.strategy == "ddp":
         parts = dict(sharded_params_bytes=params * w + buffers_bytes, unsharded_params_bytes=None,
                      grads_bytes=trainable * w, optimizer_bytes=int(trainable * opt),

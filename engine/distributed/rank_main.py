@@ -27,12 +27,13 @@ from engine.distributed.memory import errors_pct, predict_rank_memory
 from engine.distributed.recipes import DistRecipe, dist_recipe
 from engine.events import CommVolume, MonitorSample, RankMemory, StepSample, to_dict
 from engine.memory_model import predict_memory
+from engine.memory_model import shape_of as memory_shape
 from engine.models import dims, load_model, make_batches
 from engine.monitor import Monitor
 from engine.quiet import quiet_libraries
 from engine.recipes import set_fp32_precision
 from engine.trackers import AllocatorTracker, HostTracker, NvmlTracker, StepTimer
-from engine.trial import BATCH_POOL, _SavedActivations, _stores_scores, adam_eps, make_optimizer
+from engine.trial import BATCH_POOL, adam_eps, make_optimizer
 
 
 class _Journal:
@@ -69,16 +70,30 @@ def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     return max(lists, key=len)
 
 
-class _Activations(_SavedActivations):
-    """Saved-for-backward bytes, parameters (sharded or all-gathered) excluded."""
+class _Activations:
+    """Saved-for-backward bytes (saved-tensor hooks), parameters (sharded or all-gathered)
+    excluded."""
 
     def __init__(self):
-        self._param_ptrs, self._seen, self.bytes = set(), set(), 0
+        self._seen: set[int] = set()
+        self.bytes = 0
 
     def pack(self, tensor: torch.Tensor):
         if isinstance(tensor, torch.nn.Parameter) or hasattr(tensor, "to_local"):
             return tensor
-        return super().pack(tensor)
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr and ptr not in self._seen:
+            self._seen.add(ptr)
+            self.bytes += storage.nbytes()
+        return tensor
+
+    @staticmethod
+    def unpack(tensor):
+        return tensor
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
 class _Unsharded:
@@ -205,6 +220,7 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
     n_params = sum(p.numel() for p in model.parameters())
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
     model, units, unsharded = _wrap(model, rec, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(config.optimizer, params, config.lr, adam_eps(base))
@@ -278,11 +294,9 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
     measured = max(1, config.steps)
     memory = _measured_memory(model, optimizer, grads_bytes, saved.bytes, unsharded, rec, alloc,
                               buffers)
-    d = dims(loaded.config)
     activations = predict_memory(
-        base, config.optimizer, n_params, n_trainable, 0, d["n_layers"], d["hidden"],
-        d["n_heads"], d["vocab"], config.batch_size, config.seq_len, config.grad_checkpointing,
-        attention_scores_stored=_stores_scores(loaded.config, device)).activations_bytes
+        base, config.optimizer, shape, config.batch_size, config.seq_len,
+        config.grad_checkpointing, device.type).activations_bytes
     root = next((n for n, again in units if not again), 0)
     largest = max((n for n, again in units if again), default=0)
     predicted = predict_rank_memory(rec, config.optimizer, n_params, n_trainable, buffers, world,

@@ -12,12 +12,13 @@ import math
 import torch
 
 from engine.config import RunConfig
+from engine.flops import blended_peak
 from engine.models import dims, load_model, make_batch
 from engine.numerics.advisor import advise
 from engine.numerics.demos import run_demos
 from engine.numerics.formats import format_table
 from engine.numerics.gradients import activation_stats, gradient_stats
-from engine.numerics.optrace import dtype_weighted_peak, trace_ops
+from engine.numerics.optrace import trace_ops
 from engine.peaks import PeakLookup, peak_flops, table
 from engine.recipes import recipe as get_recipe
 from engine.runner import preflight
@@ -98,7 +99,7 @@ def run_lab(model: str, precision: str, device: str = "auto", batch_size: int = 
         "gradients": _asdict(grads),
         "activations": _asdict(activations),
         "op_trace": _asdict(trace),
-        "mfu_dtype_mix": _asdict(dtype_weighted_peak(trace, lookup)),
+        "mfu_dtype_mix": _asdict(blended_peak(trace.flops_by_peak_dtype, lookup)),
         "advice": _asdict(advise(capabilities, trials, grads, model_dims)),
     }
 

@@ -23,6 +23,7 @@ from engine.compare import (
     format_bytes,
     format_cell,
     speed_verdict,
+    trained_text,
 )
 from engine.events import TrialResult
 from engine.record import SCHEMA_VERSION, RunRecord
@@ -219,21 +220,36 @@ def _memory(trial: TrialResult) -> str:
     m, p = trial.memory, trial.predicted_memory
     if m is None and p is None:
         return '<p class="na">n/a: no memory was measured for this trial</p>'
+    # (label, measured field at the peak, predicted field, error category, phase whose start
+    # the error compares with: saved activations when backward begins, all gradients when
+    # the optimiser step begins)
     pairs = [
-        ("parameters", "params_bytes", "params_bytes", "params"),
-        ("fp32 master weights", None, "master_bytes", None),
-        ("gradients", "grads_bytes", "grads_bytes", "grads"),
-        ("optimizer state", "optimizer_bytes", "optimizer_bytes", "optimizer"),
-        ("activations", "activations_bytes", "activations_bytes", "activations"),
-        ("total", "total_bytes", "total_bytes", "total"),
+        ("parameters", "params_bytes", "params_bytes", "params", None),
+        ("buffers", "buffers_bytes", "buffers_bytes", "buffers", None),
+        ("quantisation state (absmax, SCB)", "quant_state_bytes", "quant_state_bytes",
+         "quant_state", None),
+        ("fp32 master weights", None, "master_bytes", None, None),
+        ("gradients", "grads_bytes", "grads_bytes", "grads", "optimizer"),
+        ("optimizer state", "optimizer_bytes", "optimizer_bytes", "optimizer", None),
+        ("autocast / dequantised weight copies", "weight_copies_bytes", "weight_copies_bytes",
+         "weight_copies", "backward"),
+        ("activations", "activations_bytes", "activations_bytes", "activations", "backward"),
+        ("temporaries", "temporaries_bytes", None, None, None),
+        ("input batch", "inputs_bytes", None, None, None),
+        ("peak (total)", "total_bytes", "total_bytes", "total", None),
     ]
+    start = (m.at_phase_start_bytes or {}) if m is not None else {}
+    names = {"grads": "grads", "weight_copies": "weight_copies", "activations": "activations"}
     rows = []
-    for label, mkey, pkey, category in pairs:
+    for label, mkey, pkey, category, phase in pairs:
         measured = getattr(m, mkey) if m is not None and mkey else None
-        predicted = getattr(p, pkey) if p is not None else None
-        rows.append([_e(label), _bytes(measured), _bytes(predicted), _error_pct(p, category)])
-    out = _table(["category", "measured", "predicted", "error (predicted - measured) / measured"],
-                 rows, {1, 2, 3})
+        predicted = getattr(p, pkey) if p is not None and pkey else None
+        then = start.get(phase, {}).get(names.get(category)) if phase else None
+        then_text = f"{_bytes(then)} at {phase} start" if then is not None else ""
+        rows.append([_e(label), _bytes(measured), then_text, _bytes(predicted),
+                     _error_pct(p, category)])
+    out = _table(["category", "measured at the peak", "measured then", "predicted",
+                  "error (predicted - measured) / measured"], rows, {1, 2, 3, 4})
     if m is not None:
         out += _kv([
             ("peak allocated", _bytes(m.peak_allocated_bytes)),
@@ -242,12 +258,14 @@ def _memory(trial: TrialResult) -> str:
             ("NVML process memory", f"{_bytes(m.nvml_process_bytes)} {_e(m.nvml_method)}"),
             ("CUDA context and other (NVML - reserved, read together)",
              _bytes(m.context_gap_bytes)),
+            ("peak reached in", _e(m.peak_phase) or NA),
             ("activations measured by", _e(m.activations_method) or NA),
             ("total measured by", _e(m.total_method) or NA),
             ("notes", _e(m.notes) or NA),
         ])
     if p is not None:
         out += _kv([
+            ("activations predicted by", _e(p.activations_method) or NA),
             ("prediction formula", _e(p.formula) or NA),
             ("bytes per parameter", render_value(p.bytes_per_param)),
         ])
@@ -263,10 +281,16 @@ def _flops(trial: TrialResult) -> str:
         if f.counted_per_step is not None and f.analytic_per_step
         else NA
     )
+    by_dtype = ", ".join(f"{k} {v:,}" for k, v in f.by_peak_dtype.items()) or NA
     out = _kv([
-        ("counted per step", f"{_number(f.counted_per_step)} ({_e(f.counted_method)})"),
-        ("analytic per step", f"{_number(f.analytic_per_step)} ({_e(f.analytic_formula)})"),
-        ("counted / analytic", ratio),
+        ("model FLOPs per step (MFU)",
+         f"{_number(f.analytic_per_step)} ({_e(f.model_convention or 'analytic')}: "
+         f"{_e(f.analytic_formula)})"),
+        ("hardware FLOPs per step (HFU)",
+         f"{_number(f.counted_per_step)} ({_e(f.hardware_convention or 'counted')}; "
+         f"{_e(f.counted_method)})"),
+        ("hardware / model", ratio),
+        ("hardware FLOPs by dtype", _e(by_dtype) if f.by_peak_dtype else NA),
     ])
     if f.by_op:
         rows = [[_e(op), _number(n)] for op, n in sorted(f.by_op.items(), key=lambda kv: -kv[1])]
@@ -285,13 +309,17 @@ def _summary(trial: TrialResult) -> str:
                f"({_e(s.peak_flops_source or 'source not recorded')})")
     else:
         mfu = f"{NA}: {_e(s.mfu_reason or 'no reason recorded')}"
+    hfu = (_e(format_cell("hfu", s.hfu)) if s.hfu is not None
+           else f"{NA}: {_e(s.mfu_reason or 'no reason recorded')}")
     return _kv([
         ("steps measured", _number(s.steps_measured)),
         ("median step time", _e(format_cell("median_step_ms", s.median_step_ms))),
         *_spread_rows(s),
         ("throughput", _e(format_cell("tokens_per_s", s.tokens_per_s))),
-        ("achieved TFLOP/s", _number(s.tflops)),
-        ("MFU", mfu),
+        ("achieved TFLOP/s, model FLOPs", _number(s.tflops)),
+        ("achieved TFLOP/s, hardware FLOPs", _number(s.hardware_tflops)),
+        ("MFU (model FLOPs, no recompute)", mfu),
+        ("HFU (hardware FLOPs, recompute included)", hfu),
         ("peak memory", f"{_bytes(s.peak_memory_bytes)} ({_e(s.peak_memory_method)})"),
         ("skipped steps", _number(s.skipped_steps)),
         ("final loss", _number(s.final_loss)),
@@ -362,7 +390,11 @@ def _trial(trial: TrialResult) -> str:
         ("device", _e(trial.device) or NA),
         ("parameters", f"{_number(trial.param_count)} ({_number(trial.trainable_params)} "
                        "trainable)"),
+        ("trains", _e(trained_text(trial) or NA)),
+        ("LoRA configuration", render_value(trial.lora) if trial.lora else NA),
         ("load footprint", f"{_bytes(trial.load_footprint_bytes)} {_e(trial.footprint_note)}"),
+        ("quantisation state beside it",
+         _bytes(trial.memory.quant_state_bytes) if trial.memory else NA),
         *([("notes", "<br>".join(_e(n) for n in trial.notes))] if trial.notes else []),
     ]))
     parts.append('<div class="grid2">')

@@ -175,7 +175,7 @@ def test_copy_puts_the_table_on_the_clipboard_as_tsv(qtbot, window):
     window.compare_view.copy_table()
     text = QGuiApplication.clipboard().text()
     lines = text.strip().split("\n")
-    assert lines[0].split("\t")[:3] == ["Precision", "Status", "Step time"]
+    assert lines[0].split("\t")[:4] == ["Precision", "Status", "Trained params", "Step time"]
     assert lines[1].startswith("fp32\tok\t")
 
 
