@@ -34,10 +34,7 @@ def _config(source: ModelSource, trust_remote_code: bool):
     except ValueError as exc:
         if "trust_remote_code" in str(exc) or "custom code" in str(exc):
             raise _remote_code(source) from None
-        if source.kind != "folder":
-            raise
-        raise ValueError(f"transformers cannot read the config of {source.ref}: "
-                         f"{one_line(exc)}") from None
+        raise  # already a sentence with the fix (engine.models)
     except Exception as exc:  # transformers raises OSError, KeyError, ... for bad folders
         if "trust_remote_code" in str(exc) or "custom code" in str(exc):
             raise _remote_code(source) from None

@@ -145,7 +145,7 @@ def _model_folder(tmp_path, breakage: str) -> Path:
         ("corrupt-config", "config.json is not valid JSON"),
         ("truncated-weights", "damaged or cut short"),
         ("wrong-shape", "do not fit its config.json"),
-        ("no-training-head", "no causal-LM training head"),
+        ("no-training-head", "no language-modelling head to train"),
         ("unknown-type", "no-such-architecture"),
         ("remote-code", "--trust-remote-code"),
     ],
