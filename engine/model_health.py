@@ -34,7 +34,10 @@ def _config(source: ModelSource, trust_remote_code: bool):
     except ValueError as exc:
         if "trust_remote_code" in str(exc) or "custom code" in str(exc):
             raise _remote_code(source) from None
-        raise  # already a sentence with the fix (engine.models)
+        if "\n" not in str(exc) and not _UPGRADE.search(str(exc)):
+            raise  # already one sentence with the fix (engine.models)
+        raise ValueError(f"transformers cannot read the config of {source.ref}: "
+                         f"{one_line(exc)}") from None
     except Exception as exc:  # transformers raises OSError, KeyError, ... for bad folders
         if "trust_remote_code" in str(exc) or "custom code" in str(exc):
             raise _remote_code(source) from None
