@@ -7,15 +7,19 @@ file is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 from engine import VERSION
 from engine.config import INTERLEAVE, OPTIMIZERS, PRECISIONS, RunConfig, parse_precisions
 
-EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1  # trials failed, or the report could not be written
+EXIT_BAD_INPUT = 2  # nothing ran
+SIGNAL_GRACE_S = 5.0  # after SIGTERM/SIGHUP, a trial has this long to stop on its own
 
 
 class _Parser(argparse.ArgumentParser):
@@ -105,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="each probe in a child process (default) or in this one")
     fit.add_argument("--json", action="store_true", help="print JSON")
     fit.add_argument("--quiet", action="store_true", help="no progress display")
+
+    rep = sub.add_parser("report", help="write a report from a run journal (or a JSON report)")
+    rep.add_argument("source", help="a run journal (runs/<run id>.jsonl in the data folder) "
+                                    "or a JSON report")
+    rep.add_argument("--out", required=True, help="report file: .json, .csv or .html")
     return parser
 
 
@@ -119,22 +128,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
-                   "numerics": _numerics, "fit": _fit}[args.command]
+                   "numerics": _numerics, "report": _report, "fit": _fit}[args.command]
         return handler(args)
     except ValueError as exc:
-        print(f"ampscope: error: {exc}", file=sys.stderr)
+        _say(f"ampscope: error: {exc}", err=True)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _say("ampscope: stopped (Ctrl-C)", err=True)
+        return 128 + signal.SIGINT
 
 
 # --- profile -----------------------------------------------------------------------
 
 
 def _profile(args) -> int:
-    from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
     from engine.distributed.cli_args import distributed_config
-    from engine.gpm import format_gpm
-    from engine.kernels import format_profiled
-    from engine.report.writer import check_writable, write_report
     from engine.runner import Runner
 
     config = RunConfig(
@@ -148,51 +156,123 @@ def _profile(args) -> int:
         profile_step=not args.no_kernel_profile, trace_dir=_trace_dir(args),
         **distributed_config(args),
     )
-    if args.out:
-        check_writable(args.out)
+    out = _check_out(args.out) if args.out else None
     progress = _Progress(config, enabled=not args.quiet)
     runner = Runner(config, progress)
-    previous = signal.signal(signal.SIGINT, lambda *_: _stop(runner, previous))
-    try:
-        record = runner.run()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    progress.close()
-    if args.numerics and not runner.cancelled:
-        from engine.events import to_dict
-        from engine.numerics.lab import run_lab
+    signals = _Signals(runner, inline=config.isolation == "inline")
+    with signals.installed():
+        try:
+            record = runner.run()
+        except KeyboardInterrupt:  # inline trials: a second Ctrl-C stops in the step
+            record = _journaled_record(runner)
+        progress.close()
+        if args.numerics and not signals.received:
+            _add_numerics(runner, record, config, signals)
+        return _finish(record, runner, out, signals, args.trace)
 
-        record.numerics = run_lab(config.model, config.precisions[0].partition("@")[0],
-                                  config.device, config.batch_size, config.seq_len, config.seed,
-                                  trials=[to_dict(t) for t in record.trials],
-                                  loss_scale=config.init_scale,
-                                  trust_remote_code=config.trust_remote_code)
-        advice = record.numerics.get("advice", {})
-        if advice.get("recommended"):
-            print(f"advisor: {advice['recommended']}")
+
+def _check_out(out: str):
+    from engine.report.writer import check_writable
+
+    return check_writable(out)
+
+
+def _journaled_record(runner):
+    """The run as its journal holds it (the record in memory may stop mid-event)."""
+    from engine.journal import read_journal
+
+    if runner.journal is not None:
+        runner.journal.close()
+        try:
+            return read_journal(runner.journal.path)
+        except ValueError:
+            pass
+    record = runner.record
+    record.status = "cancelled"
+    return record
+
+
+def _add_numerics(runner, record, config: RunConfig, signals) -> None:
+    """The numerics lab in a child process: a stop or a failure there keeps the trials."""
+    from engine.events import to_dict
+    from engine.runner import run_lab_in_child
+
+    lab_args = dict(model=config.model, precision=config.precisions[0].partition("@")[0],
+                    device=config.device,
+                    batch_size=config.batch_size, seq_len=config.seq_len, seed=config.seed,
+                    trials=[to_dict(t) for t in record.trials],
+                    loss_scale=config.init_scale, trust_remote_code=config.trust_remote_code)
+    _say("running the numerics lab (Ctrl-C stops it and keeps the trials)...", err=True)
+    try:
+        numerics = run_lab_in_child(lab_args, lambda: bool(signals.received))
+    except (ValueError, RuntimeError) as exc:
+        _say(f"numerics lab failed, the trials are kept: {str(exc).splitlines()[0]}", err=True)
+        return
+    if numerics is None:
+        _say("numerics lab stopped; the trials are kept", err=True)
+        return
+    runner.add_numerics(numerics)
+    record.numerics = numerics
+    advice = numerics.get("advice", {})
+    if advice.get("recommended"):
+        _say(f"advisor: {advice['recommended']}")
+
+
+def _finish(record, runner, out, signals, trace: str | None = None) -> int:
+    """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
+    from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
+    from engine.report.writer import write_report
+
     verdict = speed_verdict(record.trials)
-    print(format_table(comparison_rows(record, verdict)))
-    if config.strategy != "none":
+    _say(format_table(comparison_rows(record, verdict)))
+    if record.config.get("strategy", "none") != "none":
         from engine.distributed.summary_text import distributed_lines
 
-        print(*distributed_lines(record), sep="\n")
+        _say("\n".join(distributed_lines(record)))
     reason = baseline_reason(record)
     if reason:
-        print(f"note: {reason}")
-    print(f"speed: {verdict.text}" + (f"\n  suggestion: {verdict.suggestion}"
-                                       if verdict.suggestion else ""))
+        _say(f"note: {reason}")
+    _say(f"speed: {verdict.text}" + (f"\n  suggestion: {verdict.suggestion}"
+                                      if verdict.suggestion else ""))
+    _say_kernels(record, trace)
+    journal = runner.journal_path
+    code = 0
+    if out is not None:
+        try:
+            write_report(record, out)
+            _say(f"report written to {out}")
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            _say(f"ampscope: error: could not write the report {out} ({why}); "
+                 f"{_journal_note(runner)}", err=True)
+            code = EXIT_FAILED
+    failed = [t for t in record.trials if t.status not in ("ok", "unsupported")]
+    if signals.received:
+        name = signal.Signals(signals.received[0]).name
+        finished = sum(1 for t in record.trials if t.status in ("ok", "unsupported"))
+        _say(f"stopped by {name}: {finished} of {len(record.trials)} trials finished"
+             + (f"; the run is in the journal {journal}" if journal else ""), err=True)
+        return 128 + signals.received[0]
+    if failed:
+        _say(f"{len(failed)} of {len(record.trials)} trials failed: see the reasons above",
+             err=True)
+        return EXIT_FAILED
+    return code
+
+
+def _say_kernels(record, trace: str | None) -> None:
+    """The profiled step's kernel table, GPM figures, and where the traces went."""
+    from engine.gpm import format_gpm
+    from engine.kernels import format_profiled
+
     for text in (format_profiled(record.trials), format_gpm(record.trials)):
         if text:
-            print(text)
-    if args.trace:
+            _say(text)
+    if trace:
         files = [f for t in record.trials if t.profiled_step
                  for f in (t.profiled_step.trace_file, t.profiled_step.memory_snapshot_file) if f]
-        print(f"traces written to {args.trace}: {', '.join(os.path.basename(f) for f in files)}"
-              if files else f"no trace written to {args.trace}: no profiled step ran")
-    if args.out:
-        write_report(record, args.out)
-        print(f"report written to {args.out}")
-    return 0
+        _say(f"traces written to {trace}: {', '.join(os.path.basename(f) for f in files)}"
+             if files else f"no trace written to {trace}: no profiled step ran")
 
 
 def _trace_dir(args) -> str | None:
@@ -211,10 +291,67 @@ def _trace_dir(args) -> str | None:
     return os.path.abspath(args.trace)
 
 
-def _stop(runner, previous) -> None:
-    print("\nstopping after this step (Ctrl-C again to abort)...", file=sys.stderr)
-    runner.cancel()
-    signal.signal(signal.SIGINT, previous)
+def _journal_note(runner) -> str:
+    journal = runner.journal
+    if journal is None or journal.error:
+        why = journal.error if journal is not None else "no journal was kept"
+        return f"the run could not be journaled either ({why})"
+    return (f"the run is kept in the journal {journal.path}: write it with "
+            f"'python main.py report {journal.path} --out other.html'")
+
+
+def _say(text: str, err: bool = False) -> None:
+    """Print, surviving a terminal that is gone (SIGHUP): the report matters more."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        print(text, file=stream, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+class _Signals:
+    """Ctrl-C, SIGTERM and SIGHUP during a run: the first stops the run, keeping what was
+    measured; a second one stops the running trial at once. The report is still written."""
+
+    HANDLED = tuple(s for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
+
+    def __init__(self, runner, inline: bool):
+        self.runner = runner
+        self.inline = inline
+        self.received: list[int] = []
+
+    @contextlib.contextmanager
+    def installed(self):
+        numbers = [getattr(signal, name) for name in self.HANDLED]
+        previous = {n: signal.signal(n, self._handle) for n in numbers}
+        try:
+            yield self
+        finally:
+            for n, handler in previous.items():
+                signal.signal(n, handler)
+
+    def _handle(self, signum, _frame) -> None:
+        self.received.append(signum)
+        first = len(self.received) == 1
+        if first and signum == signal.SIGINT:
+            _note("stopping after this step (Ctrl-C again to stop at once)...")
+            self.runner.cancel()
+        elif first:
+            _note(f"{signal.Signals(signum).name}: stopping the run, keeping what was measured")
+            self.runner.cancel(grace_s=SIGNAL_GRACE_S)
+        else:
+            _note("stopping now; what was measured is kept")
+            self.runner.abort()
+            if self.inline and len(self.received) == 2:
+                raise KeyboardInterrupt  # an inline trial cannot be ended from outside
+
+
+def _note(text: str) -> None:
+    # os.write, not print: a signal handler may interrupt a print to the same stream
+    try:
+        os.write(2, f"\n{text}\n".encode())
+    except OSError:
+        pass
 
 
 class _Progress:
@@ -254,15 +391,18 @@ class _Progress:
             self._line(f"  {event.level}: {event.message}", end=True)
 
     def _line(self, text: str, end: bool = False) -> None:
-        if self.tty:
-            sys.stderr.write("\r\033[K" + text + ("\n" if end else ""))
-        else:
-            sys.stderr.write(text + "\n")
-        sys.stderr.flush()
+        try:  # a closed terminal (SIGHUP) must not stop the run
+            if self.tty:
+                sys.stderr.write("\r\033[K" + text + ("\n" if end else ""))
+            else:
+                sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            self.enabled = False
 
     def close(self) -> None:
         if self.enabled and self.tty:
-            sys.stderr.write("\n")
+            _say("", err=True)
 
 
 # --- footprint ---------------------------------------------------------------------
@@ -286,8 +426,14 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
             rows.append({"precision": precision, "status": "unsupported", "reason": reason,
                          "footprint_bytes": None, "params": None, "bytes_by_dtype": {}})
             continue
-        loaded = load_model(model, precision, info.torch_device, seed, trust_remote_code,
-                            train=False)
+        try:
+            loaded = load_model(model, precision, info.torch_device, seed, trust_remote_code,
+                                train=False)
+        except Exception as exc:  # a model folder that passed the checks and still fails
+            from engine.model_health import one_line
+
+            raise ValueError(f"{model} could not be loaded as {precision}: "
+                             f"{one_line(exc)}") from None
         by_dtype: Counter = Counter()
         for p in dtype_map(loaded.model):
             if p.tied_to is None:
@@ -351,8 +497,12 @@ def _numerics(args) -> int:
     from engine.record import RunRecord
     from engine.report.writer import check_writable, write_report
 
+    out = None
     if args.out:
-        check_writable(args.out)
+        if Path(args.out).suffix.lower() == ".csv":
+            raise ValueError("numerics --out takes .json or .html: a CSV holds training steps, "
+                             "and the numerics lab runs none (use profile --out x.csv)")
+        out = check_writable(args.out)
     result = run_lab(args.model, args.precision, args.device, args.batch_size, args.seq_len,
                      args.seed, trust_remote_code=args.trust_remote_code)
     print(json.dumps(result, indent=2) if args.json else format_lab_text(result))
@@ -361,8 +511,32 @@ def _numerics(args) -> int:
                            batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed)
         record = RunRecord(config=config.to_dict(), environment=collect(probe(args.device)),
                            numerics=result, status="ok")
-        write_report(record, args.out)
-        print(f"report written to {args.out}")
+        try:
+            write_report(record, out)
+        except OSError as exc:
+            _say(f"ampscope: error: could not write the report {out} ({exc.strerror})", err=True)
+            return EXIT_FAILED
+        print(f"report written to {out}")
+    return 0
+
+
+# --- report ------------------------------------------------------------------------
+
+
+def _report(args) -> int:
+    """Any journal (or JSON report) into any report format."""
+    from engine.report.writer import check_writable, write_report
+
+    out = check_writable(args.out)
+    from engine.journal import read_run
+
+    record = read_run(args.source)
+    try:
+        write_report(record, out)
+    except OSError as exc:
+        _say(f"ampscope: error: could not write the report {out} ({exc.strerror})", err=True)
+        return EXIT_FAILED
+    _say(f"report of run {record.run_id} ({record.status}) written to {out}")
     return 0
 
 

@@ -7,6 +7,7 @@ the CLI can print it as one line and the window can show it inline.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 PRECISIONS: tuple[str, ...] = (
@@ -103,12 +104,12 @@ class RunConfig:
             raise ValueError(
                 f"unknown optimizer '{self.optimizer}': choose from {', '.join(OPTIMIZERS)}"
             )
-        if not self.lr > 0:
-            raise ValueError(f"learning rate must be above 0 (got {self.lr!r}): set --lr")
-        if not self.init_scale > 0:
-            raise ValueError(
-                f"initial loss scale must be above 0 (got {self.init_scale!r}): set --init-scale"
-            )
+        if not self.lr > 0 or not math.isfinite(self.lr):
+            raise ValueError(f"learning rate must be a finite number above 0 (got {self.lr!r}): "
+                             "set --lr")
+        if not self.init_scale > 0 or not math.isfinite(self.init_scale):
+            raise ValueError(f"initial loss scale must be a finite number above 0 "
+                             f"(got {self.init_scale!r}): set --init-scale")
         if self.isolation not in ISOLATIONS:
             raise ValueError(
                 f"unknown isolation '{self.isolation}': choose from {', '.join(ISOLATIONS)}"
@@ -117,7 +118,7 @@ class RunConfig:
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ValueError(f"unknown device '{self.device}': use auto, cpu, cuda or cuda:N")
         object.__setattr__(self, "device", dev)
-        if not self.monitor_hz > 0:
+        if not self.monitor_hz > 0 or not math.isfinite(self.monitor_hz):
             raise ValueError("monitor rate must be above 0 Hz")
         if self.interleave not in INTERLEAVE:
             raise ValueError(f"unknown interleave setting '{self.interleave}': choose from "

@@ -237,19 +237,33 @@ def run_trial(
     try:
         with device_info.device_context(), fp32_precision(rec):
             stopped = _measure(state, emit, cancelled)
-    except torch.OutOfMemoryError as exc:
-        return state.result("oom", f"out of GPU memory: {str(exc).splitlines()[0]}")
-    except MemoryError:
-        return state.result("oom", "out of host memory")
     except Exception as exc:
-        return state.result("error", f"{type(exc).__name__}: {exc}")
+        return state.result(*failure(exc))
     finally:
         if device_info.kind == "cuda":
-            torch.cuda.empty_cache()
+            try:  # after a sticky CUDA error this raises too: the result must still go out
+                torch.cuda.empty_cache()
+            except Exception:  # noqa: S110
+                pass
     if stopped:
         measured = sum(1 for s in state.steps if not s.warmup)
         return state.result("cancelled", f"stopped by the user after {measured} measured steps")
     return state.result("ok", None)
+
+
+HOST_OOM_ADVICE = ("try a smaller batch, sequence or model, or raise the memory limit "
+                   "(ulimit -v, the container's memory limit)")
+
+
+def failure(exc: Exception) -> tuple[str, str]:
+    """A trial's status and reason for the exception that ended it."""
+    text = str(exc)
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if isinstance(exc, torch.OutOfMemoryError) or "CUBLAS_STATUS_ALLOC_FAILED" in text:
+        return "oom", f"out of GPU memory: {first}"
+    if isinstance(exc, MemoryError) or "can't allocate memory" in text:
+        return "oom", f"out of host memory ({first}): {HOST_OOM_ADVICE}"
+    return "error", f"{type(exc).__name__}: {text}"
 
 
 def _shape_reason(config: RunConfig, rec: Recipe) -> str | None:

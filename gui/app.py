@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     app.setApplicationName(settings.APPLICATION)
     # imported after the QApplication exists: the window's modules build Qt objects
     from gui.main_window import MainWindow
+    from gui.signals import close_on_signals
 
     window = MainWindow()
     window.show()
+    close_on_signals(window)
     return app.exec()

@@ -21,8 +21,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.journal import journal_entries, read_journal
 from engine.record import RunRecord
-from gui.history import HistoryError, HistoryStore, combine_trials
+from gui.history import HistoryEntry, HistoryError, HistoryStore, combine_trials
 from gui.palette import precision_color
 from gui.plain_text import as_html
 
@@ -77,8 +78,14 @@ class HistoryView(QWidget):
         except HistoryError as exc:
             entries = []
             self._fail(str(exc))
+        # runs the database does not hold (a window or CLI run that was killed, a CLI
+        # run) are read from their journals in the data folder
+        journaled = journal_entries({e.id for e in entries})
+        self._journals = {j.run_id: j.path for j in journaled}
+        entries += [HistoryEntry(j.run_id, j.started_s, j.model, j.precisions, j.device,
+                                 j.status) for j in journaled]
         self.empty.setVisible(not entries)
-        for entry in entries:
+        for entry in sorted(entries, key=lambda e: e.started_s, reverse=True):
             started = datetime.datetime.fromtimestamp(entry.started_s).strftime("%Y-%m-%d %H:%M")
             run = QTreeWidgetItem([entry.id, started, entry.model, ", ".join(entry.precisions),
                                    entry.device, entry.status])
@@ -118,9 +125,14 @@ class HistoryView(QWidget):
 
     # --- actions -----------------------------------------------------------------------
 
+    def _load(self, run_id: str) -> RunRecord:
+        if run_id in self._journals:
+            return read_journal(self._journals[run_id])
+        return self.store.load(run_id)
+
     def open_run(self, run_id: str) -> RunRecord | None:
         try:
-            record = self.store.load(run_id)
+            record = self._load(run_id)
         except (KeyError, ValueError, HistoryError) as exc:
             self._fail(f"Cannot open {exc}" if isinstance(exc, ValueError)
                        else str(exc).strip("'"))
@@ -130,6 +142,8 @@ class HistoryView(QWidget):
         return record
 
     def delete_run(self, run_id: str) -> None:
+        if run_id in self._journals:
+            self._journals[run_id].unlink(missing_ok=True)
         try:
             self.store.delete(run_id)
         except HistoryError as exc:
@@ -142,7 +156,7 @@ class HistoryView(QWidget):
             self.message.setText("Tick at least one trial first.")
             return
         try:
-            records = {run_id: self.store.load(run_id)
+            records = {run_id: self._load(run_id)
                        for run_id in dict.fromkeys(r for r, _ in picks)}
         except (KeyError, ValueError, HistoryError) as exc:
             self._fail(f"Cannot compare: {exc}")

@@ -60,6 +60,7 @@ from gui.worker import LabWorker, RunWorker
 LOADING = "loading model…"
 REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)",
                   "csv": "CSV table (*.csv)"}
+OPEN_FILTER = "JSON report or run journal (*.json *.jsonl)"
 
 
 class MainWindow(QMainWindow):
@@ -170,7 +171,7 @@ class MainWindow(QMainWindow):
 
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
-        open_action = QAction("&Open JSON report…", self)
+        open_action = QAction("&Open report or journal…", self)
         open_action.setShortcut(QKeySequence.StandardKey.Open)
         open_action.triggered.connect(self._ask_open_report)
         file_menu.addAction(open_action)
@@ -402,6 +403,10 @@ class MainWindow(QMainWindow):
             # the run's report and history entry carry the lab from now on
             record.numerics = numerics
             self._keep_in_history(record)
+            from engine.journal import append_numerics, journal_path
+
+            if journal_path(record.run_id).is_file():
+                append_numerics(journal_path(record.run_id), numerics)
 
     def _on_lab_errored(self, message: str) -> None:
         self.lab_worker.join()
@@ -455,10 +460,11 @@ class MainWindow(QMainWindow):
     # --- files -------------------------------------------------------------------------
 
     def open_report(self, path: str | Path) -> bool:
-        from engine.report.json_io import read_json
+        """Open a JSON report or a run journal (.jsonl), as the CLI's report command reads."""
+        from engine.journal import read_run
 
         try:
-            record = read_json(path)
+            record = read_run(path)
         except (OSError, ValueError) as exc:
             # the previous run stays on show; the message names the file and the fault
             self._log("error", f"could not open the report: {exc}")
@@ -500,7 +506,7 @@ class MainWindow(QMainWindow):
         return export_chart(self.chart(key), path)
 
     def _ask_open_report(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open report", "", REPORT_FILTERS["json"])
+        path, _ = QFileDialog.getOpenFileName(self, "Open report", "", OPEN_FILTER)
         if path:
             self.open_report(path)
 

@@ -6,6 +6,19 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_configure(config):
+    """Every test (and every process it starts) keeps its data out of the user's folder.
+
+    Runs write their journal to ``$AMPSCOPE_DATA_DIR/runs``; GUI tests point the
+    variable at their own temporary folder on top of this.
+    """
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ampscope-test-data-")
+    os.environ["AMPSCOPE_DATA_DIR"] = folder
+    config.add_cleanup(lambda: __import__("shutil").rmtree(folder, ignore_errors=True))
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need CUDA: skip them, saying why, on machines without it."""
     import pytest

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from engine.record import RunRecord
+from engine.report.atomic import make_temp, remove_stale_temps, resolve_target
 from engine.report.csv_io import write_csv
 from engine.report.html import write_html
 from engine.report.json_io import write_json
@@ -26,17 +27,32 @@ def write_report(record: RunRecord, path: str | os.PathLike) -> Path:
     return _writer(path)(record, path)
 
 
-def check_writable(path: str | os.PathLike) -> None:
-    """Fail now, with the fix, if a report could not be written to ``path`` later."""
-    path = Path(path)
-    _writer(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise ValueError(f"{path} is a folder: give a file name such as {path / 'report.json'}")
+def check_writable(path: str | os.PathLike) -> Path:
+    """Fail now, with the fix, if a report could not be written to ``path`` later.
+
+    Returns the file the report will land in (a symlink's target). The folder is
+    tried for real, with the temporary file the writer will use: permissions alone do
+    not show a read-only mount, a full disk or ``/proc`` as root.
+    """
+    given = Path(path)
+    if given.is_dir():
+        raise ValueError(f"{given} is a folder: give a file name such as {given / 'report.json'}")
+    _writer(given)
+    target = resolve_target(given)
+    _writer(target)
+    if target.is_dir():
+        raise ValueError(f"{given} leads to the folder {target}: give a file name")
+    folder = target.parent
     if not folder.is_dir():
         raise ValueError(f"folder {folder} does not exist: create it or choose another --out")
-    # the atomic writers create a temporary file in the folder, so the folder must be writable
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"folder {folder} is not writable: choose another --out")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ValueError(f"{path} exists and is read-only: choose another --out or remove it")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ValueError(f"{target} exists and is read-only: choose another --out or remove it")
+    remove_stale_temps(folder)
+    try:
+        fd, tmp = make_temp(target)
+    except OSError as exc:
+        raise ValueError(f"cannot write in folder {folder} ({exc.strerror}): "
+                         "choose another --out") from None
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+    return target

@@ -89,3 +89,137 @@ def test_presets_and_version_through_main_py():
     bad = subprocess.run([sys.executable, "main.py", "profile", "--batch-size", "0"], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_failed_trials_exit_1_with_the_table_and_a_summary(monkeypatch, capsys):
+    import engine.trial as trial_mod
+
+    real = trial_mod.load_model
+
+    def flaky(model, recipe, *a, **k):
+        if recipe.precision in ("fp32", "bf16"):
+            raise RuntimeError("driver fell over")
+        return real(model, recipe, *a, **k)
+
+    monkeypatch.setattr(trial_mod, "load_model", flaky)
+    code = main(["profile", *TINY, "--precision", "fp32,bf16,fp16-amp,tf32"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "driver fell over" in captured.out and "Speed-up vs fp32" in captured.out
+    assert captured.err.strip().splitlines()[-1] == "2 of 4 trials failed: see the reasons above"
+
+
+def _model_folder(tmp_path, breakage: str) -> Path:
+    """A model folder broken the way ``breakage`` says, saved by transformers first."""
+    from engine.models import model_class
+    from engine.presets import get_preset
+
+    folder = tmp_path / breakage
+    preset = get_preset("tiny")
+    model_class(preset.task).from_config(preset.build_config()).save_pretrained(folder)
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text())
+    weights = folder / "model.safetensors"
+    if breakage == "corrupt-config":
+        config_file.write_text('{"model_type": "gpt2", ')
+        return folder
+    if breakage == "truncated-weights":
+        with open(weights, "r+b") as fh:
+            fh.truncate(weights.stat().st_size // 2)
+    elif breakage == "wrong-shape":
+        config["n_embd"] *= 2
+    elif breakage == "no-training-head":
+        config.update(model_type="clip_vision_model", architectures=["CLIPVisionModel"])
+    elif breakage == "unknown-type":
+        config["model_type"] = "no-such-architecture"
+    elif breakage == "remote-code":
+        config.update(model_type="mything", auto_map={"AutoConfig": "cfg.MyConfig",
+                                                      "AutoModelForCausalLM": "mod.MyModel"})
+    config_file.write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("breakage", "fragment"),
+    [
+        ("corrupt-config", "config.json is not valid JSON"),
+        ("truncated-weights", "damaged or cut short"),
+        ("wrong-shape", "do not fit its config.json"),
+        ("no-training-head", "no language-modelling head to train"),
+        ("unknown-type", "no-such-architecture"),
+        ("remote-code", "--trust-remote-code"),
+    ],
+)
+def test_model_folders_that_break_transformers_are_one_line_in_every_command(
+        tmp_path, capsys, breakage, fragment):
+    folder = str(_model_folder(tmp_path, breakage))
+    commands = [["profile", *TINY, "--model", folder],
+                ["footprint", "--model", folder, "--precision", "fp32", "--device", "cpu"],
+                ["numerics", "--model", folder, "--device", "cpu", "--seq-len", "8"]]
+    for argv in commands:
+        assert main(argv) == 2, argv
+        line = _error_line(capsys)
+        assert fragment in line, (argv, line)
+        assert "upgrade" not in line.lower() and "pip install" not in line
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--lr", "inf"], "--lr"),
+        (["--lr", "nan"], "--lr"),
+        (["--init-scale", "inf"], "--init-scale"),
+        (["--init-scale", "-inf"], "--init-scale"),
+    ],
+)
+def test_non_finite_numbers_are_refused(args, fragment, capsys):
+    assert main(["profile", *TINY, *args]) == 2
+    assert fragment in _error_line(capsys)
+
+
+def test_numerics_refuses_csv_and_out_refuses_a_folder(tmp_path, capsys):
+    assert main(["numerics", "--model", "tiny", "--out", str(tmp_path / "n.csv")]) == 2
+    assert "CSV holds training steps" in _error_line(capsys)
+    assert main(["profile", *TINY, "--out", str(tmp_path)]) == 2
+    assert "is a folder" in _error_line(capsys)
+    folder_json = tmp_path / "looks.json"
+    folder_json.mkdir()
+    assert main(["profile", *TINY, "--out", str(folder_json)]) == 2
+    assert "is a folder" in _error_line(capsys)
+    assert not list(folder_json.iterdir())
+
+
+def test_symlinked_out_is_written_through_and_stale_temps_are_removed(tmp_path, capsys):
+    import subprocess as sp
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    target = reports / "real.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    dead = sp.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a writer that is gone left its temporary file behind
+    stale = reports / f".real.json.{dead.pid}.abc123.ampscope-tmp"
+    stale.write_text("half a report")
+    assert main(["profile", *TINY, "--out", str(link)]) == 0
+    capsys.readouterr()
+    assert link.is_symlink() and json.loads(target.read_text())["trials"]
+    assert not stale.exists()
+    assert sorted(p.name for p in reports.iterdir()) == ["real.json"]
+
+
+def test_report_command_reads_journals_and_refuses_what_is_not_one(tmp_path, capsys):
+    from engine.journal import runs_dir
+
+    assert main(["profile", *TINY, "--precision", "fp32"]) == 0
+    capsys.readouterr()
+    journal = max(runs_dir().glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+    assert main(["report", str(journal), "--out", str(tmp_path / "r.json")]) == 0
+    assert "(ok) written to" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["run_id"] == journal.stem
+    assert main(["report", str(tmp_path / "r.json"), "--out", str(tmp_path / "r.html")]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "x.json")]) == 2
+    assert "not found" in _error_line(capsys)
+    assert main(["report", str(journal), "--out", str(tmp_path / "x.pdf")]) == 2
+    assert ".pdf" in _error_line(capsys)

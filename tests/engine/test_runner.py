@@ -1,6 +1,7 @@
 import multiprocessing
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_cancel_mid_run_keeps_measured_steps_and_marks_the_rest():
 
 
 def test_child_process_trial_and_a_killed_child_ends_only_its_trial():
-    """Process isolation: SIGKILL (what the OOM killer sends) ends one trial, not the run."""
+    """Process isolation: SIGKILL (the OOM killer's signal, among others) ends one trial."""
     killed = []
 
     def on_event(event):
@@ -91,5 +92,115 @@ def test_child_process_trial_and_a_killed_child_ends_only_its_trial():
     record = Runner(_config(isolation="process", steps=200), on_event).run()
     fp32, bf16 = record.trials
     assert killed
-    assert fp32.status == "oom" and "SIGKILL" in fp32.reason and fp32.steps
+    assert fp32.status == "error" and "killed (SIGKILL)" in fp32.reason and fp32.steps
+    assert "out-of-memory killer is one possibility" in fp32.reason
+    assert fp32.summary.steps_measured == len(fp32.steps)
     assert bf16.status == "ok" and len(bf16.steps) == 200
+
+
+CRASHING_MODEL = '''
+import os
+import sys
+
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+class CrashConfig(GPT2Config):
+    model_type = "ampscope-crash"
+
+
+class CrashModel(GPT2LMHeadModel):
+    config_class = CrashConfig
+
+    def forward(self, *args, **kwargs):
+        if self.config.crash == "abort":  # what a native library's fatal error looks like
+            sys.stderr.write("native library exploded: bad things happened\\n")
+            sys.stderr.flush()
+            os.abort()
+        # a device-side assert: an index past the end, checked on the GPU
+        ids = kwargs["input_ids"]
+        ids.new_zeros(1)[ids.new_full((1,), 5)].sum().item()
+        return super().forward(*args, **kwargs)
+'''
+
+
+def _crashing_folder(tmp_path, crash: str):
+    """A remote-code model folder whose forward crashes the way ``crash`` says."""
+    import json
+
+    folder = tmp_path / f"crash-{crash}"
+    folder.mkdir()
+    (folder / "crash_model.py").write_text(CRASHING_MODEL)
+    config = {"model_type": "ampscope-crash", "crash": crash, "n_layer": 1, "n_head": 2,
+              "n_embd": 32, "n_positions": 64, "vocab_size": 128,
+              "architectures": ["CrashModel"],
+              "auto_map": {"AutoConfig": "crash_model.CrashConfig",
+                           "AutoModelForCausalLM": "crash_model.CrashModel"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_child_that_dies_gives_its_signal_and_last_output(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # remote code is copied there
+    folder = _crashing_folder(tmp_path, "abort")
+    config = _config(model=str(folder), precisions=("fp32",), isolation="process",
+                     trust_remote_code=True)
+    (trial,) = Runner(config).run().trials
+    assert trial.status == "error"
+    assert "killed (SIGABRT)" in trial.reason
+    assert "native library exploded: bad things happened" in trial.reason
+
+
+@pytest.mark.gpu
+def test_a_device_side_assert_is_that_trials_error_and_the_next_trial_runs(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    folder = _crashing_folder(tmp_path, "device-assert")
+    config = _config(model=str(folder), precisions=("fp32",), isolation="process",
+                     trust_remote_code=True, device="cuda")
+    (trial,) = Runner(config).run().trials
+    assert trial.status == "error" and "device-side assert" in trial.reason
+    after = Runner(_config(precisions=("fp32",), isolation="process", device="cuda")).run()
+    assert after.trials[0].status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "fragment"),
+    [
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"),
+         "oom", "out of GPU memory"),
+        (MemoryError(), "oom", "raise the memory limit"),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8"),
+         "oom", "out of host memory"),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), "error",
+         "illegal memory access"),
+    ],
+)
+def test_failures_are_classified(exc, status, fragment):
+    got_status, reason = trial_mod.failure(exc)
+    assert got_status == status and fragment in reason
+
+
+def test_host_out_of_memory_under_a_limit_is_oom_with_advice(tmp_path):
+    """A real allocation failure: the address space capped below what gpt2-large needs."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource, psutil\n"
+        "from engine.config import RunConfig\n"
+        "from engine.runner import Runner\n"
+        "import engine.trial\n"
+        "limit = psutil.Process().memory_info().vms + 1024**3\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+        "config = RunConfig(model='gpt2-large', precisions=('fp32',), batch_size=1,\n"
+        "                   seq_len=16, steps=1, warmup=0, device='cpu', isolation='inline')\n"
+        "(trial,) = Runner(config).run().trials\n"
+        "print(trial.status, '|', trial.reason)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    status, _, reason = run.stdout.strip().splitlines()[-1].partition(" | ")
+    assert status == "oom", run.stdout + run.stderr
+    assert "out of host memory" in reason and "memory limit" in reason
+

@@ -80,7 +80,7 @@ def test_a_noisy_report_says_so_in_the_compare_view(qtbot, tmp_path, monkeypatch
     win = MainWindow()
     qtbot.addWidget(win)
     win.show()
-    _menu_action(win, "File", "Open JSON report…").trigger()
+    _menu_action(win, "File", "Open report or journal…").trigger()
     note = win.compare_view.speed_note
     assert note.text().startswith("Speed: noisy: speed-ups not significant")
     assert "idle machine" in note.text() and "C00000" in note.styleSheet()
