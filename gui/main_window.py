@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -68,12 +68,16 @@ class MainWindow(QMainWindow):
         self.worker.event.connect(self._on_event)
         self.worker.errored.connect(self._on_errored)
         self.worker.finished.connect(self._on_finished)
+        self._latest_steps: dict[str, StepSample] = {}  # per precision, not yet shown
+        self._progress_timer = QTimer(self)
+        self._progress_timer.setInterval(100)
+        self._progress_timer.timeout.connect(self._show_progress)
         self.history = history or HistoryStore()
 
         self.config_panel = ConfigPanel()
         self.run_button = QPushButton("Run")
         self.run_button.setDefault(True)
-        self.run_button.clicked.connect(self.start_run)
+        self.run_button.clicked.connect(lambda: self.start_run())
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop_run)
@@ -123,6 +127,8 @@ class MainWindow(QMainWindow):
         self.lab_worker.finished.connect(self._on_lab_finished)
         self.lab_worker.errored.connect(self._on_lab_errored)
         self.tabs.addTab(self.numerics_view, "Numerics")
+        self._stale_views: set[QWidget] = set()  # views not yet showing self.record
+        self.tabs.currentChanged.connect(lambda _i: self._refresh_view(self.tabs.currentWidget()))
         self.setCentralWidget(self.tabs)
 
         self.run_progress = QProgressBar()
@@ -193,15 +199,17 @@ class MainWindow(QMainWindow):
                 return False
             settings.save_config_dict(self.config_panel.saved_values())
         self.record = RunRecord(config=config.to_dict())
-        self.charts.clear()
+        self.charts.clear(config.warmup + config.steps)
         steps_per_trial = config.warmup + config.steps
         self.trial_table.reset(list(config.precisions), steps_per_trial)
         self.run_progress.setRange(0, steps_per_trial * len(config.precisions))
         self.run_progress.setValue(0)
         self._progress_done = 0
+        self._latest_steps.clear()
         self._run_error = None
         self.log.clear()
         self.worker.start(config)
+        self._progress_timer.start()
         self._update_buttons()
         self.statusBar().showMessage("Running…")
         return True
@@ -217,8 +225,8 @@ class MainWindow(QMainWindow):
         self.record.apply(event)
         if isinstance(event, StepSample):
             self.charts.add_step(event)
-            self.trial_table.add_step(event)
-            self.run_progress.setValue(self._progress_done + event.step + 1)
+            # progress bars repaint at once on setValue: shown at the redraw rate instead
+            self._latest_steps[event.precision] = event
         elif isinstance(event, MonitorSample):
             self.charts.add_monitor(event)
         elif isinstance(event, RunStarted):
@@ -229,6 +237,7 @@ class MainWindow(QMainWindow):
             self.trial_table.set_status(event.precision, "running")
             self.charts.mark_trial_start(event.precision, event.time_s)
         elif isinstance(event, TrialFinished):
+            self._show_progress()
             self._progress_done += self.run_progress.maximum() // max(
                 1, len(self.record.config.get("precisions", [])))
             self.run_progress.setValue(self._progress_done)
@@ -237,7 +246,7 @@ class MainWindow(QMainWindow):
             self.charts.note_trial(trial)
             if trial.status != "ok":
                 self._log("warning", f"{trial.status}: {trial.reason or ''}", trial.precision)
-            self._show_results(self.record)
+            self._show_results(self.record, only_shown=True)
         elif isinstance(event, LogEvent):
             self._log(event.level, event.message, event.precision)
         elif isinstance(event, ErrorEvent):
@@ -247,6 +256,13 @@ class MainWindow(QMainWindow):
                 self.trial_table.set_status(event.precision, "error", event.message)
         elif isinstance(event, RunFinished):
             self.statusBar().showMessage(f"Run finished: {event.status}")
+
+    def _show_progress(self) -> None:
+        """The newest step of each trial into the progress bars and the trial table."""
+        for step in self._latest_steps.values():
+            self.trial_table.add_step(step)
+            self.run_progress.setValue(self._progress_done + step.step + 1)
+        self._latest_steps.clear()
 
     def _on_errored(self, message: str) -> None:
         if message != self._run_error:  # the engine may have said it already as an ErrorEvent
@@ -264,6 +280,8 @@ class MainWindow(QMainWindow):
                 if record.trial(p) is None:
                     self.trial_table.set_status(p, "not run", why)
         self.worker.join()
+        self._progress_timer.stop()
+        self._show_progress()
         self._update_buttons()
         if record is None:
             return
@@ -312,9 +330,20 @@ class MainWindow(QMainWindow):
 
     # --- showing records -----------------------------------------------------------------
 
-    def _show_results(self, record: RunRecord) -> None:
-        self.compare_view.show_record(record)
-        self.model_view.show_record(record)
+    def _show_results(self, record: RunRecord, only_shown: bool = False) -> None:
+        """Rebuild the Compare and Model views (tens of ms each); during a run only the one
+        on screen, the others when their tab is shown."""
+        self._stale_views = {self.compare_view, self.model_view}
+        if not only_shown:
+            self._refresh_view(self.compare_view)
+            self._refresh_view(self.model_view)
+        else:
+            self._refresh_view(self.tabs.currentWidget())
+
+    def _refresh_view(self, view) -> None:
+        if view in self._stale_views and self.record is not None:
+            self._stale_views.discard(view)
+            view.show_record(self.record)
 
     def show_record(self, record: RunRecord) -> None:
         """Show a finished run (opened report, history entry) in every view."""
@@ -326,8 +355,9 @@ class MainWindow(QMainWindow):
         precisions = record_precisions(record)
         self.trial_table.reset(precisions, config.get("warmup", 0) + config.get("steps", 1))
         for p in precisions:
-            for step in record.steps(p):
-                self.trial_table.add_step(step)
+            steps = record.steps(p)
+            if steps:  # the table shows a trial's newest step
+                self.trial_table.add_step(steps[-1])
         for trial in record.trials:
             self.trial_table.finish_trial(trial)
         self.charts.show_record(record, precisions)
@@ -344,6 +374,7 @@ class MainWindow(QMainWindow):
         self.record_shown.emit(record)
 
     def show_comparison(self, record: RunRecord, note: str) -> None:
+        self._stale_views.discard(self.compare_view)
         self.compare_view.show_record(record, note)
         self.tabs.setCurrentWidget(self.compare_view)
 
