@@ -40,7 +40,6 @@ from engine.events import (
 )
 from engine.record import RunRecord
 from gui import settings
-from gui.chart_export import export_chart
 from gui.compare_view import CompareView
 from gui.config_panel import ConfigPanel
 from gui.device_status import DeviceStatus
@@ -422,6 +421,8 @@ class MainWindow(QMainWindow):
 
     def export_chart(self, key: str, path: str | Path) -> Path:
         """Write one chart as PNG or SVG (by the file's extension)."""
+        from gui.chart_export import export_chart  # pyqtgraph's exporters: not at start-up
+
         return export_chart(self.chart(key), path)
 
     def _ask_open_report(self) -> None:

@@ -1,7 +1,9 @@
 """The one bridge between the engine and the window.
 
 ``RunWorker`` runs ``engine.runner.Runner`` in a Python thread and re-emits every
-engine event as a Qt signal; ``LabWorker`` runs the numerics lab the same way. The
+engine event as a Qt signal; ``LabWorker`` runs the numerics lab the same way;
+``DeviceProbe`` asks ``engine.device.probe`` off the GUI thread (it imports torch and
+initialises CUDA and NVML, seconds on a multi-GPU server). The
 worker objects live in the GUI thread, so the signals they emit from their threads are
 queued to the widgets' thread by Qt. They never touch a widget, and widgets never call
 torch: they only see events and results.
@@ -9,6 +11,7 @@ torch: they only see events and results.
 
 from __future__ import annotations
 
+import queue
 import threading
 import traceback
 
@@ -107,3 +110,40 @@ class LabWorker(QObject):
         if self._thread is not None:
             self._thread.join(timeout_s)
         return not self.is_running()
+
+
+class DeviceProbe(QObject):
+    """Answers ``probe(device)`` requests one at a time in a thread; the newest one wins."""
+
+    answered = Signal(str, object, object)  # requested device, DeviceInfo | None, error | None
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def request(self, device: str) -> None:
+        """Queue a question; it is answered once ``start`` has been called."""
+        self._requests.put(device)
+
+    def start(self) -> None:
+        """Start answering (idempotent). Importing torch holds the GIL for long stretches,
+        so the window calls this once it has painted, not while it builds its widgets."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="ampscope-device-probe",
+                                            daemon=True)
+            self._thread.start()
+
+    def _serve(self) -> None:
+        from engine.device import probe  # torch loads here, not on the window's start-up path
+
+        while True:
+            device = self._requests.get()
+            while not self._requests.empty():  # a newer choice makes older ones moot
+                device = self._requests.get()
+            try:
+                self.answered.emit(device, probe(device), None)
+            except ValueError as exc:  # e.g. cuda asked for on a machine without it
+                self.answered.emit(device, None, str(exc))
+            except Exception as exc:  # a broken driver must not take the window down
+                self.answered.emit(device, None, f"device probe failed: {type(exc).__name__}: {exc}")
