@@ -146,4 +146,5 @@ class DeviceProbe(QObject):
             except ValueError as exc:  # e.g. cuda asked for on a machine without it
                 self.answered.emit(device, None, str(exc))
             except Exception as exc:  # a broken driver must not take the window down
-                self.answered.emit(device, None, f"device probe failed: {type(exc).__name__}: {exc}")
+                self.answered.emit(device, None,
+                                   f"device probe failed: {type(exc).__name__}: {exc}")

@@ -24,7 +24,38 @@ def window(qtbot):
     win = MainWindow()
     qtbot.addWidget(win)
     win.show()
+    # the device probe answers from its thread once the window has painted
+    qtbot.waitUntil(lambda: not win.config_panel.device_pending(), timeout=RUN_TIMEOUT_MS)
     return win
+
+
+def test_the_window_shows_before_the_device_probe_answers(qtbot, monkeypatch):
+    """Until the probe (torch, CUDA, NVML) answers: "probing device…", and Run waits."""
+    import engine.device
+
+    release = threading.Event()
+    real_probe = engine.device.probe
+
+    def slow_probe(requested="auto"):
+        release.wait(RUN_TIMEOUT_MS / 1000)
+        return real_probe(requested)
+
+    monkeypatch.setattr(engine.device, "probe", slow_probe)
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitExposed(win)
+    qtbot.wait(200)
+    panel = win.config_panel
+    assert panel.device_pending()
+    assert win.device_status.text() == "probing device…"
+    assert not win.run_button.isEnabled()
+    assert "probing device" in panel.error_label.text()
+    release.set()
+    qtbot.waitUntil(lambda: not panel.device_pending(), timeout=RUN_TIMEOUT_MS)
+    assert "CPU" in win.device_status.text()
+    assert win.run_button.isEnabled()
+    assert not _precision_item(win, "fp8").flags() & Qt.ItemFlag.ItemIsEnabled
 
 
 def _run(qtbot, win: MainWindow, config: RunConfig) -> RunRecord:
