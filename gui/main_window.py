@@ -183,12 +183,17 @@ class MainWindow(QMainWindow):
 
     def _update_buttons(self, *_args) -> None:
         running = self.worker.is_running()
-        self.run_button.setEnabled(not running and self.config_panel.error() is None)
+        # the lab's GPU work would skew a trial's timings: one at a time, either way round
+        lab = self.lab_worker.is_running()
+        self.run_button.setEnabled(not running and not lab and self.config_panel.error() is None)
+        self.run_button.setToolTip("Waiting for the numerics lab to finish" if lab else "")
         self.stop_button.setEnabled(running)
+        if not lab:
+            self.numerics_view.set_busy(running)
 
     def start_run(self, config: RunConfig | None = None) -> bool:
         """Start a run of ``config`` (the form's when None); False if it cannot start."""
-        if self.worker.is_running():
+        if self.worker.is_running() or self.lab_worker.is_running():
             return False
         if config is None:
             try:
@@ -295,7 +300,7 @@ class MainWindow(QMainWindow):
 
     def start_lab(self, precision: str) -> bool:
         """Run the numerics lab with the Run tab's model, device, batch and sequence length."""
-        if self.lab_worker.is_running():
+        if self.lab_worker.is_running() or self.worker.is_running():
             return False
         values = self.config_panel.form_values()
         trials = None
@@ -306,11 +311,13 @@ class MainWindow(QMainWindow):
             model=values["model"], precision=precision, device=values["device"],
             batch_size=values["batch_size"], seq_len=values["seq_len"], trials=trials,
             loss_scale=values["init_scale"], trust_remote_code=values["trust_remote_code"])
+        self._update_buttons()
         return True
 
     def _on_lab_finished(self, numerics: dict) -> None:
         self.lab_worker.join()
         self.numerics_view.set_busy(False)
+        self._update_buttons()
         self.numerics_view.show_numerics(numerics)
         record = self.record
         if record is not None and not self.worker.is_running() and record.run_id:
@@ -321,6 +328,7 @@ class MainWindow(QMainWindow):
     def _on_lab_errored(self, message: str) -> None:
         self.lab_worker.join()
         self.numerics_view.set_busy(False, f"Numerics lab failed: {message.splitlines()[0]}")
+        self._update_buttons()
         self._log("error", f"numerics lab: {message}")
 
     def _log(self, level: str, message: str, precision: str | None = None) -> None:
@@ -464,9 +472,10 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:
         # a run in progress is stopped and its thread joined: nothing outlives the window
         if self.worker.is_running():
-            self.worker.stop()
+            self.worker.abort()  # a trial still loading its model must not hold the window
             self.worker.join()
-        self.lab_worker.join()  # the lab cannot be interrupted; it takes seconds
+        self.lab_worker.stop()  # its process is ended
+        self.lab_worker.join()
         store = settings.open_settings()
         store.setValue("window/geometry", self.saveGeometry())
         store.setValue("window/state", self.saveState())

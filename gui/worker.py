@@ -1,7 +1,8 @@
 """The one bridge between the engine and the window.
 
 ``RunWorker`` runs ``engine.runner.Runner`` in a Python thread and re-emits every
-engine event as a Qt signal; ``LabWorker`` runs the numerics lab the same way;
+engine event as a Qt signal; ``LabWorker`` runs the numerics lab in a child process
+and waits for it in a thread;
 ``DeviceProbe`` asks ``engine.device.probe`` off the GUI thread (it imports torch and
 initialises CUDA and NVML, seconds on a multi-GPU server). The
 worker objects live in the GUI thread, so the signals they emit from their threads are
@@ -11,6 +12,7 @@ torch: they only see events and results.
 
 from __future__ import annotations
 
+import multiprocessing
 import queue
 import threading
 import traceback
@@ -66,6 +68,15 @@ class RunWorker(QObject):
             if self._runner is not None:
                 self._runner.cancel()
 
+    def abort(self) -> None:
+        """Stop now, for closing the window: cancel, and end the trial's child process (one
+        still loading its model would see the cancel only seconds later). The runner sees
+        the child gone, keeps what it sent, and cancels the trials left."""
+        self.stop()
+        for child in multiprocessing.active_children():
+            if child.name.startswith(("ampscope-trial", "ampscope-numerics")):
+                child.terminate()
+
     def join(self, timeout_s: float | None = None) -> bool:
         """Wait for the run thread; True when no thread is left running."""
         if self._thread is not None:
@@ -73,8 +84,25 @@ class RunWorker(QObject):
         return not self.is_running()
 
 
+def _lab_child(lab_args: dict, out) -> None:
+    """In the lab's own process: run it and send back ("ok" | "bad-input" | "error", value)."""
+    from engine.quiet import quiet_libraries
+
+    quiet_libraries()
+    try:
+        from engine.numerics.lab import run_lab
+
+        out.put(("ok", run_lab(**lab_args)))
+    except ValueError as exc:
+        out.put(("bad-input", str(exc)))
+    except BaseException as exc:  # noqa: BLE001 (reported in the view; the window stays up)
+        out.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
 class LabWorker(QObject):
-    """Runs ``engine.numerics.lab.run_lab`` in a thread; its dict comes back as a signal."""
+    """Runs ``engine.numerics.lab.run_lab`` in a child process, as a trial runs: it
+    initialises CUDA, and a sticky CUDA error there must not poison the window's
+    process. A thread waits for the child; its dict comes back as a signal."""
 
     finished = Signal(object)  # the lab dict
     errored = Signal(str)
@@ -82,6 +110,7 @@ class LabWorker(QObject):
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -89,22 +118,48 @@ class LabWorker(QObject):
     def start(self, **lab_args) -> None:
         if self.is_running():
             raise RuntimeError("the numerics lab is already running")
-        self._thread = threading.Thread(target=self._run, kwargs=lab_args,
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, args=(lab_args,),
                                         name="ampscope-lab", daemon=True)
         self._thread.start()
 
-    def _run(self, **lab_args) -> None:
-        from engine.numerics.lab import run_lab
-
+    def _run(self, lab_args: dict) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        child = ctx.Process(target=_lab_child, args=(lab_args, out), name="ampscope-numerics",
+                            daemon=True)
+        child.start()
+        answer = None
         try:
-            result = run_lab(**lab_args)
-        except ValueError as exc:
-            self.errored.emit(str(exc))
-            return
-        except Exception as exc:  # shown in the view; the window stays up
-            self.errored.emit(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-            return
-        self.finished.emit(result)
+            while answer is None and not self._stop.is_set():
+                try:
+                    answer = out.get(timeout=0.1)
+                except queue.Empty:
+                    if not child.is_alive():
+                        try:  # what it sent just before exiting may still be in the pipe
+                            answer = out.get(timeout=1.0)
+                        except queue.Empty:
+                            break
+        finally:
+            if answer is None:
+                child.terminate()
+            child.join(5.0)
+            if child.is_alive():
+                child.kill()
+                child.join()
+        if self._stop.is_set() and answer is None:
+            return  # stopped (the window closes): nothing to say
+        if answer is None:
+            self.errored.emit(f"the numerics lab process ended (exit code {child.exitcode}) "
+                              "before reporting: see the terminal for its last output")
+        elif answer[0] == "ok":
+            self.finished.emit(answer[1])
+        else:
+            self.errored.emit(answer[1])
+
+    def stop(self) -> None:
+        """End the lab's process now (closing the window)."""
+        self._stop.set()
 
     def join(self, timeout_s: float | None = None) -> bool:
         if self._thread is not None:

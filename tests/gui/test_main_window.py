@@ -1,10 +1,14 @@
 """The window on the real engine: tiny preset, CPU, inline trials, a few short steps."""
 
+import multiprocessing
+import signal
 import threading
 
+import psutil
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtTest import QTest
 
 from engine.config import RunConfig
 from engine.record import RunRecord
@@ -255,3 +259,50 @@ def test_app_main_opens_the_window_and_returns_when_it_closes(qapp):
     QTimer.singleShot(0, close_windows)
     assert main([]) == 0
     assert len(shown) == 1
+
+
+def _trial_processes():
+    return [c for c in multiprocessing.active_children() if c.name.startswith("ampscope-trial")]
+
+
+def test_closing_while_a_trial_loads_ends_its_process(qtbot):
+    win = MainWindow()
+    win.show()
+    assert win.start_run(_config(isolation="process", steps=100_000, warmup=0))
+    qtbot.waitUntil(lambda: len(_trial_processes()) == 1, timeout=RUN_TIMEOUT_MS)
+    child = _trial_processes()[0]
+    pid = child.pid
+    assert win.trial_table.progress("fp32") == 0  # still loading: no step has come back
+    win.close()
+    assert not win.worker.is_running()
+    assert child.exitcode == -signal.SIGTERM  # ended by the window, not finished by itself
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert _trial_processes() == []
+
+
+def test_run_and_numerics_lab_wait_for_each_other(qtbot, window):
+    lab_button = window.numerics_view.run_button
+    assert lab_button.isEnabled()
+    assert window.start_run(_config(steps=100_000, warmup=0))
+    assert not lab_button.isEnabled()  # its GPU work would skew the trial's timings
+    qtbot.waitUntil(lambda: window.trial_table.progress("fp32") >= 1, timeout=RUN_TIMEOUT_MS)
+    with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS):
+        QTest.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
+    assert lab_button.isEnabled() and window.run_button.isEnabled()
+
+    panel = window.config_panel
+    panel.batch_size.setValue(1)
+    panel.seq_len.setValue(16)
+    bar = window.tabs.tabBar()
+    QTest.mouseClick(bar, Qt.MouseButton.LeftButton,
+                     pos=bar.tabRect(window.tabs.indexOf(window.numerics_view)).center())
+    with qtbot.waitSignal(window.lab_worker.finished, timeout=RUN_TIMEOUT_MS):
+        QTest.mouseClick(lab_button, Qt.MouseButton.LeftButton)
+        assert not window.run_button.isEnabled()
+        # the lab runs in its own process, like a trial: a CUDA error there stays there
+        qtbot.waitUntil(lambda: [c.name for c in multiprocessing.active_children()
+                                 if c.name == "ampscope-numerics"] == ["ampscope-numerics"],
+                        timeout=RUN_TIMEOUT_MS)
+        assert not window.start_run(_config())
+    qtbot.waitUntil(window.run_button.isEnabled)
+    assert window.numerics_view.numerics["precision"]
