@@ -49,7 +49,7 @@ from gui.live_charts import CHARTS, LiveCharts
 from gui.model_view import ModelView
 from gui.numerics_view import NumericsView
 from gui.trial_table import TrialTable
-from gui.worker import LabWorker, RunWorker
+from gui.worker import LabWorker, ReportLoader, RunWorker
 
 REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)",
                   "csv": "CSV table (*.csv)"}
@@ -57,6 +57,7 @@ REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)"
 
 class MainWindow(QMainWindow):
     record_shown = Signal(object)  # the RunRecord every view now shows
+    open_failed = Signal(str)  # a report could not be opened: why
 
     def __init__(self, history: HistoryStore | None = None) -> None:
         super().__init__()
@@ -72,6 +73,10 @@ class MainWindow(QMainWindow):
         self._progress_timer.setInterval(100)
         self._progress_timer.timeout.connect(self._show_progress)
         self.history = history or HistoryStore()
+        self.report_loader = ReportLoader(self)
+        self.report_loader.progress.connect(self._on_open_progress)
+        self.report_loader.loaded.connect(self._on_report_loaded)
+        self.report_loader.failed.connect(self._on_open_failed)
 
         self.config_panel = ConfigPanel()
         self.run_button = QPushButton("Run")
@@ -352,8 +357,9 @@ class MainWindow(QMainWindow):
             self._stale_views.discard(view)
             view.show_record(self.record)
 
-    def show_record(self, record: RunRecord) -> None:
-        """Show a finished run (opened report, history entry) in every view."""
+    def show_record(self, record: RunRecord, series=None) -> None:
+        """Show a finished run (opened report, history entry) in every view; ``series``
+        are its chart arrays when they were prepared off the GUI thread."""
         if self.worker.is_running():
             self.statusBar().showMessage("Stop the current run before opening another one.")
             return
@@ -367,7 +373,10 @@ class MainWindow(QMainWindow):
                 self.trial_table.add_step(steps[-1])
         for trial in record.trials:
             self.trial_table.finish_trial(trial)
-        self.charts.show_record(record, precisions)
+        if series is None:
+            self.charts.show_record(record, precisions)
+        else:
+            self.charts.show_series(record, series)
         self.log.clear()
         for entry in record.logs:
             self._log(entry.level, entry.message, entry.precision)
@@ -388,16 +397,34 @@ class MainWindow(QMainWindow):
     # --- files -------------------------------------------------------------------------
 
     def open_report(self, path: str | Path) -> bool:
+        """Start opening a report: it is read off the GUI thread, with progress in the status
+        bar; ``record_shown`` or ``open_failed`` follows. False if it cannot start now."""
         from engine.report.json_io import read_json
 
-        try:
-            record = read_json(path)
-        except (OSError, ValueError) as exc:
-            self._log("error", f"could not open {path}: {exc}")
-            self.statusBar().showMessage(f"Could not open {path}: {exc}")
+        if self.report_loader.is_running() or self.worker.is_running():
+            self.statusBar().showMessage("Wait for the current run or report to finish first.")
             return False
-        self.show_record(record)
+        self.run_progress.setRange(0, 100)
+        self.run_progress.setFormat("opening %p%")
+        self.statusBar().showMessage(f"Opening {path}…")
+        self.report_loader.start(path, read_json)
         return True
+
+    def _on_open_progress(self, stage: str, percent: int) -> None:
+        self.run_progress.setValue(percent)
+        self.statusBar().showMessage(f"Opening report: {stage}…")
+
+    def _on_report_loaded(self, path, record: RunRecord, series) -> None:
+        self.report_loader.join()
+        self.run_progress.setFormat("run %p%")
+        self.show_record(record, series)
+
+    def _on_open_failed(self, path, message: str) -> None:
+        self.report_loader.join()
+        self.run_progress.setFormat("run %p%")
+        self._log("error", f"could not open {path}: {message}")
+        self.statusBar().showMessage(f"Could not open {path}: {message}")
+        self.open_failed.emit(message)
 
     def export_run(self, path: str | Path) -> Path | None:
         from engine.report.writer import write_report

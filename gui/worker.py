@@ -203,3 +203,50 @@ class DeviceProbe(QObject):
             except Exception as exc:  # a broken driver must not take the window down
                 self.answered.emit(device, None,
                                    f"device probe failed: {type(exc).__name__}: {exc}")
+
+
+class ReportLoader(QObject):
+    """Reads a report and prepares its chart arrays in a thread: a 50 MB report takes
+    seconds to parse, and the window must keep answering meanwhile."""
+
+    progress = Signal(str, int)  # what it is doing, percent done
+    loaded = Signal(object, object, object)  # path, RunRecord, chart series (record_series)
+    failed = Signal(object, str)  # path, why (names the file and the fix)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread: threading.Thread | None = None
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, path, read) -> None:
+        """Read ``path`` with ``read(path) -> RunRecord`` (the engine's reader)."""
+        if self.is_running():
+            raise RuntimeError("a report is already being opened")
+        self._thread = threading.Thread(target=self._run, args=(path, read),
+                                        name="ampscope-open-report", daemon=True)
+        self._thread.start()
+
+    def _run(self, path, read) -> None:
+        from engine.compare import record_precisions
+        from gui.live_charts import record_series
+
+        self.progress.emit("reading", 0)
+        try:
+            record = read(path)
+            self.progress.emit("preparing charts", 60)
+            series = record_series(record, record_precisions(record))
+        except (OSError, ValueError) as exc:
+            self.failed.emit(path, str(exc))
+            return
+        except Exception as exc:  # a damaged report must not take the window down
+            self.failed.emit(path, f"{type(exc).__name__}: {exc}")
+            return
+        self.progress.emit("showing", 100)
+        self.loaded.emit(path, record, series)
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return not self.is_running()

@@ -9,6 +9,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QFileDialog
 
 from engine.config import RunConfig
 from engine.record import RunRecord
@@ -188,11 +189,49 @@ def test_export_then_open_shows_the_same_views(qtbot, window, tmp_path):
     assert other.trial_table.cell_text("bf16", "Status") == "ok"
 
 
-def test_opening_a_file_that_is_not_a_report_says_so(window, tmp_path):
+def _open_through_file_menu(window, monkeypatch, path) -> None:
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        staticmethod(lambda *a, **k: (str(path), "")))
+    file_menu = window.menuBar().actions()[0].menu()
+    open_action = next(a for a in file_menu.actions() if a.text().startswith("&Open"))
+    open_action.trigger()
+
+
+def test_opening_a_file_that_is_not_a_report_says_so(qtbot, window, tmp_path, monkeypatch):
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": 1}')
-    assert not window.open_report(bad)
+    with qtbot.waitSignal(window.open_failed, timeout=RUN_TIMEOUT_MS):
+        _open_through_file_menu(window, monkeypatch, bad)
     assert "not an AmpScope report" in window.log.toPlainText()
+
+
+def test_a_report_is_read_off_the_gui_thread_with_progress(qtbot, window, tmp_path,
+                                                           monkeypatch):
+    """A 50 MB report takes seconds to parse: the window reads it in a thread."""
+    import engine.report.json_io as json_io
+    from engine.report.json_io import write_json
+    from tests.engine.sample_record import make_record
+
+    path = write_json(make_record(), tmp_path / "big.json")
+    readers = []
+    real_read = json_io.read_json
+
+    def read_and_note_thread(p):
+        readers.append(threading.current_thread())
+        return real_read(p)
+
+    monkeypatch.setattr(json_io, "read_json", read_and_note_thread)
+    stages = []
+    window.report_loader.progress.connect(lambda stage, pct: stages.append((stage, pct)))
+    with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS) as blocker:
+        _open_through_file_menu(window, monkeypatch, path)
+    assert readers and readers[0] is not threading.main_thread()
+    assert [pct for _, pct in stages] == [0, 60, 100]
+    record = blocker.args[0]
+    for p in ("fp32", "bf16-amp"):
+        assert window.charts.curve_points("loss", p) == len(record.trial(p).steps)
+        assert window.charts.curve_points("loss", f"{p} warm-up") == sum(
+            s.warmup for s in record.trial(p).steps)
 
 
 def test_copy_puts_the_table_on_the_clipboard_as_tsv(qtbot, window):
