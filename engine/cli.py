@@ -12,7 +12,7 @@ import signal
 import sys
 
 from engine import VERSION
-from engine.config import OPTIMIZERS, PRECISIONS, RunConfig, parse_precisions
+from engine.config import INTERLEAVE, OPTIMIZERS, PRECISIONS, RunConfig, parse_precisions
 
 EXIT_BAD_INPUT = 2
 
@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--lora-r", type=int, default=8, help="LoRA rank for int8 and nf4")
     prof.add_argument("--isolation", default="process", choices=("process", "inline"),
                       help="each trial in a child process (default) or in this one")
+    prof.add_argument("--interleave", default="auto", choices=INTERLEAVE,
+                      help="run the precisions in alternating rounds (ABAB) to cancel drift; "
+                           "auto: where each trial is cheap (at most 400 M parameters, no "
+                           "--compile, 5+ measured steps per round)")
+    prof.add_argument("--rounds", type=int, default=2,
+                      help="rounds per precision when interleaving (steps are split over them)")
     prof.add_argument("--out", help="report file: .json, .csv or .html")
     prof.add_argument("--numerics", action="store_true",
                       help="after the trials, run the numerics lab on the first precision and "
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(args) -> int:
-    from engine.compare import baseline_reason, comparison_rows, format_table
+    from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
     from engine.report.writer import check_writable, write_report
     from engine.runner import Runner
 
@@ -113,7 +119,7 @@ def _profile(args) -> int:
         grad_checkpointing=args.grad_checkpointing, compile=args.compile,
         init_scale=args.init_scale, growth_interval=args.growth_interval, lora_r=args.lora_r,
         device=args.device, isolation=args.isolation, seed=args.seed,
-        trust_remote_code=args.trust_remote_code,
+        trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
     )
     if args.out:
         check_writable(args.out)
@@ -132,14 +138,18 @@ def _profile(args) -> int:
         record.numerics = run_lab(config.model, config.precisions[0], config.device,
                                   config.batch_size, config.seq_len, config.seed,
                                   trials=[to_dict(t) for t in record.trials],
+                                  loss_scale=config.init_scale,
                                   trust_remote_code=config.trust_remote_code)
         advice = record.numerics.get("advice", {})
         if advice.get("recommended"):
             print(f"advisor: {advice['recommended']}")
-    print(format_table(comparison_rows(record)))
+    verdict = speed_verdict(record.trials)
+    print(format_table(comparison_rows(record, verdict)))
     reason = baseline_reason(record)
     if reason:
         print(f"note: {reason}")
+    print(f"speed: {verdict.text}" + (f"\n  suggestion: {verdict.suggestion}"
+                                       if verdict.suggestion else ""))
     if args.out:
         write_report(record, args.out)
         print(f"report written to {args.out}")
@@ -169,7 +179,10 @@ class _Progress:
             return
         if isinstance(event, TrialStarted):
             self.index = event.index + 1
-            self._line(f"[{self.index}/{event.total}] {event.precision}: loading", end=True)
+            part = f" round {event.round + 1}/{event.rounds}" if event.rounds > 1 else ""
+            # every round warms up again
+            self.total = event.rounds * self.config.warmup + self.config.steps
+            self._line(f"[{self.index}/{event.total}] {event.precision}{part}: loading", end=True)
         elif isinstance(event, StepSample):
             kind = "warm-up" if event.warmup else "step"
             scale = f"  scale {event.loss_scale:g}" if event.loss_scale is not None else ""

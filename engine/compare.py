@@ -5,14 +5,20 @@ from ``COLUMNS`` so the headers and number formats agree everywhere. The baselin
 the fp32 trial and only when it finished ok; without one the ``*_vs_fp32`` cells are
 ``None`` and ``baseline_reason`` says why — another precision is never used instead,
 because a ratio against bf16 read as "vs fp32" would be a wrong number.
+
+Every speed figure carries its spread (p10..p90, CV, bootstrap CIs: conventions in
+``engine/spread.py``), and ``speed_verdict`` decides whether the run can rank the
+precisions at all (``NOISY_RULE``); a noisy run says so instead of ranking.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine import spread
 from engine.events import TrialResult
 from engine.record import RunRecord
 
@@ -25,8 +31,13 @@ class ComparisonRow:
     status: str
     reason: str | None
     median_step_ms: float | None
+    step_ms_p10_p90: tuple[float, float] | None
+    step_ms_cv: float | None  # sample std / mean of the measured step times
     tokens_per_s: float | None
+    tokens_per_s_ci: tuple[float, float] | None  # bootstrap CI at spread.CI_LEVEL
     speedup_vs_fp32: float | None  # fp32 median step time / this one's
+    speedup_ci: tuple[float, float] | None  # bootstrap CI of that ratio
+    speed_verdict: str | None  # is the speed-up significant? (see speed_verdict)
     mfu: float | None  # fraction of the device's peak FLOP/s
     peak_memory_bytes: int | None
     memory_saving_vs_fp32: float | None  # fraction: 1 - peak / fp32 peak
@@ -63,13 +74,18 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def _row(trial: TrialResult, base: TrialResult | None) -> ComparisonRow:
+def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) -> ComparisonRow:
     s = trial.summary
     b = base.summary if base is not None else None
+    sp = s.spread if s else None
     step_ms = s.median_step_ms if s else None
     peak = s.peak_memory_bytes if s else None
     final_loss = s.final_loss if s else None
     speedup = _ratio(b.median_step_ms, step_ms) if b else None
+    speedup_ci = None  # none for fp32 itself: 1.0 by definition
+    if b is not None and speedup is not None and trial is not base:
+        speedup_ci = spread.ratio_ci(spread.measured_step_ms(base.steps),
+                                     spread.measured_step_ms(trial.steps))
     peak_share = _ratio(peak, b.peak_memory_bytes) if b else None
     loss_diff = None
     if b is not None and final_loss is not None and b.final_loss is not None:
@@ -79,8 +95,13 @@ def _row(trial: TrialResult, base: TrialResult | None) -> ComparisonRow:
         status=trial.status,
         reason=trial.reason,
         median_step_ms=step_ms,
+        step_ms_p10_p90=(sp.p10_step_ms, sp.p90_step_ms) if sp else None,
+        step_ms_cv=sp.cv if sp else None,
         tokens_per_s=s.tokens_per_s if s else None,
+        tokens_per_s_ci=sp.tokens_per_s_ci if sp else None,
         speedup_vs_fp32=speedup,
+        speedup_ci=speedup_ci,
+        speed_verdict=_row_verdict(trial, base, speedup_ci, verdict),
         mfu=s.mfu if s else None,
         peak_memory_bytes=peak,
         memory_saving_vs_fp32=None if peak_share is None else 1.0 - peak_share,
@@ -89,10 +110,156 @@ def _row(trial: TrialResult, base: TrialResult | None) -> ComparisonRow:
     )
 
 
-def comparison_rows(record: RunRecord) -> list[ComparisonRow]:
+def comparison_rows(record: RunRecord, verdict: SpeedVerdict | None = None
+                    ) -> list[ComparisonRow]:
     """One row per finished trial, in the order the trials ran."""
     base = baseline_trial(record)
-    return [_row(trial, base) for trial in record.trials]
+    verdict = verdict or speed_verdict(record.trials)
+    return [_row(trial, base, verdict) for trial in record.trials]
+
+
+# --- can the run rank the precisions? -------------------------------------------------
+
+CV_LIMIT = 0.10  # pyperf's limit: a std above 10% of the mean marks a benchmark unstable
+DRIFT_LIMIT = 0.10  # interleaved rounds of one precision whose medians differ more: drift
+NOISY_RULE = (
+    f"a run is noisy when a finished trial has fewer than {spread.MIN_STEPS} measured steps, "
+    f"its step-time CV is above {CV_LIMIT:.0%}, or (interleaved) the medians of its rounds "
+    f"differ by more than {DRIFT_LIMIT:.0%}; otherwise two precisions are ranked only when "
+    f"the {spread.CI_LEVEL:.0%} bootstrap CI of the ratio of their median step times "
+    "excludes 1.0, and precisions whose CIs include 1.0 count as tied"
+)
+NOISY_TEXT = "noisy: speed-ups not significant"
+
+
+@dataclass(frozen=True)
+class SpeedVerdict:
+    """Whether the run's speeds can rank its precisions, and the ranking when they can.
+
+    ``status``: "ranked" (at least two groups told apart), "tied" (spread fine, but no
+    precision measurably faster than another), "noisy" (spread too wide to rank) or
+    "n/a" (fewer than two finished trials). ``ranking`` is None unless "ranked": groups
+    fastest first, precisions in one group statistically tied.
+    """
+
+    status: str
+    text: str
+    problems: tuple[str, ...] = ()
+    ranking: tuple[tuple[str, ...], ...] | None = None
+    suggestion: str | None = None
+
+    @property
+    def noisy(self) -> bool:
+        return self.status == "noisy"
+
+
+def _measured(trial: TrialResult) -> list[float]:
+    return spread.measured_step_ms(trial.steps)
+
+
+def _tied(a: TrialResult, b: TrialResult) -> bool:
+    ci = spread.ratio_ci(_measured(a), _measured(b))
+    return ci is None or ci[0] <= 1.0 <= ci[1]
+
+
+def _round_drift(trial: TrialResult) -> float | None:
+    """Largest over smallest median of a precision's interleaved rounds, minus 1."""
+    by_round: dict[int, list[float]] = {}
+    for s in trial.steps:
+        if not s.warmup:
+            by_round.setdefault(s.round, []).append(s.step_ms)
+    if len(by_round) < 2:
+        return None
+    medians = [statistics.median(v) for v in by_round.values()]
+    return max(medians) / min(medians) - 1.0 if min(medians) > 0 else None
+
+
+def _groups(trials: list[TrialResult]) -> list[list[TrialResult]]:
+    """Fastest first; groups merged until every pair in different groups is significant."""
+    ordered = sorted(trials, key=lambda t: t.summary.median_step_ms)
+    ties = {(i, j): _tied(ordered[i], ordered[j])
+            for i in range(len(ordered)) for j in range(i + 1, len(ordered))}
+    group_of = list(range(len(ordered)))
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(ordered)):
+            for j in range(i + 1, len(ordered)):
+                if group_of[i] != group_of[j] and ties[i, j]:
+                    # merge everything between them: a tie inside a chain ties the chain
+                    low, high = group_of[i], group_of[j]
+                    group_of = [low if low <= g <= high else g for g in group_of]
+                    changed = True
+    groups: dict[int, list[TrialResult]] = {}
+    for g, trial in zip(group_of, ordered):
+        groups.setdefault(g, []).append(trial)
+    return list(groups.values())
+
+
+def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
+    """Apply ``NOISY_RULE`` to the finished trials."""
+    done = [t for t in trials if t.status == "ok" and t.summary is not None
+            and t.summary.median_step_ms]
+    if len(done) < 2:
+        return SpeedVerdict("n/a", "fewer than two finished trials: nothing to rank")
+    few = [f"{t.precision} {len(_measured(t))}" for t in done
+           if len(_measured(t)) < spread.MIN_STEPS]
+    problems, unsteady = [], False
+    if few:
+        problems.append(f"too few measured steps for a spread (need {spread.MIN_STEPS}): "
+                        + ", ".join(few))
+    for t in done:
+        cv = t.summary.spread.cv if t.summary.spread else None
+        drift = _round_drift(t)
+        if cv is not None and cv > CV_LIMIT:
+            unsteady = True
+            problems.append(f"{t.precision} step time varies {cv:.0%} (CV above "
+                            f"{CV_LIMIT:.0%})")
+        if drift is not None and drift > DRIFT_LIMIT:
+            unsteady = True
+            problems.append(f"{t.precision}'s rounds differ by {drift:.0%} in median step time "
+                            f"(drift above {DRIFT_LIMIT:.0%})")
+    if problems:
+        most = max(len(_measured(t)) for t in done)
+        advice = []
+        if few:
+            advice.append(f"run more steps (--steps {max(4 * spread.MIN_STEPS, 2 * most)})")
+        if unsteady:
+            interleaved = any(t.summary.spread and t.summary.spread.rounds > 1 for t in done)
+            advice.append("run on an idle machine (close other programs and runs: the step "
+                          "times moved while measuring) with more steps"
+                          + ("" if interleaved else " and interleaved rounds (--interleave on)"))
+        return SpeedVerdict("noisy", f"{NOISY_TEXT}: " + "; ".join(problems), tuple(problems),
+                            None, "; or ".join(advice))
+    groups = _groups(done)
+    if len(groups) == 1:
+        return SpeedVerdict(
+            "tied", f"speed-ups not significant: the {spread.CI_LEVEL:.0%} CI of every ratio "
+            "of median step times includes 1.0, so no precision is measurably faster here",
+            (), None, "more steps narrow the CIs, if a difference this small matters")
+    ranking = tuple(tuple(t.precision for t in g) for g in groups)
+    text = " > ".join(" = ".join(g) for g in ranking)
+    tied = any(len(g) > 1 for g in ranking)
+    ties = f" ('=': tied within the {spread.CI_LEVEL:.0%} CIs)" if tied else ""
+    return SpeedVerdict("ranked", f"ranked by speed, fastest first: {text}{ties}", (),
+                        ranking)
+
+
+def _row_verdict(trial: TrialResult, base: TrialResult | None,
+                 ci: tuple[float, float] | None, verdict: SpeedVerdict) -> str | None:
+    if trial.status != "ok" or trial.summary is None or base is None:
+        return None
+    if trial is base:
+        return "baseline"
+    if verdict.noisy:
+        return "noisy: not significant"
+    if ci is None:
+        return None
+    if ci[0] > 1.0:
+        return "faster"
+    if ci[1] < 1.0:
+        return "slower"
+    return "not significant"
 
 
 # --- formatting ----------------------------------------------------------------------
@@ -124,14 +291,27 @@ def _tokens(value: float) -> str:
     return f"{value:,.0f} tok/s" if abs(value) >= 100 else f"{_significant(value)} tok/s"
 
 
+def _range(fmt: Callable[[float], str], unit: str) -> Formatter:
+    return lambda pair: f"{fmt(pair[0])}..{fmt(pair[1])}{unit}"
+
+
+def _tokens_number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else _significant(value)
+
+
 Formatter = Callable[[object], str]
 
 COLUMNS: list[tuple[str, str, Formatter]] = [
     ("precision", "Precision", str),
     ("status", "Status", str),
     ("median_step_ms", "Step time", lambda v: f"{_significant(v)} ms"),
+    ("step_ms_p10_p90", "Step p10..p90", _range(_significant, " ms")),
+    ("step_ms_cv", "Step CV", _percent),
     ("tokens_per_s", "Throughput", _tokens),
+    ("tokens_per_s_ci", f"Throughput {spread.CI_LEVEL:.0%} CI", _range(_tokens_number, " tok/s")),
     ("speedup_vs_fp32", "Speed-up vs fp32", lambda v: f"{v:.2f}x"),
+    ("speedup_ci", f"Speed-up {spread.CI_LEVEL:.0%} CI", _range(lambda v: f"{v:.2f}", "x")),
+    ("speed_verdict", "Speed-up verdict", str),
     ("mfu", "MFU", _percent),
     ("peak_memory_bytes", "Peak memory", format_bytes),
     ("memory_saving_vs_fp32", "Memory saved vs fp32", _percent),
@@ -142,7 +322,7 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
 """(row field, header, formatter of a non-None value), in display order."""
 
 _FORMATTERS = {key: fmt for key, _, fmt in COLUMNS}
-_TEXT_KEYS = {"precision", "status", "reason"}
+_TEXT_KEYS = {"precision", "status", "reason", "speed_verdict"}
 
 
 def format_cell(key: str, value) -> str:

@@ -22,6 +22,7 @@ PRECISIONS: tuple[str, ...] = (
 )
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")
 ISOLATIONS: tuple[str, ...] = ("process", "inline")
+INTERLEAVE: tuple[str, ...] = ("auto", "on", "off")  # see engine/rounds.py
 
 
 def parse_precisions(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -68,6 +69,8 @@ class RunConfig:
     seed: int = 0
     trust_remote_code: bool = False
     monitor_hz: float = 10.0
+    interleave: str = "auto"  # ABAB rounds of the precisions; auto: where trials are cheap
+    rounds: int = 2
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +105,16 @@ class RunConfig:
         object.__setattr__(self, "device", dev)
         if not self.monitor_hz > 0:
             raise ValueError("monitor rate must be above 0 Hz")
+        if self.interleave not in INTERLEAVE:
+            raise ValueError(f"unknown interleave setting '{self.interleave}': choose from "
+                             f"{', '.join(INTERLEAVE)} (--interleave)")
+        if not isinstance(self.rounds, int) or isinstance(self.rounds, bool) or self.rounds < 2:
+            raise ValueError(f"rounds must be a whole number of 2 or more (got {self.rounds!r}): "
+                             "set --rounds, or --interleave off for one round")
+        if self.interleave == "on" and len(self.precisions) > 1 and self.steps < self.rounds:
+            raise ValueError(f"{self.rounds} interleaved rounds need at least {self.rounds} "
+                             f"measured steps (one per round; got {self.steps}): raise --steps "
+                             "or lower --rounds")
 
     @property
     def tokens_per_step(self) -> int:

@@ -74,6 +74,8 @@ class TrialStarted:
     index: int
     total: int
     time_s: float
+    round: int = 0  # 0-based round of this precision when precisions are interleaved
+    rounds: int = 1
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class StepSample:
     skipped: bool
     grad_norm: float | None
     time_s: float
+    round: int = 0  # which round of an interleaved run measured it (engine/rounds.py)
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,22 @@ class FlopsInfo:
 
 
 @dataclass(frozen=True)
+class StepTimeSpread:
+    """How much the measured step times of one trial vary (conventions: engine/spread.py)."""
+
+    steps: int
+    p10_step_ms: float
+    p90_step_ms: float
+    mean_step_ms: float
+    cv: float | None  # coefficient of variation: sample std (ddof=1) / mean; None for 1 step
+    median_step_ms_ci: tuple[float, float] | None  # None below spread.MIN_STEPS steps
+    tokens_per_s_ci: tuple[float, float] | None
+    ci_level: float
+    method: str
+    rounds: int = 1
+
+
+@dataclass(frozen=True)
 class TrialSummary:
     steps_measured: int
     median_step_ms: float | None
@@ -219,6 +238,8 @@ class TrialSummary:
     skipped_steps: int
     final_loss: float | None
     final_loss_scale: float | None
+    spread: StepTimeSpread | None = None
+    distinct_batches: int | None = None  # synthetic batches cycled through the steps
 
 
 @dataclass(frozen=True)

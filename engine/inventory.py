@@ -50,7 +50,8 @@ def type_name(module: nn.Module) -> str:
 
 
 def dtype_map(model: nn.Module) -> list[ParamInfo]:
-    """Every parameter under every name it has; later names of a shared one get ``tied_to``."""
+    """Every parameter under every name it has; later names of a shared one get ``tied_to``
+    and 0 bytes, so the rows' bytes add up to the storage the model holds."""
     first_name: dict[int, str] = {}
     rows = []
     for module_name, module in model.named_modules(remove_duplicate=False):
@@ -63,7 +64,7 @@ def dtype_map(model: nn.Module) -> list[ParamInfo]:
                     shape=logical_shape(param),
                     dtype=str(param.dtype).removeprefix("torch."),
                     device=str(param.device),
-                    bytes=storage_bytes(param),
+                    bytes=storage_bytes(param) if tied_to == name else 0,  # counted once
                     numel=logical_numel(param),
                     trainable=param.requires_grad,
                     module_type=owner,

@@ -49,7 +49,8 @@ class RunRecord:
             self.environment = event.environment
             self.started_s = event.time_s
         elif isinstance(event, TrialStarted):
-            self.live_steps[event.precision] = []
+            if event.round == 0:  # later rounds of interleaved precisions add to the first's
+                self.live_steps[event.precision] = []
         elif isinstance(event, StepSample):
             self.live_steps.setdefault(event.precision, []).append(event)
         elif isinstance(event, MonitorSample):

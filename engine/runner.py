@@ -20,6 +20,7 @@ from engine.device import DeviceInfo, probe
 from engine.environment import collect
 from engine.events import (
     ErrorEvent,
+    LogEvent,
     RunFinished,
     RunStarted,
     StepSample,
@@ -31,6 +32,7 @@ from engine.models import load_config, max_positions, resolve_source
 from engine.monitor import Monitor
 from engine.quiet import quiet_libraries
 from engine.record import RunRecord
+from engine.rounds import RoundBook, TrialRound, choose_rounds, schedule
 
 CANCEL_GRACE_S = 30.0  # a child that ignores cancel this long is terminated
 
@@ -49,12 +51,13 @@ def preflight(config: RunConfig) -> DeviceInfo:
     return info
 
 
-def _child_main(config_dict: dict, precision: str, info: DeviceInfo, out, cancel) -> None:
+def _child_main(config_dict: dict, precision: str, info: DeviceInfo, out, cancel,
+                prior_steps: tuple = (), round_index: int = 0) -> None:
     quiet_libraries()
     from engine.trial import run_trial
 
     config = RunConfig.from_dict(config_dict)
-    result = run_trial(config, precision, info, out.put, cancel.is_set)
+    result = run_trial(config, precision, info, out.put, cancel.is_set, prior_steps, round_index)
     out.put(TrialFinished(result, time.time()))
 
 
@@ -95,29 +98,39 @@ class Runner:
         monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz)
         monitor.start()
         try:
-            total = len(self.config.precisions)
-            for index, precision in enumerate(self.config.precisions):
+            rounds, why = choose_rounds(self.config)
+            self._emit(LogEvent("info", why, None, time.time()))
+            plan, book = schedule(self.config, rounds), RoundBook()
+            for index, item in enumerate(plan):
+                precision = item.precision
+                if precision in book.done:  # an earlier round of it failed or was stopped
+                    continue
                 if self.cancelled:
-                    result = TrialResult(precision, "cancelled",
-                                         "the run was stopped before this trial started")
+                    result = book.stopped(item)
                 else:
-                    self._emit(TrialStarted(precision, index, total, time.time()))
+                    self._emit(TrialStarted(precision, index, len(plan), time.time(),
+                                            item.round, item.rounds))
                     if self.config.isolation == "inline":
-                        result = self._inline(precision, info)
+                        result = self._inline(precision, info, item, book)
                     else:
-                        result = self._in_child(precision, info, monitor)
-                self._emit(TrialFinished(result, time.time()))
+                        result = self._in_child(precision, info, monitor, item, book)
+                    result = book.finish(item, result)
+                if result is not None:  # the precision's last round: its combined result
+                    self._emit(TrialFinished(result, time.time()))
         finally:
             monitor.stop()
         self._emit(RunFinished("cancelled" if self.cancelled else "ok", time.time()))
         return self.record
 
-    def _inline(self, precision: str, info: DeviceInfo) -> TrialResult:
+    def _inline(self, precision: str, info: DeviceInfo, item: TrialRound,
+                book: RoundBook) -> TrialResult:
         from engine.trial import run_trial
 
-        return run_trial(self.config, precision, info, self._emit, self._cancel.is_set)
+        return run_trial(item.config, precision, info, self._emit, self._cancel.is_set,
+                         book.prior_steps(precision), item.round)
 
-    def _in_child(self, precision: str, info: DeviceInfo, monitor: Monitor) -> TrialResult:
+    def _in_child(self, precision: str, info: DeviceInfo, monitor: Monitor, item: TrialRound,
+                  book: RoundBook) -> TrialResult:
         ctx = mp.get_context("spawn")
         out, cancel = ctx.Queue(), ctx.Event()
         self._child_cancel = cancel
@@ -125,13 +138,14 @@ class Runner:
             cancel.set()
         child = ctx.Process(
             target=_child_main,
-            args=(self.config.to_dict(), precision, info, out, cancel),
+            args=(item.config.to_dict(), precision, info, out, cancel,
+                  book.prior_steps(precision), item.round),
             name=f"ampscope-trial-{precision}",
             daemon=True,
         )
         child.start()
         monitor.watch_pid(child.pid)
-        steps: list[StepSample] = []
+        steps: list[StepSample] = list(book.prior_steps(precision))
         result = None
         cancel_deadline = None
         try:

@@ -35,6 +35,7 @@ from engine.models import dims, load_model, make_batches
 from engine.peaks import mfu as mfu_of
 from engine.peaks import peak_flops
 from engine.recipes import Recipe, autocast_for, recipe
+from engine.spread import step_spread
 from engine.trackers import AllocatorTracker, StepTimer
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
@@ -134,6 +135,9 @@ class _State:
     flops: FlopsInfo | None = None
     steps: list[StepSample] = field(default_factory=list)
     peak: object = None
+    round_index: int = 0  # interleaved rounds: steps of earlier rounds come first in ``steps``
+    step_offset: int = 0
+    distinct_batches: int | None = None
 
     def result(self, status: str, reason: str | None) -> TrialResult:
         return TrialResult(
@@ -190,6 +194,8 @@ class _State:
             skipped_steps=sum(1 for s in measured if s.skipped),
             final_loss=last.loss if last else None,
             final_loss_scale=last.loss_scale if last else None,
+            spread=step_spread(self.steps, tokens),
+            distinct_batches=self.distinct_batches,
         )
 
 
@@ -199,10 +205,18 @@ def run_trial(
     device_info: DeviceInfo,
     emit: Callable[[object], None],
     cancelled: Callable[[], bool],
+    prior_steps: tuple[StepSample, ...] = (),
+    round_index: int = 0,
 ) -> TrialResult:
-    """Measure one precision. Never raises: failures become the trial's status."""
+    """Measure one precision. Never raises: failures become the trial's status.
+
+    ``prior_steps`` are the steps of this precision's earlier rounds when precisions are
+    interleaved (engine/rounds.py): they open the result's steps, new steps are numbered
+    after them, and the summary covers them all.
+    """
     rec = recipe(precision)
-    state = _State(config, rec, device_info)
+    state = _State(config, rec, device_info, steps=list(prior_steps), round_index=round_index,
+                   step_offset=len(prior_steps))
     reason = device_info.unsupported_reason(precision)
     if reason:
         return state.result("unsupported", reason)
@@ -260,6 +274,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     total = config.warmup + config.steps
     batches = make_batches(loaded.config, loaded.task, config.batch_size, config.seq_len,
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
+    state.distinct_batches = len(batches)
 
     grads_bytes, saved_bytes = _probe(state, loaded, batches[0], params)
     state.peak = peak_flops(info.name if info.kind == "cuda" else None, rec.peak_dtype)
@@ -381,10 +396,10 @@ def _emit_step(state: _State, emit, timer: StepTimer, item) -> None:
     scale = float(after.item()) if after is not None else None
     skipped = bool(after.item() < before.item()) if after is not None else False
     loss = float(loss_sum.item())
-    norm = float(grad_norm.item())
+    norm = None if skipped else float(grad_norm.item())  # a skipped step's norm is inf/NaN
     sample = StepSample(
         precision=state.rec.precision,
-        step=i,
+        step=state.step_offset + i,
         warmup=warm,
         loss=loss,
         step_ms=step_ms,
@@ -397,6 +412,7 @@ def _emit_step(state: _State, emit, timer: StepTimer, item) -> None:
         skipped=skipped,
         grad_norm=norm,
         time_s=time.time(),
+        round=state.round_index,
     )
     state.steps.append(sample)
     emit(sample)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 
+import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence
@@ -25,7 +26,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.compare import baseline_reason, comparison_rows, format_bytes, format_cell
+from engine import spread
+from engine.compare import (
+    NOISY_RULE,
+    baseline_reason,
+    comparison_rows,
+    format_bytes,
+    format_cell,
+    speed_verdict,
+)
 from engine.events import TrialResult
 from engine.record import RunRecord
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
@@ -57,11 +66,15 @@ class CompareView(QWidget):
         self.record: RunRecord | None = None
         self.note = QLabel()
         self.note.setWordWrap(True)
+        self.speed_note = QLabel()  # the speed verdict: can this run rank the precisions?
+        self.speed_note.setWordWrap(True)
+        self.speed_note.setToolTip(f"Rule: {NOISY_RULE}.\nSpread: {spread.METHOD}.")
         self.charts = pg.GraphicsLayoutWidget()
         self.plots: dict[str, pg.PlotItem] = {}
         titles = {
             "memory": ("Memory by category (left: measured, right: predicted)", "MiB", None),
-            "throughput": ("Throughput (label: speed-up vs fp32)", "tokens/s", None),
+            "throughput": ("Throughput (whiskers: 95% CI; label: speed-up vs fp32)", "tokens/s",
+                           None),
             "mfu": ("MFU", "MFU", "%"),
             "peak_memory": ("Peak memory", "MiB", None),
         }
@@ -97,6 +110,7 @@ class CompareView(QWidget):
         table_box = QWidget()
         table_layout = QVBoxLayout(table_box)
         table_layout.setContentsMargins(0, 0, 0, 0)
+        table_layout.addWidget(self.speed_note)
         bar = QHBoxLayout()
         bar.addWidget(self.note, 1)
         bar.addWidget(copy_button)
@@ -114,10 +128,15 @@ class CompareView(QWidget):
 
     def show_record(self, record: RunRecord, note: str | None = None) -> None:
         self.record = record
-        rows = comparison_rows(record)
+        verdict = speed_verdict(record.trials)
+        rows = comparison_rows(record, verdict)
         self.model.set_rows(rows)
         reasons = [note, baseline_reason(record)]
         self.note.setText("  ".join(r for r in reasons if r))
+        suggestion = f" Suggestion: {verdict.suggestion}." if verdict.suggestion else ""
+        self.speed_note.setText(f"Speed: {verdict.text}.{suggestion}")
+        self.speed_note.setStyleSheet("color: #C00000; font-weight: bold;" if verdict.noisy
+                                      else "")
         labels = [t.precision for t in record.trials]
         for plot in self.plots.values():
             plot.clear()
@@ -129,6 +148,8 @@ class CompareView(QWidget):
                         [format_cell("speedup_vs_fp32", values[p].speedup_vs_fp32) + " vs fp32"
                          if values[p].tokens_per_s is not None else None for p in labels],
                         record.trials)
+        self._draw_intervals("throughput", [values[p].tokens_per_s for p in labels],
+                             [values[p].tokens_per_s_ci for p in labels])
         mfu = [None if values[p].mfu is None else values[p].mfu * 100 for p in labels]
         self._draw_bars("mfu", labels, mfu,
                         [None if v is None else f"{v:.1f}%" for v in mfu], record.trials)
@@ -176,6 +197,21 @@ class CompareView(QWidget):
                 text = pg.TextItem(captions[i], color="#222222", anchor=(0.5, 1.0))
                 text.setPos(i, values[i])
                 plot.addItem(text)
+
+    def _draw_intervals(self, key: str, values: list[float | None],
+                        intervals: list[tuple[float, float] | None]) -> None:
+        """Whiskers over the bars: each value's confidence interval, where it has one."""
+        shown = [i for i, ci in enumerate(intervals) if ci is not None and values[i] is not None]
+        if not shown:
+            return
+        plot = self.plots[key]
+        plot.addItem(pg.ErrorBarItem(
+            x=np.array(shown, dtype=float), y=np.array([values[i] for i in shown]),
+            top=np.array([intervals[i][1] - values[i] for i in shown]),
+            bottom=np.array([values[i] - intervals[i][0] for i in shown]),
+            beam=0.2, pen=pg.mkPen("#222222", width=1.2)))
+        top = max(intervals[i][1] for i in shown)
+        plot.setYRange(0, max(plot.getViewBox().viewRange()[1][1], top * 1.18), padding=0)
 
     def _draw_memory(self, trials: list[TrialResult]) -> None:
         plot = self.plots["memory"]

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, RunConfig
 from engine.presets import presets
+from engine.rounds import CHEAP_RULE
 from gui.device_status import PROBING
 from gui.palette import precision_color
 from gui.worker import DeviceProbe
@@ -140,6 +141,14 @@ class ConfigPanel(QWidget):
             " inline: in this process (debugging)"
         )
 
+        self.interleave = QCheckBox("Interleave precisions (ABAB rounds) where cheap")
+        self.interleave.setChecked(defaults.interleave != "off")
+        self.interleave.setToolTip(
+            f"Split each precision's steps over {defaults.rounds} rounds run in turn (fp32, "
+            f"bf16-amp, fp32, bf16-amp), so a machine that drifts slows every precision alike. "
+            f"Only where {CHEAP_RULE}; each round reloads the model and warms up again."
+        )
+
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #C00000;")
@@ -166,6 +175,7 @@ class ConfigPanel(QWidget):
         form.addRow("Growth interval", self.growth_interval)
         form.addRow("Device", self.device)
         form.addRow("Isolation", self.isolation)
+        form.addRow(self.interleave)
 
         layout = QVBoxLayout(self)
         layout.addWidget(model_box)
@@ -192,6 +202,7 @@ class ConfigPanel(QWidget):
             self.init_scale.valueChanged,
             self.growth_interval.valueChanged,
             self.isolation.currentIndexChanged,
+            self.interleave.toggled,
         ):
             signal.connect(self._on_edit)
         self.device.currentIndexChanged.connect(self._on_device)
@@ -230,6 +241,7 @@ class ConfigPanel(QWidget):
             "device": self.device.currentText(),
             "isolation": self.isolation.currentText(),
             "trust_remote_code": self.trust_remote_code.isChecked(),
+            "interleave": "auto" if self.interleave.isChecked() else "off",
         }
 
     def config(self) -> RunConfig:
@@ -285,6 +297,8 @@ class ConfigPanel(QWidget):
                          ("trust_remote_code", self.trust_remote_code)):
             if isinstance(values.get(key), bool):
                 box.setChecked(values[key])
+        if values.get("interleave") in ("auto", "on", "off"):
+            self.interleave.setChecked(values["interleave"] != "off")
         for key, combo in (("optimizer", self.optimizer), ("isolation", self.isolation),
                            ("device", self.device)):
             if isinstance(values.get(key), str) and combo.findText(values[key]) >= 0:

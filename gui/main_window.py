@@ -213,7 +213,6 @@ class MainWindow(QMainWindow):
         self.trial_table.reset(list(config.precisions), steps_per_trial)
         self.run_progress.setRange(0, steps_per_trial * len(config.precisions))
         self.run_progress.setValue(0)
-        self._progress_done = 0
         self._latest_steps.clear()
         self._run_error = None
         self.log.clear()
@@ -243,13 +242,14 @@ class MainWindow(QMainWindow):
             self._log("info", f"run {event.run_id} started on "
                       f"{event.environment.get('device', {}).get('description', 'n/a')}")
         elif isinstance(event, TrialStarted):
+            if event.rounds > 1:  # interleaved: every round warms up again
+                config = self.record.config
+                per = event.rounds * config.get("warmup", 0) + config.get("steps", 1)
+                self.run_progress.setRange(0, per * len(config.get("precisions", [])))
             self.trial_table.set_status(event.precision, "running")
             self.charts.mark_trial_start(event.precision, event.time_s)
         elif isinstance(event, TrialFinished):
             self._show_progress()
-            self._progress_done += self.run_progress.maximum() // max(
-                1, len(self.record.config.get("precisions", [])))
-            self.run_progress.setValue(self._progress_done)
             trial = event.result
             self.trial_table.finish_trial(trial)
             self.charts.note_trial(trial)
@@ -267,11 +267,18 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Run finished: {event.status}")
 
     def _show_progress(self) -> None:
-        """The newest step of each trial into the progress bars and the trial table."""
+        """Steps seen, a finished precision counting in full (interleaved rounds alternate);
+        called at the redraw rate, with the newest step of each trial for the table."""
         for step in self._latest_steps.values():
             self.trial_table.add_step(step)
-            self.run_progress.setValue(self._progress_done + step.step + 1)
         self._latest_steps.clear()
+        if self.record is None:
+            return
+        precisions = self.record.config.get("precisions", [])
+        per = self.run_progress.maximum() // max(1, len(precisions))
+        self.run_progress.setValue(sum(
+            per if self.record.trial(p) is not None
+            else min(per, len(self.record.live_steps.get(p, ()))) for p in precisions))
 
     def _on_errored(self, message: str) -> None:
         if message != self._run_error:  # the engine may have said it already as an ErrorEvent

@@ -3,6 +3,10 @@
 Inputs are plain dicts (as the report JSON holds them), so a report from a server can be
 advised again in the window. A reason whose figure was not measured says so (figure
 None) instead of borrowing a number from elsewhere.
+
+Measured speed is judged by ``engine.compare.speed_verdict``: a noisy run is never
+ranked, and a recommendation that goes against a significant measured ranking says
+why in its reasons (otherwise the advice follows the measurement).
 """
 
 from __future__ import annotations
@@ -13,8 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.compare import SpeedVerdict, speed_verdict
+from engine.events import TrialResult, from_dict
+
 MEMORY_PRESSURE = 0.9  # a peak above this share of device memory counts as the constraint
 QUANTISED = ("nf4", "int8")
+GPU_CANDIDATES = ("fp32", "tf32", "fp16-amp", "bf16-amp")
+CPU_CANDIDATES = ("fp32", "bf16-amp", "fp16-amp")
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,62 @@ def _speed_reason(ok: dict[str, dict], chosen: str, others: tuple[str, ...]) -> 
     figure = ", ".join(f"{p} {t:,.0f} tokens/s" for p, t in [(chosen, mine), *rivals])
     return Reason(f"measured throughput of {chosen} against the alternatives", figure,
                   "profile trials")
+
+
+def _verdict(trials: list[dict] | None, candidates: tuple[str, ...]) -> SpeedVerdict | None:
+    """The speed verdict over the finished candidate trials; None below two of them."""
+    measured = []
+    for t in trials or ():
+        if t.get("precision") in candidates and t.get("status") == "ok" and t.get("summary"):
+            try:
+                measured.append(from_dict(TrialResult, t))
+            except (TypeError, KeyError, ValueError):
+                return None  # a trial without its steps cannot be judged
+    return speed_verdict(measured) if len(measured) >= 2 else None
+
+
+def _noisy_warning(verdict: SpeedVerdict) -> Reason:
+    return Reason("measured speeds are too noisy to rank, so the advice does not rest on them"
+                  + (f" ({verdict.suggestion})" if verdict.suggestion else ""),
+                  "; ".join(verdict.problems), "profile trials (engine/compare.py rule)")
+
+
+def _fp16_risk(ok: dict[str, dict], grads: dict | None) -> Reason | None:
+    """Measured evidence that fp16-amp's speed comes with numerical trouble, else None."""
+    skipped = (ok.get("fp16-amp") or {}).get("skipped_steps")
+    if skipped:
+        return Reason("fp16-amp skipped steps for inf/NaN gradients: its loss scale had to "
+                      "settle, and bf16 needs no loss scaling", f"{skipped} steps",
+                      "profile trials")
+    ratio = (grads or {}).get("overflow_ratio_fp16")
+    if ratio is not None and ratio > 1:
+        return Reason("fp16 overflows at the measured loss scale (largest scaled gradient above "
+                      "fp16's max); bf16 has fp32's range", f"{ratio:.3g} x fp16 max",
+                      "gradient statistics (one step)")
+    return None
+
+
+def _follow_measurement(pick: str, verdict: SpeedVerdict | None, ok: dict[str, dict],
+                        grads: dict | None) -> tuple[str, Reason | None]:
+    """The precision to recommend given the device's pick and the measured ranking, with the
+    reason the measurement gives (agreeing, overruling, or overruled and why)."""
+    if verdict is None or verdict.ranking is None:
+        return pick, None
+    fastest = verdict.ranking[0]
+    if not any(pick in group for group in verdict.ranking):
+        return pick, Reason(f"{pick} was not measured, so the measured ranking cannot confirm "
+                            "or overrule it", verdict.text, "profile trials")
+    if pick in fastest:
+        return pick, Reason(f"{pick} measured among the fastest", verdict.text,
+                            "profile trials (95% bootstrap CIs)")
+    faster = fastest[0]
+    risk = _fp16_risk(ok, grads) if faster == "fp16-amp" and pick.startswith("bf16") else None
+    if risk is not None:
+        return pick, Reason(f"{faster} measured faster, but {pick} is recommended anyway: "
+                            + risk.text, f"{verdict.text}; {risk.figure}", risk.source)
+    return faster, Reason(f"{faster} measured significantly faster than {pick}, the device's "
+                          "usual fast path, on this model and shape, and no measured numerics "
+                          "argue against it", verdict.text, "profile trials (95% bootstrap CIs)")
 
 
 def _gradient_reasons(grads: dict, recommended: str) -> list[Reason]:
@@ -125,26 +190,41 @@ def advise(capabilities: dict, trials: list[dict] | None, grad_stats, model_dims
 
     if capabilities.get("kind") == "cuda" and cc is not None:
         cc_text = f"{cc[0]}.{cc[1]}"
+        device_reasons = []
         if cc >= (8, 0) and capabilities.get("bf16_supported", True):
-            recommended = "bf16-amp"
-            reasons.append(Reason(f"{name} has bf16 Tensor Cores (compute capability 8.0+)",
-                                  cc_text, "device probe"))
-            reasons.append(Reason("bf16 keeps fp32's exponent range, so no loss scaling is "
-                                  "needed and no step is skipped for overflow",
-                                  f"bf16 max {bf16_max:.3g} vs fp16 max {fp16_max:g}",
-                                  "torch.finfo"))
+            pick = "bf16-amp"
+            device_reasons.append(Reason(f"{name} has bf16 Tensor Cores (compute capability "
+                                         "8.0+)", cc_text, "device probe"))
+            device_reasons.append(Reason("bf16 keeps fp32's exponent range, so no loss scaling "
+                                         "is needed and no step is skipped for overflow",
+                                         f"bf16 max {bf16_max:.3g} vs fp16 max {fp16_max:g}",
+                                         "torch.finfo"))
         else:
-            recommended = "fp16-amp"
-            reasons.append(Reason(f"{name} has no bf16 Tensor Cores (compute capability below "
-                                  "8.0): fp16 with dynamic loss scaling is its fast path",
-                                  cc_text, "device probe"))
+            pick = "fp16-amp"
+            device_reasons.append(Reason(f"{name} has no bf16 Tensor Cores (compute capability "
+                                         "below 8.0): fp16 with dynamic loss scaling is its "
+                                         "fast path", cc_text, "device probe"))
+        verdict = _verdict(trials, GPU_CANDIDATES)
+        recommended, measured = _follow_measurement(pick, verdict, ok, grads)
+        if recommended == pick:
+            reasons.extend(device_reasons)
+        else:  # the measurement overruled the device's usual choice
+            also.append(Alternative(pick, device_reasons[0]))
+        if measured is not None:  # a measurement that disagrees comes first
+            agrees = verdict.ranking is not None and recommended in verdict.ranking[0] \
+                and recommended == pick
+            reasons.insert(len(reasons) if agrees else 0, measured)
+        if recommended == "fp16-amp":
             init_scale, scale_reason = _init_scale(grads)
             reasons.append(scale_reason)
         if grads:
             reasons.extend(_gradient_reasons(grads, recommended))
-        speed = _speed_reason(ok, recommended, ("fp32", "fp16-amp", "bf16-amp"))
-        if speed:
-            reasons.append(speed)
+        if verdict is not None and verdict.noisy:
+            warnings.append(_noisy_warning(verdict))
+        else:
+            speed = _speed_reason(ok, recommended, ("fp32", "fp16-amp", "bf16-amp"))
+            if speed:
+                reasons.append(speed)
         skipped = (ok.get("fp16-amp") or {}).get("skipped_steps")
         if recommended == "fp16-amp" and skipped:
             reasons.append(Reason("fp16-amp steps skipped for inf/NaN gradients while the "
@@ -163,13 +243,26 @@ def advise(capabilities: dict, trials: list[dict] | None, grad_stats, model_dims
                 warnings.append(Reason("fp8 GEMMs need dimensions that are multiples of 16",
                                        f"hidden {hidden}", "model config"))
     else:
-        fp32_speed, bf16_speed = _tokens(ok, "fp32"), _tokens(ok, "bf16-amp")
-        if fp32_speed is not None and bf16_speed is not None:
-            recommended = "bf16-amp" if bf16_speed > fp32_speed else "fp32"
+        verdict = _verdict(trials, CPU_CANDIDATES)
+        speeds = ", ".join(f"{p} {_tokens(ok, p):,.0f} tokens/s" for p in CPU_CANDIDATES
+                           if _tokens(ok, p) is not None)
+        if verdict is not None and verdict.ranking is not None:
+            fastest = verdict.ranking[0]
+            recommended = "fp32" if "fp32" in fastest else fastest[0]  # fp32 wins a tie
+            reasons.append(Reason(f"on this CPU {recommended} measured "
+                                  + ("among the fastest (fp32 is the safe choice in a tie)"
+                                     if len(fastest) > 1 else "fastest"),
+                                  f"{verdict.text}; {speeds}",
+                                  "profile trials (95% bootstrap CIs)"))
+        elif verdict is not None:
+            recommended = "fp32"
             reasons.append(Reason(
-                f"on this CPU {recommended} measured faster",
-                f"bf16-amp {bf16_speed:,.0f} tokens/s, fp32 {fp32_speed:,.0f} tokens/s",
-                "profile trials"))
+                "no precision measured significantly faster on this CPU, so fp32, the safe "
+                "choice" if verdict.status == "tied" else "measured speeds on this CPU are too "
+                "noisy to rank, so fp32, the safe choice", f"{verdict.text}; {speeds}",
+                "profile trials (95% bootstrap CIs)"))
+            if verdict.noisy:
+                warnings.append(_noisy_warning(verdict))
         else:
             recommended = "fp32"
             reasons.append(Reason(

@@ -189,9 +189,19 @@ def throughput_chart(record: RunRecord) -> Chart:
         for r in rows
     ]
     _bars(ax, [r.precision for r in rows], [r.tokens_per_s for r in rows], texts)
+    cis = [(i, r.tokens_per_s, r.tokens_per_s_ci) for i, r in enumerate(rows)
+           if r.tokens_per_s is not None and r.tokens_per_s_ci is not None]
+    for i, value, (low, high) in cis:  # whiskers: the bootstrap CI of the throughput
+        ax.errorbar(i, value, yerr=[[max(0.0, value - low)], [max(0.0, high - value)]],
+                    fmt="none", ecolor="#222222", capsize=4, linewidth=1)
+    if cis:
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1.1 * max(ci[1] for _, _, ci in cis)))
     ax.set_ylabel("tokens / s")
     reason = baseline_reason(record)
-    return Chart(title, _svg(fig), f"speed-up n/a: {reason}" if reason else "")
+    notes = ["whiskers: 95% bootstrap CI over the measured steps"] if cis else []
+    if reason:
+        notes.append(f"speed-up n/a: {reason}")
+    return Chart(title, _svg(fig), "; ".join(notes))
 
 
 @_styled

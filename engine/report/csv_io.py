@@ -1,6 +1,8 @@
 """The CSV report: one row per optimiser step of every trial, for spreadsheets and pandas.
 
 Empty cells are values the run could not give (see the JSON report for the reason).
+Beside it, ``<name>.comparison.csv`` holds the comparison table (one row per
+precision, with the step-time spread, confidence intervals and the speed verdict).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import csv
 import os
 from pathlib import Path
 
-from engine.compare import record_precisions
+from engine.compare import COLUMNS, comparison_rows, record_precisions, speed_verdict
 from engine.record import RunRecord
 from engine.report.atomic import atomic_write
 
@@ -27,6 +29,7 @@ STEP_COLUMNS = (
     "loss_scale",
     "skipped",
     "grad_norm",
+    "round",
 )
 
 
@@ -41,4 +44,26 @@ def write_csv(record: RunRecord, path: str | os.PathLike) -> Path:
                 )
 
     # the csv module writes its own \r\n line ends; newline="" stops a second translation
+    atomic_write(comparison_path(path), lambda fh: _write_comparison(record, fh), newline="")
     return atomic_write(path, write, newline="")
+
+
+def comparison_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path.with_name(f"{path.stem}.comparison{path.suffix}")
+
+
+def _cell(value) -> object:
+    if value is None:
+        return ""
+    if isinstance(value, tuple):  # a range: low and high in one cell, as "low..high"
+        return f"{value[0]}..{value[1]}"
+    return value
+
+
+def _write_comparison(record: RunRecord, fh) -> None:
+    verdict = speed_verdict(record.trials)
+    writer = csv.writer(fh)
+    writer.writerow([key for key, _, _ in COLUMNS] + ["run_speed_verdict"])
+    for row in comparison_rows(record, verdict):
+        writer.writerow([_cell(getattr(row, key)) for key, _, _ in COLUMNS] + [verdict.text])

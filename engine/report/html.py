@@ -13,8 +13,17 @@ import os
 from pathlib import Path
 from string import Template
 
+from engine import spread
 from engine.colors import PRECISION_COLORS
-from engine.compare import COLUMNS, baseline_reason, comparison_rows, format_bytes, format_cell
+from engine.compare import (
+    COLUMNS,
+    NOISY_RULE,
+    baseline_reason,
+    comparison_rows,
+    format_bytes,
+    format_cell,
+    speed_verdict,
+)
 from engine.events import TrialResult
 from engine.record import SCHEMA_VERSION, RunRecord
 from engine.report.atomic import atomic_write
@@ -151,13 +160,29 @@ def _header(record: RunRecord) -> str:
     )
 
 
+def _speed_note(record: RunRecord, verdict) -> str:
+    """The verdict on the speeds, how it was reached, and what the steps ran on."""
+    style = ' style="color:#9b1c10;font-weight:600"' if verdict.noisy else ""
+    suggestion = f" Suggestion: {_e(verdict.suggestion)}." if verdict.suggestion else ""
+    batches = {t.summary.distinct_batches for t in record.trials
+               if t.summary is not None and t.summary.distinct_batches}
+    seed = record.config.get("seed", "n/a")
+    pool = (f"Steps cycle through {', '.join(map(str, sorted(batches)))} distinct synthetic "
+            f"batches (random token ids, seed {_e(seed)}), so a step's loss is on one of "
+            "those batches, not on new data." if batches else
+            "The number of distinct batches was not recorded by the AmpScope that ran this.")
+    return (f"<p{style}>Speed: {_e(verdict.text)}.{suggestion}</p>"
+            f'<p class="note">Spread: {_e(spread.METHOD)}. Rule: {_e(NOISY_RULE)}. {pool}</p>')
+
+
 def _comparison(record: RunRecord) -> str:
-    rows = comparison_rows(record)
+    verdict = speed_verdict(record.trials)
+    rows = comparison_rows(record, verdict)
     if not rows:
         return '<p class="na">No trial finished.</p>'
     headers = [header for _, header, _ in COLUMNS]
     numeric = {i for i, (key, _, _) in enumerate(COLUMNS)
-               if key not in ("precision", "status", "reason")}
+               if key not in ("precision", "status", "reason", "speed_verdict")}
     cells = []
     for row in rows:
         line = []
@@ -175,7 +200,7 @@ def _comparison(record: RunRecord) -> str:
     baseline = (f'<p class="note">Baseline n/a: {_e(note)}</p>' if note else
                 '<p class="note">Speed-up, memory saved and loss difference are against '
                 "the fp32 trial.</p>")
-    return _table(headers, cells, numeric) + baseline
+    return _table(headers, cells, numeric) + baseline + _speed_note(record, verdict)
 
 
 def _chart(chart: Chart) -> str:
@@ -262,6 +287,7 @@ def _summary(trial: TrialResult) -> str:
     return _kv([
         ("steps measured", _number(s.steps_measured)),
         ("median step time", _e(format_cell("median_step_ms", s.median_step_ms))),
+        *_spread_rows(s),
         ("throughput", _e(format_cell("tokens_per_s", s.tokens_per_s))),
         ("achieved TFLOP/s", _number(s.tflops)),
         ("MFU", mfu),
@@ -270,6 +296,28 @@ def _summary(trial: TrialResult) -> str:
         ("final loss", _number(s.final_loss)),
         ("final loss scale", _number(s.final_loss_scale)),
     ])
+
+
+def _spread_rows(s) -> list[tuple[str, str]]:
+    sp = s.spread
+    if sp is None:
+        return [("step time spread", f"{NA}: not recorded (report from an older AmpScope, or "
+                                     "no measured step)")]
+    level = f"{sp.ci_level:.0%}"
+    no_ci = f"{NA}: fewer than {spread.MIN_STEPS} measured steps"
+    return [
+        ("step time p10..p90", _e(format_cell("step_ms_p10_p90", (sp.p10_step_ms,
+                                                                   sp.p90_step_ms)))),
+        ("step time CV (std / mean)", _e(format_cell("step_ms_cv", sp.cv)) if sp.cv is not None
+         else f"{NA}: one measured step"),
+        (f"median step time {level} CI", _e(format_cell("step_ms_p10_p90",
+                                                        sp.median_step_ms_ci))
+         if sp.median_step_ms_ci else no_ci),
+        (f"throughput {level} CI", _e(format_cell("tokens_per_s_ci", sp.tokens_per_s_ci))
+         if sp.tokens_per_s_ci else no_ci),
+        ("interleaved rounds", _number(sp.rounds)),
+        ("distinct batches cycled", _number(s.distinct_batches)),
+    ]
 
 
 def _dtype_map(trial: TrialResult) -> str:

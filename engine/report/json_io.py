@@ -7,6 +7,7 @@ values, so they are kept rather than turned into null. See docs/report-schema.md
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -15,8 +16,25 @@ from engine.record import RunRecord
 from engine.report.atomic import atomic_write
 
 
+def comparison_dict(record: RunRecord) -> dict:
+    """The comparison table and speed verdict as written for readers of the JSON file.
+
+    Derived from the trials (readers of the report recompute it and ignore this key)."""
+    from engine import spread
+    from engine.compare import NOISY_RULE, comparison_rows, speed_verdict
+
+    verdict = speed_verdict(record.trials)
+    return {
+        "rows": [dataclasses.asdict(r) for r in comparison_rows(record, verdict)],
+        "speed_verdict": dataclasses.asdict(verdict),
+        "spread_method": spread.METHOD,
+        "noisy_rule": NOISY_RULE,
+    }
+
+
 def write_json(record: RunRecord, path: str | os.PathLike) -> Path:
     data = record.to_dict()
+    data["comparison"] = comparison_dict(record)
     return atomic_write(path, lambda fh: json.dump(data, fh, indent=1))
 
 

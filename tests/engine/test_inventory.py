@@ -44,6 +44,11 @@ def test_dtype_map_lists_tied_weight_under_both_names():
     assert rows["transformer.wte.weight"].module_type == "Embedding"
     assert rows["transformer.h.1.ln_2.bias"].module_type == "LayerNorm"
     assert rows["lm_head.weight"].module_type == "Linear"
+    # a tied name holds no storage of its own (docs/report-schema.md): bytes add up once
+    assert rows["lm_head.weight"].bytes == 0
+    assert rows["transformer.wte.weight"].bytes == model.transformer.wte.weight.nbytes
+    assert sum(r.bytes for r in rows.values()) == sum(
+        p.nbytes for p in {id(p): p for p in model.parameters()}.values())
 
 
 def test_counts_share_tied_weights_once():

@@ -1,6 +1,8 @@
 import torch
 
+from engine.events import StepSample, TrialResult, TrialSummary, to_dict
 from engine.numerics.advisor import advise
+from engine.spread import step_spread
 
 
 def _cuda(cc, memory=80 * 2**30):
@@ -28,6 +30,31 @@ def _trial(precision, tokens_per_s, status="ok", peak=None, skipped=0):
                                               "peak_memory_bytes": peak,
                                               "skipped_steps": skipped} if status == "ok"
             else None}
+
+
+TOKENS = 1000
+
+
+def _clean(step_ms, n=20):
+    """Step times within +-1% of ``step_ms``: a quiet machine."""
+    return [step_ms * (1 + 0.01 * ((i * 7) % 5 - 2) / 2) for i in range(n)]
+
+
+def _noisy(step_ms, n=20):
+    """Step times swinging from 0.5x to 1.6x: a busy machine."""
+    return [step_ms * (0.5, 1.6, 0.8, 1.3)[i % 4] for i in range(n)]
+
+
+def _measured(precision, step_times, skipped=0):
+    """A finished trial dict with real step samples, as the profile run writes it."""
+    steps = [StepSample(precision, i, False, 2.0, ms, TOKENS / (ms / 1e3), None, None, None,
+                        None, None, i < skipped, None if i < skipped else 1.0, float(i))
+             for i, ms in enumerate(step_times)]
+    median = sorted(step_times)[len(step_times) // 2]
+    summary = TrialSummary(len(steps), median, TOKENS / (median / 1e3), None, None, "cpu", None,
+                           None, None, "n/a", skipped, 2.0, None,
+                           spread=step_spread(steps, TOKENS))
+    return to_dict(TrialResult(precision, "ok", steps=steps, summary=summary))
 
 
 def _figures(advice):
@@ -65,14 +92,59 @@ def test_cpu_without_trials_picks_fp32_and_says_nothing_was_measured():
     assert advice.reasons[0].figure is None
 
 
-def test_cpu_follows_the_measured_speed():
-    faster_bf16 = [_trial("fp32", 1000.0), _trial("bf16-amp", 1500.0)]
+def test_cpu_follows_a_significant_measured_speed():
+    faster_bf16 = [_measured("fp32", _clean(100.0)), _measured("bf16-amp", _clean(60.0))]
     advice = advise(CPU, faster_bf16, None, DIMS)
     assert advice.recommended == "bf16-amp"
-    assert "1,500 tokens/s" in advice.reasons[0].figure
-    assert "1,000 tokens/s" in advice.reasons[0].figure
-    slower_bf16 = [_trial("fp32", 1000.0), _trial("bf16-amp", 400.0)]
+    assert "bf16-amp > fp32" in advice.reasons[0].figure
+    assert "16,667 tokens/s" in advice.reasons[0].figure  # 1000 tokens / 60 ms
+    slower_bf16 = [_measured("fp32", _clean(100.0)), _measured("bf16-amp", _clean(250.0))]
     assert advise(CPU, slower_bf16, None, DIMS).recommended == "fp32"
+
+
+def test_cpu_does_not_rank_noisy_speeds():
+    # bf16-amp's median is faster, but its steps swing 0.5x..1.6x: no ranking on that
+    noisy = [_measured("fp32", _clean(100.0)), _measured("bf16-amp", _noisy(70.0))]
+    advice = advise(CPU, noisy, None, DIMS)
+    assert advice.recommended == "fp32"
+    assert "too noisy" in advice.reasons[0].text
+    assert "bf16-amp step time varies" in advice.warnings[0].figure
+
+
+def test_gpu_follows_a_measured_ranking_that_disagrees_with_the_device():
+    # an A100 would get bf16-amp, but fp16-amp measured significantly faster, no step was
+    # skipped and no gradient statistics warn: the advice follows the measurement
+    trials = [_measured("fp32", _clean(300.0)), _measured("bf16-amp", _clean(120.0)),
+              _measured("fp16-amp", _clean(100.0))]
+    advice = advise(_cuda((8, 0)), trials, None, DIMS)
+    assert advice.recommended == "fp16-amp"
+    assert "measured significantly faster than bf16-amp" in advice.reasons[0].text
+    assert "fp16-amp > bf16-amp > fp32" in advice.reasons[0].figure
+    assert [a.precision for a in advice.also_try] == ["bf16-amp"]
+
+
+def test_gpu_keeps_bf16_against_the_measurement_only_saying_why():
+    trials = [_measured("bf16-amp", _clean(120.0)),
+              _measured("fp16-amp", _clean(100.0), skipped=3)]
+    advice = advise(_cuda((8, 0)), trials, None, DIMS)
+    assert advice.recommended == "bf16-amp"
+    why = advice.reasons[0]
+    assert why.text.startswith("fp16-amp measured faster, but bf16-amp is recommended anyway")
+    assert "skipped" in why.text and "3 steps" in why.figure
+    # the gradient statistics are a reason too: fp16 overflows at the measured scale
+    advice = advise(_cuda((8, 0)), trials[:1] + [_measured("fp16-amp", _clean(100.0))], GRADS,
+                    DIMS)
+    assert advice.recommended == "bf16-amp"
+    assert "2.5 x fp16 max" in advice.reasons[0].figure
+
+
+def test_gpu_does_not_rank_noisy_speeds():
+    trials = [_measured("bf16-amp", _noisy(120.0)), _measured("fp16-amp", _clean(100.0))]
+    advice = advise(_cuda((8, 0)), trials, None, DIMS)
+    assert advice.recommended == "bf16-amp"
+    assert not any("measured" in r.text and "tokens/s" in (r.figure or "")
+                   for r in advice.reasons)
+    assert "too noisy to rank" in advice.warnings[0].text
 
 
 def test_odd_dimensions_warn_and_block_fp8():

@@ -96,7 +96,8 @@ def test_failed_write_keeps_the_previous_report(record, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         write_csv(make_record(with_fp32=False), path)
     assert path.read_bytes() == before
-    assert [p.name for p in tmp_path.iterdir()] == ["run.csv"]
+    # the steps and, beside them, the comparison table (csv_io.comparison_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.comparison.csv", "run.csv"]
 
 
 def test_failed_html_render_leaves_no_file(record, tmp_path, monkeypatch):
@@ -213,7 +214,8 @@ def test_host_monitor_chart(record):
 def test_write_report_by_extension(record, tmp_path, name):
     path = write_report(record, tmp_path / name)
     assert path.stat().st_size > 0
-    assert [p.name for p in tmp_path.iterdir()] == [name]
+    beside = ["r.comparison.csv"] if name.endswith(".csv") else []  # the comparison table
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, *beside])
 
 
 def test_unknown_extension(record, tmp_path):

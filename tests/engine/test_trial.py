@@ -52,12 +52,15 @@ def test_loss_scale_halves_on_overflow_and_records_the_skip():
     assert first.skipped and first.loss_scale == 2.0**99
     assert second.skipped and second.loss_scale == 2.0**98
     assert result.summary.skipped_steps == 2
+    # a skipped step's gradients held inf/NaN: its norm is null, not a number (schema)
+    assert first.grad_norm is None and second.grad_norm is None
 
 
 def test_loss_scale_grows_after_growth_interval():
     result = _run("fp16-amp", init_scale=1024.0, growth_interval=2, steps=4, warmup=0)
     assert [s.loss_scale for s in result.steps] == [1024.0, 2048.0, 2048.0, 4096.0]
     assert not any(s.skipped for s in result.steps)
+    assert all(s.grad_norm is not None and s.grad_norm > 0 for s in result.steps)
 
 
 def test_pure_fp16_trains_without_nan_and_says_why_eps_changed():
