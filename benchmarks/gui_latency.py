@@ -81,11 +81,11 @@ def main() -> int:
         window.resize(1400, 900)
         window.show()
         QTest.qWaitForWindowExposed(window)
-        wait_for_device(window)
         panel = window.config_panel
         panel.set_values({"model": "tiny", "precisions": list(PRECISIONS), "batch_size": 4,
                           "seq_len": 64, "steps": args.steps, "warmup": 3, "device": "cpu",
                           "isolation": args.isolation})
+        wait_for_device(window)
         if not window.run_button.isEnabled():
             print(f"cannot start: {panel.error()}", file=sys.stderr)
             return 1
@@ -128,11 +128,8 @@ def main() -> int:
 def wait_for_device(window) -> None:
     """Wait until the device probe has answered (it runs off the GUI thread)."""
     panel = window.config_panel
-    if getattr(panel, "device_pending", lambda: False)():
-        loop = QEventLoop()
-        panel.device_changed.connect(lambda _info: loop.quit())
-        if panel.device_pending():
-            loop.exec()
+    while getattr(panel, "device_pending", lambda: False)():
+        QTest.qWait(50)
 
 
 if __name__ == "__main__":
