@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="after the trials, run the numerics lab on the first precision and "
                            "add it (with advice citing the trials) to the report")
     prof.add_argument("--quiet", action="store_true", help="no progress display")
+    from engine.distributed.cli_args import add_distributed_args
+
+    add_distributed_args(prof)
 
     foot = sub.add_parser("footprint", help="load footprint of each precision (no training)")
     _add_model_args(foot, "fp32,fp16,bf16,int8,nf4")
@@ -109,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _profile(args) -> int:
     from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
+    from engine.distributed.cli_args import distributed_config
     from engine.report.writer import check_writable, write_report
     from engine.runner import Runner
 
@@ -120,6 +124,7 @@ def _profile(args) -> int:
         init_scale=args.init_scale, growth_interval=args.growth_interval, lora_r=args.lora_r,
         device=args.device, isolation=args.isolation, seed=args.seed,
         trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
+        **distributed_config(args),
     )
     if args.out:
         check_writable(args.out)
@@ -135,8 +140,8 @@ def _profile(args) -> int:
         from engine.events import to_dict
         from engine.numerics.lab import run_lab
 
-        record.numerics = run_lab(config.model, config.precisions[0], config.device,
-                                  config.batch_size, config.seq_len, config.seed,
+        record.numerics = run_lab(config.model, config.precisions[0].partition("@")[0],
+                                  config.device, config.batch_size, config.seq_len, config.seed,
                                   trials=[to_dict(t) for t in record.trials],
                                   loss_scale=config.init_scale,
                                   trust_remote_code=config.trust_remote_code)
@@ -145,6 +150,10 @@ def _profile(args) -> int:
             print(f"advisor: {advice['recommended']}")
     verdict = speed_verdict(record.trials)
     print(format_table(comparison_rows(record, verdict)))
+    if config.strategy != "none":
+        from engine.distributed.summary_text import distributed_lines
+
+        print(*distributed_lines(record), sep="\n")
     reason = baseline_reason(record)
     if reason:
         print(f"note: {reason}")

@@ -114,6 +114,7 @@ class MonitorSample:
     sm_clock_mhz: float | None = None
     energy_j: float | None = None
     process_mem_bytes: int | None = None
+    process_mem_method: str | None = None  # by process id, or device-wide minus a baseline
     cpu_pct: float | None = None
     host_rss_bytes: int | None = None
     host_mem_used_bytes: int | None = None
@@ -177,7 +178,9 @@ class MemoryBreakdown:
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     nvml_process_bytes: int | None = None
-    context_gap_bytes: int | None = None  # NVML process memory minus allocator reserved
+    context_gap_bytes: int | None = None  # NVML process memory minus reserved, same moment
+    nvml_method: str = ""  # how nvml_process_bytes was found
+    reserved_at_nvml_read_bytes: int | None = None  # allocator reserved when NVML was read
     total_bytes: int = 0
     total_method: str = ""
     notes: str = ""
@@ -238,8 +241,81 @@ class TrialSummary:
     skipped_steps: int
     final_loss: float | None
     final_loss_scale: float | None
+    energy_per_step_j: float | None = None
+    energy_per_token_j: float | None = None
+    energy_method: str = ""  # how the energy was measured, or why it is n/a
     spread: StepTimeSpread | None = None
     distinct_batches: int | None = None  # synthetic batches cycled through the steps
+
+
+@dataclass(frozen=True)
+class CommVolume:
+    """Payload bytes of one collective in one dtype per optimiser step (largest buffer)."""
+
+    collective: str  # "all_reduce", "all_gather", "reduce_scatter", ...
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    measured_bytes: int | None
+    expected_bytes: int | None
+    calls_per_step: float = 0.0
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory by category, in bytes (measured, or predicted for the strategy)."""
+
+    sharded_params_bytes: int  # this rank's parameters at rest (its shard; all of them in DDP)
+    unsharded_params_bytes: int | None  # peak of all-gathered parameters alive at once (FSDP2)
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int | None
+    comm_buffers_bytes: int | None  # DDP gradient buckets; FSDP2's are transient
+    peak_allocated_bytes: int | None = None
+    total_bytes: int = 0
+    total_method: str = ""
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """One torchrun rank of a distributed trial."""
+
+    rank: int
+    local_rank: int
+    host: str
+    pid: int
+    status: str  # "ok", or "oom"/"error" for the rank that failed, "stopped" for the others
+    reason: str | None = None
+    steps: list[StepSample] = field(default_factory=list)
+    memory: RankMemory | None = None
+    predicted_memory: RankMemory | None = None
+    memory_error_pct: dict = field(default_factory=dict)  # 100*(predicted-measured)/measured
+    monitor_samples: list[MonitorSample] = field(default_factory=list)
+    comm: list[CommVolume] = field(default_factory=list)
+    median_step_ms: float | None = None
+    tokens_per_s: float | None = None  # this rank's own tokens
+
+
+@dataclass(frozen=True)
+class DistributedSummary:
+    """What a distributed trial adds: the recipe's wire dtypes and the spread over ranks."""
+
+    strategy: str  # "ddp" or "fsdp2"
+    world_size: int
+    nproc_per_node: int
+    backend: str  # "gloo" or "nccl"
+    sharded: str
+    collectives: dict  # collective -> dtype name the recipe sends it in
+    slowest_rank: int | None = None
+    slowest_step_ms: float | None = None  # median step of the slowest rank
+    fastest_step_ms: float | None = None
+    step_spread_pct: float | None = None  # 100*(slowest-fastest)/fastest
+    max_memory_bytes: int | None = None
+    min_memory_bytes: int | None = None
+    total_tokens_per_s: float | None = None  # global batch tokens / slowest rank's median
+    comm: list[CommVolume] = field(default_factory=list)  # rank 0, per step
+    comm_method: str = ""
+    comm_time_reason: str = ""
+    failed_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -261,8 +337,11 @@ class TrialResult:
     steps: list[StepSample] = field(default_factory=list)
     summary: TrialSummary | None = None
     numerics: dict | None = None
+    notes: list[str] = field(default_factory=list)  # what to know reading these figures
     started_s: float = 0.0
     finished_s: float = 0.0
+    ranks: list[RankResult] = field(default_factory=list)  # distributed trials only
+    distributed: DistributedSummary | None = None
 
 
 @dataclass(frozen=True)

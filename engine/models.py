@@ -200,8 +200,11 @@ def _from_pretrained(ref: str, task: str, recipe: Recipe, device: torch.device, 
 
 def _random_init(config, task: str, dtype: torch.dtype, device: torch.device, seed: int,
                  trust: bool):
-    with _seeded(seed), torch.device(device):
-        return model_class(task).from_config(config, dtype=dtype, trust_remote_code=trust)
+    # drawn on the CPU, then moved: the GPU's generator would give each dtype and device
+    # different weights, and "loss vs fp32" needs every recipe to start from the same ones
+    with _seeded(seed), torch.device("cpu"):
+        net = model_class(task).from_config(config, dtype=dtype, trust_remote_code=trust)
+    return net.to(device)
 
 
 def conv1d_to_linear(model: nn.Module) -> int:

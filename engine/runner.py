@@ -95,6 +95,8 @@ class Runner:
         quiet_libraries()
         self._emit(RunStarted(uuid.uuid4().hex[:12], self.config.to_dict(), collect(info),
                               time.time()))
+        if info.fallback_reason:  # e.g. a driver too old for this torch: say why not the GPU
+            self._emit(LogEvent("warning", info.fallback_reason, None, time.time()))
         monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz)
         monitor.start()
         try:
@@ -110,7 +112,12 @@ class Runner:
                 else:
                     self._emit(TrialStarted(precision, index, len(plan), time.time(),
                                             item.round, item.rounds))
-                    if self.config.isolation == "inline":
+                    if self.config.strategy != "none":  # torchrun starts the ranks
+                        from engine.distributed.trial import run_distributed
+
+                        result = run_distributed(item.config, precision, info, self._emit,
+                                                 self._cancel.is_set)
+                    elif self.config.isolation == "inline":
                         result = self._inline(precision, info, item, book)
                     else:
                         result = self._in_child(precision, info, monitor, item, book)

@@ -31,12 +31,20 @@ from engine.events import (
     TrialSummary,
 )
 from engine.memory_model import predict_memory, with_errors
-from engine.models import dims, load_model, make_batches
+from engine.models import dims, load_config, load_model, make_batches, resolve_source
 from engine.peaks import mfu as mfu_of
 from engine.peaks import peak_flops
-from engine.recipes import Recipe, autocast_for, recipe
+from engine.recipes import (
+    Recipe,
+    autocast_for,
+    fp8_shape_reason,
+    fp32_precision,
+    library_sync_notes,
+    recipe,
+    run_description,
+)
 from engine.spread import step_spread
-from engine.trackers import AllocatorTracker, StepTimer
+from engine.trackers import AllocatorTracker, ScalarReadback, StepTimer
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
 
@@ -65,14 +73,18 @@ def adam_eps(rec: Recipe) -> float:
     return default
 
 
-def make_optimizer(name: str, params: list, lr: float, eps: float = 1e-8):
+def make_optimizer(name: str, params: list, lr: float, eps: float = 1e-8,
+                   fused: bool = False):
+    """``fused`` (CUDA): one kernel per step, and a GradScaler hands it the inf check as a
+    tensor; the default foreach AdamW makes ``GradScaler.step`` call ``.item()`` mid-step,
+    which would slow the scaled (fp16) recipes only."""
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
+        return torch.optim.SGD(params, lr=lr, fused=fused or None)
     if name == "adamw8bit":
         import bitsandbytes as bnb
 
         return bnb.optim.AdamW8bit(params, lr=lr, eps=eps)
-    return torch.optim.AdamW(params, lr=lr, eps=eps)
+    return torch.optim.AdamW(params, lr=lr, eps=eps, fused=fused or None)
 
 
 def make_scaler(rec: Recipe, device: torch.device, config: RunConfig):
@@ -135,6 +147,10 @@ class _State:
     flops: FlopsInfo | None = None
     steps: list[StepSample] = field(default_factory=list)
     peak: object = None
+    compiled: bool | None = None  # None until the trial decided (it may never run)
+    notes: list[str] = field(default_factory=list)
+    nvml_baseline_bytes: int | None = None  # device-wide used memory before the trial
+    energy: tuple[float | None, int, str] = (None, 0, "not measured")  # joules, steps, how
     round_index: int = 0  # interleaved rounds: steps of earlier rounds come first in ``steps``
     step_offset: int = 0
     distinct_batches: int | None = None
@@ -144,7 +160,9 @@ class _State:
             precision=self.rec.precision,
             status=status,
             reason=reason,
-            recipe=self.rec.description,
+            recipe=run_description(self.rec, self.device_info.kind, self.config.optimizer,
+                                   self.compiled),
+            notes=list(self.notes),
             device=self.device_info.describe(),
             param_count=self.param_count,
             trainable_params=self.trainable_params,
@@ -163,14 +181,19 @@ class _State:
 
     def _summary(self) -> TrialSummary:
         measured = [s for s in self.steps if not s.warmup]
-        median_ms = statistics.median(s.step_ms for s in measured) if measured else None
+        # a skipped step skips the optimiser, so it is faster: timed apart, counted below
+        timed = [s for s in measured if not s.skipped]
+        median_ms = statistics.median(s.step_ms for s in timed) if timed else None
         tokens = self.config.tokens_per_step
         tps = tokens / (median_ms / 1e3) if median_ms else None
         counted = self.flops.counted_per_step if self.flops else None
         tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
         peak = self.peak
         mfu = mfu_of(tflops * 1e12, peak) if (tflops is not None and peak) else None
-        if peak is None:
+        if measured and not timed:
+            mfu_reason = ("every measured step was skipped by the GradScaler (inf/NaN "
+                          "gradients), so there is no step time")
+        elif peak is None:
             mfu_reason = "no steps measured"
         elif peak.flops_per_s is None:
             mfu_reason = peak.reason
@@ -180,6 +203,8 @@ class _State:
             mfu_reason = None if mfu is not None else "no steps measured"
         mem = self.memory
         last = self.steps[-1] if self.steps else None
+        joules, energy_steps, energy_method = self.energy
+        per_step = joules / energy_steps if joules is not None and energy_steps else None
         return TrialSummary(
             steps_measured=len(measured),
             median_step_ms=median_ms,
@@ -194,6 +219,9 @@ class _State:
             skipped_steps=sum(1 for s in measured if s.skipped),
             final_loss=last.loss if last else None,
             final_loss_scale=last.loss_scale if last else None,
+            energy_per_step_j=per_step,
+            energy_per_token_j=per_step / tokens if per_step is not None else None,
+            energy_method=energy_method,
             spread=step_spread(self.steps, tokens),
             distinct_batches=self.distinct_batches,
         )
@@ -217,11 +245,14 @@ def run_trial(
     rec = recipe(precision)
     state = _State(config, rec, device_info, steps=list(prior_steps), round_index=round_index,
                    step_offset=len(prior_steps))
-    reason = device_info.unsupported_reason(precision)
+    reason = device_info.unsupported_reason(precision) or _shape_reason(config, rec)
     if reason:
         return state.result("unsupported", reason)
+    # before this trial touches the GPU: the fallback when NVML shows no pid of ours
+    state.nvml_baseline_bytes = nvml.used_bytes(device_info.nvml_handle())
     try:
-        stopped = _measure(state, emit, cancelled)
+        with device_info.device_context(), fp32_precision(rec):
+            stopped = _measure(state, emit, cancelled)
     except torch.OutOfMemoryError as exc:
         return state.result("oom", f"out of GPU memory: {str(exc).splitlines()[0]}")
     except MemoryError:
@@ -237,6 +268,17 @@ def run_trial(
     return state.result("ok", None)
 
 
+def _shape_reason(config: RunConfig, rec: Recipe) -> str | None:
+    """Shapes float8 training cannot run, found before anything loads (fp8 only)."""
+    if not rec.fp8:
+        return None
+    try:
+        model_config, _ = load_config(resolve_source(config.model), config.trust_remote_code)
+    except Exception:  # loading the model reports it, as the trial's error
+        return None
+    return fp8_shape_reason(config.batch_size * config.seq_len, dims(model_config)["hidden"])
+
+
 def _measure(state: _State, emit, cancelled) -> bool:
     """Fill ``state``; returns True when the run was cancelled part-way."""
     config, rec, info = state.config, state.rec, state.device_info
@@ -245,9 +287,6 @@ def _measure(state: _State, emit, cancelled) -> bool:
     def log(msg: str, level: str = "info") -> None:
         emit(LogEvent(level, msg, rec.precision, time.time()))
 
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = rec.tf32
-        torch.backends.cudnn.allow_tf32 = rec.tf32
     torch.manual_seed(config.seed)
 
     loaded = load_model(config.model, rec, device, config.seed, config.trust_remote_code,
@@ -265,7 +304,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
 
     params = [p for p in model.parameters() if p.requires_grad]
     eps = adam_eps(rec)
-    optimizer = make_optimizer(config.optimizer, params, config.lr, eps)
+    optimizer = make_optimizer(config.optimizer, params, config.lr, eps,
+                               fused=info.kind == "cuda")
     if eps != 1e-8 and config.optimizer != "sgd":
         log(f"Adam epsilon raised from 1e-8 to {eps:.3g}: 1e-8 rounds to 0 in "
             f"{str(rec.weight_dtype).removeprefix('torch.')} and 0/0 would make NaN weights",
@@ -277,13 +317,19 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.distinct_batches = len(batches)
 
     grads_bytes, saved_bytes = _probe(state, loaded, batches[0], params)
-    state.peak = peak_flops(info.name if info.kind == "cuda" else None, rec.peak_dtype)
-    step_model = torch.compile(model) if config.compile else model
+    state.peak = peak_flops(info.name if info.kind == "cuda" else None, rec.peak_dtype,
+                            info.sm_count, info.mig)
+    # float8 is only fast compiled; compiling needs a warm-up step to land in
+    state.compiled = config.compile or (rec.fp8 and config.warmup >= 1)
+    state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, config.optimizer,
+                                          device.type))
+    step_model = torch.compile(model) if state.compiled else model
     alloc = AllocatorTracker(device)
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
                            cancelled)
 
-    state.memory = _memory(model, optimizer, grads_bytes, saved_bytes, alloc, info)
+    state.memory = _memory(model, optimizer, grads_bytes, saved_bytes, alloc, info,
+                           state.nvml_baseline_bytes)
     d = dims(loaded.config)
     predicted = predict_memory(
         rec, config.optimizer, state.param_count, state.trainable_params,
@@ -340,11 +386,15 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
     config, rec = state.config, state.rec
     device = state.device_info.torch_device
     timer = StepTimer(device)
+    readback = ScalarReadback(device, width=4)  # loss, grad norm, scale before, scale after
+    energy = _EnergyWindow(state)
     pending: deque = deque()
     try:
         for i in range(config.warmup + config.steps):
             if cancelled():
                 return True
+            if i == config.warmup:
+                energy.begin()
             alloc.start()
             timer.start()
             loss_sum = torch.zeros((), device=device)
@@ -359,7 +409,9 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
                 scaler.unscale_(optimizer)
                 # the scale as a device tensor: read after the step, so no extra host sync now
                 scale_before = scaler._get_scale_async().clone()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))
+            # the norm only: clip_grad_norm_ would also rewrite every gradient
+            grad_norm = torch.nn.utils.get_total_norm(
+                [p.grad for p in params if p.grad is not None])
             if scaler:
                 scaler.step(optimizer)
                 scaler.update()
@@ -368,15 +420,64 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             mark = timer.stop()
-            allocated, reserved = alloc.sample()
-            pending.append((i, i < config.warmup, mark, loss_sum, grad_norm, scale_before,
-                            scale_after, allocated, reserved))
+            scalars = readback.push([loss_sum, grad_norm, scale_before, scale_after])
+            allocated, reserved = alloc.sample(measured=i >= config.warmup)
+            pending.append((i, i < config.warmup, mark, scalars, allocated, reserved))
+            energy.count(i >= config.warmup)
             while len(pending) > 1:
-                _emit_step(state, emit, timer, pending.popleft())
+                _emit_step(state, emit, timer, readback, pending.popleft())
+        energy.end()
     finally:  # steps that completed before a failure or a cancel are kept
         while pending:
-            _emit_step(state, emit, timer, pending.popleft())
+            _emit_step(state, emit, timer, readback, pending.popleft())
     return False
+
+
+class _EnergyWindow:
+    """Energy of the measured steps from NVML's total-energy counter (GPU only).
+
+    The GPU is drained at both ends, so the counter's delta covers exactly the measured
+    steps' work. The counter is device-wide: another process on the GPU adds to it.
+    """
+
+    def __init__(self, state: _State):
+        self.state = state
+        info = state.device_info
+        self.cuda = info.kind == "cuda"
+        self.handle = info.nvml_handle() if self.cuda else None
+        self.start_j = self.start_s = None
+        self.steps = 0
+        if not self.cuda:
+            state.energy = (None, 0, "no energy counter on the CPU")
+        elif self.handle is None:
+            state.energy = (None, 0, f"NVML does not see this GPU: {nvml.unavailable_reason()}")
+
+    def begin(self) -> None:
+        if self.handle is None:
+            return
+        torch.cuda.synchronize(self.state.device_info.torch_device)
+        self.start_j, self.start_s = nvml.energy_j(self.handle), time.perf_counter()
+        if self.start_j is None:
+            self.state.energy = (None, 0, "this GPU or driver has no NVML energy counter "
+                                          "(nvmlDeviceGetTotalEnergyConsumption needs Volta+)")
+
+    def count(self, measured: bool) -> None:
+        self.steps += measured
+
+    def end(self) -> None:
+        if self.start_j is None or not self.steps:
+            return
+        torch.cuda.synchronize(self.state.device_info.torch_device)
+        end_j, seconds = nvml.energy_j(self.handle), time.perf_counter() - self.start_s
+        if end_j is None or end_j <= self.start_j:
+            self.state.energy = (None, 0, f"the NVML energy counter did not advance over the "
+                                          f"{seconds:.3g} s of measured steps: run more steps")
+            return
+        this_round = f" of round {self.state.round_index + 1}" if self.state.round_index else ""
+        self.state.energy = (end_j - self.start_j, self.steps, (
+            f"NVML total-energy counter delta over the {self.steps} measured steps{this_round} "
+            f"({seconds:.3g} s, GPU drained at both ends), divided by steps and by tokens; "
+            "device-wide: another process on this GPU would add to it"))
 
 
 def _stores_scores(model_config, device: torch.device) -> bool:
@@ -386,17 +487,16 @@ def _stores_scores(model_config, device: torch.device) -> bool:
     return eager or device.type == "cpu"
 
 
-def _emit_step(state: _State, emit, timer: StepTimer, item) -> None:
-    i, warm, mark, loss_sum, grad_norm, before, after, allocated, reserved = item
+def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, item) -> None:
+    i, warm, mark, scalars, allocated, reserved = item
     config = state.config
     step_ms = timer.sample(mark)
+    loss, norm, before, after = readback.read(scalars)
     counted = state.flops.counted_per_step if state.flops else None
     tflops = counted / (step_ms / 1e3) / 1e12 if counted and step_ms > 0 else None
     mfu = mfu_of(tflops * 1e12, state.peak) if tflops is not None else None
-    scale = float(after.item()) if after is not None else None
-    skipped = bool(after.item() < before.item()) if after is not None else False
-    loss = float(loss_sum.item())
-    norm = None if skipped else float(grad_norm.item())  # a skipped step's norm is inf/NaN
+    skipped = after is not None and after < before
+    norm = None if skipped else norm  # a skipped step's norm is inf/NaN
     sample = StepSample(
         precision=state.rec.precision,
         step=state.step_offset + i,
@@ -408,7 +508,7 @@ def _emit_step(state: _State, emit, timer: StepTimer, item) -> None:
         mfu=mfu,
         allocated_bytes=allocated,
         reserved_bytes=reserved,
-        loss_scale=scale,
+        loss_scale=after,
         skipped=skipped,
         grad_norm=norm,
         time_s=time.time(),
@@ -419,7 +519,8 @@ def _emit_step(state: _State, emit, timer: StepTimer, item) -> None:
 
 
 def _memory(model, optimizer, grads_bytes: int, activations: int,
-            alloc: AllocatorTracker, info: DeviceInfo) -> MemoryBreakdown:
+            alloc: AllocatorTracker, info: DeviceInfo,
+            nvml_baseline_bytes: int | None = None) -> MemoryBreakdown:
     params_bytes = inventory.unique_param_bytes(model) + sum(
         b.numel() * b.element_size() for b in model.buffers()
     )
@@ -433,7 +534,7 @@ def _memory(model, optimizer, grads_bytes: int, activations: int,
         activations_method="bytes autograd saved for backward in one micro-batch "
                            "(saved-tensor hooks)",
     )
-    peak_alloc, peak_res = alloc.stop()
+    peak_alloc, peak_res, covers = alloc.stop()
     if peak_alloc is None:  # the CPU, or no step ran before a cancel
         return MemoryBreakdown(
             **exact,
@@ -443,18 +544,26 @@ def _memory(model, optimizer, grads_bytes: int, activations: int,
             notes="temporaries, allocator reserve and context are not measurable without an "
                   "allocator peak; on the CPU, host RSS is in the monitor samples",
         )
-    h = nvml.handle(info.index)
-    nvml_bytes = nvml.process_memory_bytes(h, {os.getpid()}) if h is not None else None
+    # NVML and the allocator read at the same moment, the GPU idle: the gap is what the
+    # allocator does not hold (CUDA context, loaded kernels), not a peak-vs-now artefact
+    torch.cuda.synchronize(info.torch_device)
+    reserved_now = alloc.reserved_now()
+    nvml_bytes, nvml_method = nvml.process_memory(info.nvml_handle(), {os.getpid()},
+                                                  nvml_baseline_bytes)
     return MemoryBreakdown(
         **exact,
         temporaries_bytes=max(0, peak_alloc - known),
         peak_allocated_bytes=peak_alloc,
         peak_reserved_bytes=peak_res,
         nvml_process_bytes=nvml_bytes,
-        context_gap_bytes=nvml_bytes - peak_res if nvml_bytes is not None else None,
+        context_gap_bytes=nvml_bytes - reserved_now if nvml_bytes is not None else None,
+        nvml_method=nvml_method,
+        reserved_at_nvml_read_bytes=reserved_now,
         total_bytes=peak_alloc,
-        total_method="torch.cuda.max_memory_allocated over the measured steps",
+        total_method=f"peak of torch.cuda.max_memory_allocated {covers}",
         notes="temporaries = peak allocated - (parameters + gradients + optimizer state + "
               "saved activations), floored at 0: activations are freed while gradients are "
-              "allocated, so the categories overlap in time",
+              "allocated, so the categories overlap in time. Peak reserved covers the same "
+              "steps. Context gap = NVML process memory - allocator reserved, both read after "
+              "the steps at the same moment",
     )

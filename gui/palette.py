@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtGui import QColor
 
-from engine.colors import PRECISION_COLORS
+from engine.colors import color_of
 
 _UNKNOWN = "#444444"
 
@@ -21,4 +21,4 @@ MEMORY_CATEGORY_COLORS: dict[str, str] = {
 
 def precision_color(label: str) -> QColor:
     """Colour of a precision; ``run-id/precision`` labels (history comparisons) too."""
-    return QColor(PRECISION_COLORS.get(label.rsplit("/", 1)[-1], _UNKNOWN))
+    return QColor(color_of(label.rsplit("/", 1)[-1], _UNKNOWN))

@@ -58,20 +58,21 @@ def run_lab(model: str, precision: str, device: str = "auto", batch_size: int = 
         raise ValueError(f"{precision} cannot run on this device: {reason}")
     recipe = get_recipe(precision)
     dev = info.torch_device
-    torch.manual_seed(seed)
-    loaded = load_model(model, precision, dev, seed, trust_remote_code)
-    batch = make_batch(loaded, batch_size, seq_len, seed, dev)
-    net = loaded.model
-
-    grads = gradient_stats(net, batch, recipe, config.init_scale, dev)
-    activations = activation_stats(net, batch, recipe, dev)
-    trace = trace_ops(net, batch, recipe, dev)
+    with info.device_context():  # cuda:N must be the current device, not GPU 0
+        torch.manual_seed(seed)
+        loaded = load_model(model, precision, dev, seed, trust_remote_code)
+        batch = make_batch(loaded, batch_size, seq_len, seed, dev)
+        net = loaded.model
+        grads = gradient_stats(net, batch, recipe, config.init_scale, dev)
+        activations = activation_stats(net, batch, recipe, dev)
+        trace = trace_ops(net, batch, recipe, dev)
+        demos = [_asdict(d) for d in run_demos(dev)]
     device_name = info.name if info.kind == "cuda" else "cpu"
 
     def lookup(dtype_key: str) -> PeakLookup:
         if dtype_key not in table()["dtypes"]:
             return PeakLookup(None, None, f"the peak table has no column for {dtype_key}")
-        return peak_flops(device_name, dtype_key)
+        return peak_flops(device_name, dtype_key, info.sm_count, info.mig)
 
     capabilities = {
         "kind": info.kind,
@@ -93,7 +94,7 @@ def run_lab(model: str, precision: str, device: str = "auto", batch_size: int = 
         "capabilities": capabilities,
         "model_dims": model_dims,
         "formats": [_asdict(f) for f in format_table()],
-        "demos": [_asdict(d) for d in run_demos(dev)],
+        "demos": demos,
         "gradients": _asdict(grads),
         "activations": _asdict(activations),
         "op_trace": _asdict(trace),

@@ -19,8 +19,8 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from engine.flops import CPU_ATTENTION_FLOPS
-from engine.numerics.step import forward_loss, matmul_precision
-from engine.recipes import Recipe
+from engine.numerics.step import forward_loss
+from engine.recipes import Recipe, fp32_precision
 
 # torch's formulas plus the CPU attention kernels engine.flops counts (as FlopCounterMode
 # does with a custom mapping)
@@ -149,7 +149,7 @@ def trace_ops(model: nn.Module, batch: dict, recipe: Recipe,
     device = torch.device(device)
     tracer = _Tracer(tf32=recipe.tf32 and device.type == "cuda")
     model.zero_grad(set_to_none=True)
-    with matmul_precision(recipe), tracer:
+    with fp32_precision(recipe), tracer:
         loss = forward_loss(model, batch, recipe, device)
         tracer.phase = "backward"
         loss.backward()

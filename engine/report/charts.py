@@ -17,7 +17,7 @@ import matplotlib as mpl
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from engine.colors import PRECISION_COLORS
+from engine.colors import color_of
 from engine.compare import baseline_reason, comparison_rows, format_cell, record_precisions
 from engine.record import RunRecord
 
@@ -52,7 +52,7 @@ class Chart:
 
 
 def _color(precision: str) -> str:
-    return PRECISION_COLORS.get(precision, "#444444")
+    return color_of(precision)
 
 
 def _styled(draw):
@@ -342,7 +342,9 @@ def monitor_chart(record: RunRecord) -> Chart:
                          color=_color(trial.precision), fontsize=8)
     axes[-1].set_xlabel("time since the run started (s); shaded: each precision's trial")
     source_text = "NVML (GPU)" if source == "nvml" else "psutil (host; no NVML on this machine)"
-    return Chart(title, _svg(fig), f"source: {source_text}")
+    device = record.environment.get("device")
+    power = device.get("power_method") if source == "nvml" and isinstance(device, dict) else None
+    return Chart(title, _svg(fig), f"source: {source_text}" + (f"; {power}" if power else ""))
 
 
 def report_charts(record: RunRecord) -> list[Chart]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from string import Template
 
 from engine import spread
-from engine.colors import PRECISION_COLORS
+from engine.colors import color_of
 from engine.compare import (
     COLUMNS,
     NOISY_RULE,
@@ -60,7 +60,7 @@ def _number(value) -> str:
 
 
 def _swatch(precision: str) -> str:
-    color = PRECISION_COLORS.get(precision, "#444444")
+    color = color_of(precision)
     return f'<span class="swatch" style="background:{color}"></span>{_e(precision)}'
 
 
@@ -239,8 +239,9 @@ def _memory(trial: TrialResult) -> str:
             ("peak allocated", _bytes(m.peak_allocated_bytes)),
             ("peak reserved", _bytes(m.peak_reserved_bytes)),
             ("temporaries", _bytes(m.temporaries_bytes)),
-            ("NVML process memory", _bytes(m.nvml_process_bytes)),
-            ("CUDA context and other (NVML - reserved)", _bytes(m.context_gap_bytes)),
+            ("NVML process memory", f"{_bytes(m.nvml_process_bytes)} {_e(m.nvml_method)}"),
+            ("CUDA context and other (NVML - reserved, read together)",
+             _bytes(m.context_gap_bytes)),
             ("activations measured by", _e(m.activations_method) or NA),
             ("total measured by", _e(m.total_method) or NA),
             ("notes", _e(m.notes) or NA),
@@ -295,6 +296,9 @@ def _summary(trial: TrialResult) -> str:
         ("skipped steps", _number(s.skipped_steps)),
         ("final loss", _number(s.final_loss)),
         ("final loss scale", _number(s.final_loss_scale)),
+        ("GPU energy per step / per token",
+         f"{_number(s.energy_per_step_j)} J / {_number(s.energy_per_token_j)} J "
+         f"({_e(s.energy_method) or NA})"),
     ])
 
 
@@ -345,7 +349,7 @@ def _module_tree(trial: TrialResult) -> str:
 
 
 def _trial(trial: TrialResult) -> str:
-    color = PRECISION_COLORS.get(trial.precision, "#444444")
+    color = color_of(trial.precision)
     reason = f'<p class="note">{_e(trial.reason)}</p>' if trial.reason else ""
     parts = [
         f'<section class="trial" style="border-left-color:{color}">',
@@ -359,12 +363,15 @@ def _trial(trial: TrialResult) -> str:
         ("parameters", f"{_number(trial.param_count)} ({_number(trial.trainable_params)} "
                        "trainable)"),
         ("load footprint", f"{_bytes(trial.load_footprint_bytes)} {_e(trial.footprint_note)}"),
+        *([("notes", "<br>".join(_e(n) for n in trial.notes))] if trial.notes else []),
     ]))
     parts.append('<div class="grid2">')
     parts.append(f"<div><h4>Summary and MFU</h4>{_summary(trial)}</div>")
     parts.append(f"<div><h4>FLOPs per step</h4>{_flops(trial)}</div>")
     parts.append("</div>")
     parts.append(f"<h4>Memory: measured vs predicted</h4>{_memory(trial)}")
+    if trial.ranks:
+        parts.append(_ranks(trial))
     if trial.dtype_map:
         parts.append(_dtype_map(trial))
     if trial.module_tree:
@@ -373,6 +380,33 @@ def _trial(trial: TrialResult) -> str:
         parts.append(f"<h4>Numerics</h4>{render_value(trial.numerics)}")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _ranks(trial: TrialResult) -> str:
+    """Distributed trials: memory by category per rank, and bytes per collective."""
+    d = trial.distributed
+    rows = []
+    for r in trial.ranks:
+        m, p = r.memory, r.predicted_memory
+        cells = [_e(r.rank), _e(r.status)]
+        cells += [_bytes(getattr(m, f, None)) if m else NA for f in (
+            "sharded_params_bytes", "unsharded_params_bytes", "grads_bytes", "optimizer_bytes",
+            "activations_bytes", "comm_buffers_bytes", "total_bytes")]
+        err = r.memory_error_pct.get("total")
+        cells += [_bytes(p.total_bytes) if p else NA, NA if err is None else f"{err:+.1f}%",
+                  NA if r.median_step_ms is None else f"{r.median_step_ms:.1f}"]
+        rows.append(cells)
+    ranks = _table(["rank", "status", "params (shard)", "unsharded peak", "grads", "optimizer",
+                    "activations", "buckets", "total", "predicted", "error", "median step ms"],
+                   rows, numeric=set(range(2, 12)))
+    comm = _table(["collective", "dtype", "measured per step", "expected", "calls per step"],
+                  [[_e(c.collective), _e(c.dtype), _bytes(c.measured_bytes),
+                    _bytes(c.expected_bytes), f"{c.calls_per_step:g}"] for c in d.comm],
+                  numeric={2, 3, 4}) if d else ""
+    spread = NA if d is None or d.step_spread_pct is None else f"{d.step_spread_pct:.1f}%"
+    head = (f"<h4>Ranks ({_e(d.strategy)}, {d.world_size} ranks, {_e(d.backend)}; "
+            f"slowest rank {_e(d.slowest_rank)}, step spread {spread})</h4>") if d else ""
+    return f"{head}{ranks}<p class=\"note\">{_e(d.comm_method) if d else ''}</p>{comm}"
 
 
 def _log(record: RunRecord) -> str:
