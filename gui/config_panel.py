@@ -2,14 +2,17 @@
 
 It holds form values only; ``RunConfig`` decides what is valid. Every edit rebuilds the
 config, and its ``ValueError`` message is shown inline in red while Run stays disabled.
-Precisions the device cannot run are greyed out, with the engine's reason as tooltip.
+Precisions the device cannot run are greyed out, with the engine's reason as tooltip,
+once the device probe (in a thread: it imports torch) has answered; until then the form
+says "probing device…" and Run waits.
 """
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -31,11 +34,15 @@ from PySide6.QtWidgets import (
 )
 
 from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, REDUCE_DTYPES, STRATEGIES, RunConfig
-from engine.device import DeviceInfo, probe
 from engine.model_check import check_model
 from engine.presets import presets
 from engine.rounds import CHEAP_RULE
+from gui.device_status import PROBING
 from gui.palette import precision_color
+from gui.worker import DeviceProbe
+
+if TYPE_CHECKING:
+    from engine.device import DeviceInfo
 
 MODEL_SOURCES = ("Preset", "Local folder", "Hub id")
 REDUCE_AS_COMPUTED = "as computed"
@@ -65,6 +72,7 @@ def in_form_words(message: str) -> str:
 
 
 DEVICES = ("auto", "cpu", "cuda")
+PROBE_FALLBACK_MS = 1500
 
 
 def _swatch(color: QColor) -> QIcon:
@@ -89,6 +97,12 @@ class ConfigPanel(QWidget):
         super().__init__(parent)
         self.device_info: DeviceInfo | None = None
         self.device_error: str | None = None
+        self._probing: str | None = None  # the device asked about, until the probe answers
+        self._probe = DeviceProbe(self)
+        self._probe.answered.connect(self._on_probe_answer)
+        # the probe starts after the first paint (see paintEvent), or after this long
+        # when the form is never painted
+        QTimer.singleShot(PROBE_FALLBACK_MS, self._probe.start)
         self._error: str | None = None
         defaults = RunConfig()
 
@@ -282,6 +296,8 @@ class ConfigPanel(QWidget):
 
     def config(self) -> RunConfig:
         """The validated config; raises ``ValueError`` with the fix for bad input."""
+        if self._probing is not None:
+            raise ValueError(f"{PROBING} Run is enabled once it answers")
         if self.device_error:
             raise ValueError(self.device_error)
         config = RunConfig(**self.form_values())
@@ -359,13 +375,29 @@ class ConfigPanel(QWidget):
         if folder:
             self.folder.setText(folder)
 
+    def paintEvent(self, event) -> None:
+        super().paintEvent(event)
+        # the window is on screen: now torch may load in the probe's thread
+        QTimer.singleShot(0, self._probe.start)
+
+    def device_pending(self) -> bool:
+        """True while the device probe has not answered for the chosen device."""
+        return self._probing is not None
+
     def _on_device(self) -> None:
-        try:
-            self.device_info = probe(self.device.currentText())
-            self.device_error = None
-        except ValueError as exc:
-            self.device_info = None
-            self.device_error = str(exc)
+        self._probing = self.device.currentText()
+        self.device_info = None
+        self.device_error = None
+        self._probe.request(self._probing)
+        self.device_changed.emit(None)
+        self._on_edit()
+
+    def _on_probe_answer(self, device: str, info: DeviceInfo | None, error: str | None) -> None:
+        if device != self._probing:
+            return  # an answer about a device no longer chosen
+        self._probing = None
+        self.device_info = info
+        self.device_error = error
         self._grey_out_unsupported()
         self.device_changed.emit(self.device_info)
         self._on_edit()
@@ -394,6 +426,9 @@ class ConfigPanel(QWidget):
         was_valid = self._error is None
         self._error = error
         self.error_label.setText(error or "")
+        # waiting for the probe is no mistake of the user's: grey, not red
+        self.error_label.setStyleSheet(
+            "color: #777777;" if self._probing is not None else "color: #C00000;")
         self.error_label.setVisible(error is not None)
         if was_valid != (error is None):
             self.validity_changed.emit(error is None)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from PySide6.QtWidgets import QLabel, QWidget
 
 from engine import nvml
-from engine.device import DeviceInfo
+
+if TYPE_CHECKING:  # engine.device imports torch: the probe runs in a thread instead
+    from engine.device import DeviceInfo
+
+PROBING = "probing device…"
 
 
 def _yes_no(flag: bool) -> str:
@@ -13,6 +19,9 @@ def _yes_no(flag: bool) -> str:
 
 
 def device_summary(info: DeviceInfo | None, error: str | None = None) -> str:
+    """One line on the device; "probing device…" while the probe has not answered."""
+    if info is None and error is None:
+        return PROBING
     if info is None:
         return f"Device unavailable: {error or 'not probed'}"
     cc = ".".join(map(str, info.compute_capability)) if info.compute_capability else "n/a"

@@ -1,18 +1,25 @@
 """Live charts of a run: loss, loss scale, step time, throughput, MFU, memory, monitor.
 
-One ``PlotDataItem`` per curve, created the first time its series gets a point and
-reused for the rest of the window's life; points go into numpy ring buffers and a
-QTimer (~15 Hz) hands only the curves that changed to ``setData``. Downsampling and
-clip-to-view keep a 100,000-point curve cheap to redraw. A loaded report is replayed
-through the same ``add_step`` / ``add_monitor`` calls as a live run.
+One ``PlotDataItem`` per curve, created the first time its series gets a point in a
+run; points go into numpy ring buffers and a QTimer (15 Hz) hands only the curves that
+changed to ``setData``, a few charts per tick in turn, and only while the charts are on
+screen (a hidden tab catches up when it is shown). Painting is what costs here:
+pyqtgraph regenerates an axis's ticks in Python whenever its range moves, and one axis
+that changes width re-lays out all nine plots. So the x ranges move in pages rather
+than at every point, the left axes have a fixed width, there is no grid (its lines
+tripled the cost of a repaint), and the legend sits above the plots, where it cannot
+cover a curve. A loaded report is replayed through the same point mapping
+(``step_points``, ``monitor_points``) as a live run, in bulk.
 """
 
 from __future__ import annotations
 
 import html
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QVBoxLayout, QWidget
@@ -24,7 +31,11 @@ from gui.palette import precision_color
 from gui.ringbuffer import RingBuffer
 
 REDRAW_HZ = 15
+CHARTS_PER_TICK = 3  # a repaint costs about its area: each tick redraws a few changed charts
 CAPACITY = 200_000  # points per curve; older ones scroll out
+LEFT_AXIS_PX = 62  # fixed, so that new tick labels never re-lay out the whole grid
+MONITOR_PAGE_S = 30.0  # first x page of the monitor charts; doubled when time runs past it
+STEP_PAGE = 16  # first x page of the step charts when the run's length is not known
 
 # chart key -> (title, left-axis label, units pyqtgraph may prefix: only for s and W)
 CHARTS: dict[str, tuple[str, str, str | None]] = {
@@ -43,13 +54,100 @@ HOST_TITLES = {
     "monitor_memory": ("Host memory (process RSS)", "RSS (MiB)", None),
     "monitor_power": ("Host memory used", "used (MiB)", None),
 }
+MONITOR_CHARTS = ("monitor_util", "monitor_memory", "monitor_power")
+STEP_AXIS_LABEL = "step (□ = warm-up)"
 MIB = 2**20  # memory axes in MiB, the binary unit the tables and reports use
 MONITOR_COLORS = ("#333333", "#0072B2", "#999999")
-LEGEND_CHARTS = ("loss", "monitor_util", "monitor_memory", "monitor_power")
+# the HTML report draws warm-up steps as hollow markers on the curve: so do these charts
+WARMUP_CHARTS = ("loss", "step_time", "throughput", "mfu", "memory")
 
 
 def _mib(value: int | None) -> float | None:
     return None if value is None else value / MIB
+
+
+@dataclass(frozen=True)
+class Point:
+    """One value for one curve: which chart, which curve, where, and how it is drawn."""
+
+    chart: str
+    name: str
+    x: float
+    y: float | None
+    color: str
+    dashed: bool = False
+    scatter: str | None = None  # marker symbol for marker-only series
+    legend: bool = False  # the precision's entry in the legend strip
+
+
+def step_points(s: StepSample) -> Iterator[Point]:
+    """The points one training step adds to the step charts."""
+    color = precision_color(s.precision).name()
+    p, x = s.precision, float(s.step)
+    scale = (math.log2(s.loss_scale)
+             if s.loss_scale is not None and s.loss_scale > 0 else None)
+    values = {
+        "loss": s.loss,
+        "loss_scale": scale,
+        "step_time": s.step_ms / 1000.0,
+        "throughput": s.tokens_per_s,
+        "mfu": None if s.mfu is None else s.mfu * 100.0,
+        "memory": _mib(s.allocated_bytes),
+    }
+    for chart, y in values.items():
+        yield Point(chart, p, x, y, color, legend=chart == "loss")
+        if s.warmup and chart in WARMUP_CHARTS:
+            yield Point(chart, f"{p} warm-up", x, y, color, scatter="s")
+    if s.skipped and scale is not None:
+        yield Point("loss_scale", f"{p} skipped", x, scale, color, scatter="o")
+    yield Point("memory", f"{p} reserved", x, _mib(s.reserved_bytes), color, dashed=True)
+
+
+def monitor_points(m: MonitorSample, t0: float) -> Iterator[Point]:
+    """The points one monitor sample adds, ``t0`` seconds being the run's start."""
+    t = m.time_s - t0
+    c0, c1 = MONITOR_COLORS[0], MONITOR_COLORS[1]
+    if m.source == "host":
+        yield Point("monitor_util", "CPU %", t, m.cpu_pct, c0)
+        yield Point("monitor_memory", "process RSS", t, _mib(m.host_rss_bytes), c0)
+        yield Point("monitor_power", "host used", t, _mib(m.host_mem_used_bytes), c0)
+        return
+    yield Point("monitor_util", "GPU %", t, m.gpu_util_pct, c0)
+    yield Point("monitor_util", "memory bus %", t, m.mem_util_pct, c1)
+    yield Point("monitor_memory", "device used", t, _mib(m.gpu_mem_used_bytes), c0)
+    yield Point("monitor_memory", "this process", t, _mib(m.process_mem_bytes), c1)
+    yield Point("monitor_power", "power", t, m.power_w, c0)
+
+
+@dataclass
+class SeriesData:
+    """A whole curve at once, for replaying a finished run (built off the GUI thread)."""
+
+    style: Point  # chart, name, colour and style; its x and y are unused
+    x: np.ndarray
+    y: np.ndarray
+
+
+def record_series(record: RunRecord, precisions: Iterable[str]) -> list[SeriesData]:
+    """Every curve of a finished run as arrays: plain numpy, safe to build in any thread."""
+    columns: dict[tuple[str, str], tuple[Point, list[float], list[float]]] = {}
+
+    def add(points: Iterable[Point]) -> None:
+        for point in points:
+            if point.y is None or not math.isfinite(point.y):
+                continue
+            entry = columns.setdefault((point.chart, point.name), (point, [], []))
+            entry[1].append(point.x)
+            entry[2].append(point.y)
+
+    for p in precisions:
+        for step in record.steps(p):
+            add(step_points(step))
+    t0 = record.started_s or (record.monitor_samples[0].time_s if record.monitor_samples else 0)
+    for sample in record.monitor_samples:
+        add(monitor_points(sample, t0))
+    return [SeriesData(style, np.asarray(xs), np.asarray(ys))
+            for style, xs, ys in columns.values()]
 
 
 class Log2Axis(pg.AxisItem):
@@ -62,6 +160,7 @@ class Log2Axis(pg.AxisItem):
 @dataclass
 class _Series:
     item: pg.PlotDataItem | pg.ScatterPlotItem
+    color: str
     x: RingBuffer
     y: RingBuffer
     dirty: bool = False
@@ -73,28 +172,33 @@ class LiveCharts(QWidget):
         self.capacity = capacity
         self.layout_widget = pg.GraphicsLayoutWidget()
         QVBoxLayout(self).addWidget(self.layout_widget)
+        # precisions keep one colour everywhere, so one legend above the plots names them
+        self.legend = pg.LegendItem(colCount=len(CHARTS), labelTextSize="9pt", frame=False)
+        self.layout_widget.addItem(self.legend, row=0, col=0, colspan=3)
         self.plots: dict[str, pg.PlotItem] = {}
+        self.titles: dict[str, str] = {}  # chart -> title shown, without its curve key
         self._notes: dict[str, pg.TextItem] = {}
-        for i, (key, (title, label, units)) in enumerate(CHARTS.items()):
+        for i, key in enumerate(CHARTS):
             axis = {"left": Log2Axis("left")} if key == "loss_scale" else {}
-            plot = self.layout_widget.addPlot(row=i // 3, col=i % 3, axisItems=axis)
-            # precisions keep one colour everywhere, so one legend for them is enough;
-            # monitor curves rise from the left, so their legend sits bottom right
-            offset = None if key not in LEGEND_CHARTS else (
-                (-5, -5) if key.startswith("monitor") else (-5, 5))
-            self._style(plot, title, label, units, offset)
-            plot.setLabel("bottom", "time since start" if key.startswith("monitor") else "step",
-                          units="s" if key.startswith("monitor") else None)
+            plot = self.layout_widget.addPlot(row=1 + i // 3, col=i % 3, axisItems=axis)
+            plot.setDownsampling(auto=True, mode="peak")
+            plot.setClipToView(True)
+            plot.getAxis("left").setWidth(LEFT_AXIS_PX)
+            plot.setLabel("bottom", "time since start" if key in MONITOR_CHARTS else
+                          STEP_AXIS_LABEL, units="s" if key in MONITOR_CHARTS else None)
             self.plots[key] = plot
             self._notes[key] = self._make_note(plot.getViewBox())
         self._series: dict[tuple[str, str], _Series] = {}
+        self._x_page: dict[str, float] = {}  # chart -> right end of its x range
         self._trial_lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
         self._reasons: dict[str, str] = {}  # chart -> why the engine gave no values
+        self._steps_per_trial: int | None = None
+        self._next_chart = 0  # where the next redraw tick starts its round
         self._t0: float | None = None
         self._host = False
         self._timer = QTimer(self)
         self._timer.setInterval(int(1000 / REDRAW_HZ))
-        self._timer.timeout.connect(self.flush)
+        self._timer.timeout.connect(self._redraw_if_shown)
         self._timer.start()
         self.clear()
 
@@ -111,82 +215,51 @@ class LiveCharts(QWidget):
         view.sigResized.connect(place)
         return note
 
-    @staticmethod
-    def _style(plot: pg.PlotItem, title: str, label: str, units: str | None,
-               legend_offset: tuple[int, int] | None) -> None:
-        plot.setTitle(title, size="10pt")
-        plot.setLabel("left", label, units=units)
-        plot.showGrid(x=True, y=True, alpha=0.25)
-        plot.setDownsampling(auto=True, mode="peak")
-        plot.setClipToView(True)
-        if legend_offset is not None:
-            plot.addLegend(offset=legend_offset, labelTextSize="8pt",
-                           brush=pg.mkBrush(255, 255, 255, 220), pen=pg.mkPen("#CCCCCC"))
-
     # --- series --------------------------------------------------------------------
 
-    def _series_for(self, chart: str, name: str, color, dashed: bool = False,
-                    scatter: bool = False, legend: bool = True) -> _Series:
-        key = (chart, name)
+    def _series_for(self, point: Point) -> _Series:
+        key = (point.chart, point.name)
         series = self._series.get(key)
         if series is None:
-            plot = self.plots[chart]
-            if scatter:
-                item = pg.ScatterPlotItem(symbol="o", size=9, pen=pg.mkPen(color, width=2),
-                                          brush=None)
+            plot = self.plots[point.chart]
+            if point.scatter:
+                item = pg.ScatterPlotItem(symbol=point.scatter, size=8,
+                                          pen=pg.mkPen(point.color, width=1.5),
+                                          brush=pg.mkBrush("w"))
                 plot.addItem(item)
             else:
-                style = Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine
-                item = plot.plot(pen=pg.mkPen(color, width=2, style=style),
-                                 name=html.escape(name) if legend else None)  # legends are HTML
-            series = _Series(item, RingBuffer(self.capacity), RingBuffer(self.capacity))
+                style = Qt.PenStyle.DashLine if point.dashed else Qt.PenStyle.SolidLine
+                item = plot.plot(pen=pg.mkPen(point.color, width=2, style=style))
+            series = _Series(item, point.color, RingBuffer(self.capacity),
+                             RingBuffer(self.capacity))
             self._series[key] = series
+            if point.legend:
+                # report text (a precision name) is shown as text, never as markup
+                self.legend.addItem(item, html.escape(point.name))
+            if point.chart in MONITOR_CHARTS:
+                self._retitle(point.chart)
         return series
 
-    def _add(self, chart: str, name: str, x: float, y: float | None, color, **style) -> None:
-        if y is None or not math.isfinite(y):
+    def _add(self, point: Point) -> None:
+        if point.y is None or not math.isfinite(point.y):
             return
-        series = self._series_for(chart, name, color, **style)
-        series.x.append(x)
-        series.y.append(y)
+        series = self._series_for(point)
+        series.x.append(point.x)
+        series.y.append(point.y)
         series.dirty = True
-        self._notes[chart].setVisible(False)
+        self._notes[point.chart].setVisible(False)
 
     def add_step(self, s: StepSample) -> None:
-        color = precision_color(s.precision)
-        p = s.precision
-        self._add("loss", p, s.step, s.loss, color)
-        if s.loss_scale is not None and s.loss_scale > 0:
-            scale = math.log2(s.loss_scale)
-            self._add("loss_scale", p, s.step, scale, color)
-            if s.skipped:
-                self._add("loss_scale", f"{p} skipped", s.step, scale, color, scatter=True)
-        self._add("step_time", p, s.step, s.step_ms / 1000.0, color)
-        self._add("throughput", p, s.step, s.tokens_per_s, color)
-        self._add("mfu", p, s.step, None if s.mfu is None else s.mfu * 100.0, color)
-        self._add("memory", p, s.step, _mib(s.allocated_bytes), color)
-        self._add("memory", f"{p} reserved", s.step, _mib(s.reserved_bytes), color, dashed=True,
-                  legend=False)
+        for point in step_points(s):
+            self._add(point)
 
     def add_monitor(self, m: MonitorSample) -> None:
         if self._t0 is None:
             self._t0 = m.time_s
-        t = m.time_s - self._t0
         if m.source == "host":
             self._use_host_titles()
-            self._add("monitor_util", "CPU %", t, m.cpu_pct, MONITOR_COLORS[0])
-            self._add("monitor_memory", "process RSS", t, _mib(m.host_rss_bytes),
-                      MONITOR_COLORS[0])
-            self._add("monitor_power", "host used", t, _mib(m.host_mem_used_bytes),
-                      MONITOR_COLORS[0])
-            return
-        self._add("monitor_util", "GPU %", t, m.gpu_util_pct, MONITOR_COLORS[0])
-        self._add("monitor_util", "memory bus %", t, m.mem_util_pct, MONITOR_COLORS[1])
-        self._add("monitor_memory", "device used", t, _mib(m.gpu_mem_used_bytes),
-                  MONITOR_COLORS[0])
-        self._add("monitor_memory", "this process", t, _mib(m.process_mem_bytes),
-                  MONITOR_COLORS[1])
-        self._add("monitor_power", "power", t, m.power_w, MONITOR_COLORS[0])
+        for point in monitor_points(m, self._t0):
+            self._add(point)
 
     def begin(self, time_s: float) -> None:
         """The run's start: monitor charts count seconds from here."""
@@ -196,14 +269,16 @@ class LiveCharts(QWidget):
         """A labelled vertical line on the monitor charts where a trial began."""
         if self._t0 is None:
             self._t0 = time_s
-        for key in ("monitor_util", "monitor_memory", "monitor_power"):
+        color = precision_color(precision)
+        # the label is a format string to pyqtgraph: braces in a name are literal
+        label = precision.replace("{", "{{").replace("}", "}}")
+        for key in MONITOR_CHARTS:
             # labels step down so neighbouring short trials do not overprint each other
             position = 0.95 - 0.12 * ((len(self._trial_lines) // 3) % 4)
             line = pg.InfiniteLine(
                 pos=time_s - self._t0, angle=90,
-                pen=pg.mkPen(precision_color(precision), width=1, style=Qt.PenStyle.DotLine),
-                label=precision.replace("{", "{{").replace("}", "}}"),  # a format string
-                labelOpts={"position": position, "color": precision_color(precision)},
+                pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DotLine),
+                label=label, labelOpts={"position": position, "color": color},
             )
             self.plots[key].addItem(line)
             self._trial_lines.append((self.plots[key], line))
@@ -227,44 +302,70 @@ class LiveCharts(QWidget):
             return
         self._host = True
         for key, (title, label, units) in HOST_TITLES.items():
-            self.plots[key].setTitle(title, size="10pt")
+            self.titles[key] = title
+            self._retitle(key)
             self.plots[key].setLabel("left", label, units=units)
+
+    def _retitle(self, chart: str) -> None:
+        """A monitor chart's title names its curves in their colours (its legend)."""
+        keys = [f'<span style="color:{s.color}">━ '
+                f'{html.escape(name)}</span>'
+                for (c, name), s in self._series.items() if c == chart]
+        title = html.escape(self.titles[chart])
+        self.plots[chart].setTitle("  ".join([title, *keys]), size="10pt")
 
     # --- whole runs -------------------------------------------------------------------
 
-    def clear(self) -> None:
-        for series in self._series.values():
-            series.x.clear()
-            series.y.clear()
-            series.dirty = True
+    def clear(self, steps_per_trial: int | None = None) -> None:
+        """Forget the shown run: curves, legend, markers, titles, axes and ranges."""
+        for (chart, _), series in self._series.items():
+            self.plots[chart].removeItem(series.item)
+        self._series.clear()
+        self.legend.clear()
         for plot, line in self._trial_lines:
             plot.removeItem(line)
         self._trial_lines.clear()
         self._t0 = None
         self._host = False
         self._reasons.clear()
+        self._steps_per_trial = steps_per_trial
+        self._x_page.clear()
         for key, (title, label, units) in CHARTS.items():
-            self.plots[key].setTitle(title, size="10pt")
-            self.plots[key].setLabel("left", label, units=units)
+            plot = self.plots[key]
+            self.titles[key] = title
+            plot.setTitle(html.escape(title), size="10pt")
+            # a fresh axis: no SI prefix or range left over from the previous run's values
+            plot.setLabel("left", label, units=units)
+            plot.enableAutoRange(axis="y")
+            plot.setYRange(0, 1, padding=0)
+            plot.enableAutoRange(axis="y")
+            self._page_x(key, 0.0)
         for chart in self._notes:
             self._set_note(chart, "no data yet")
-        self.flush()
 
-    def show_record(self, record: RunRecord, precisions: list[str]) -> None:
-        """Replay a finished or loaded run through the live path."""
-        self.clear()
+    def show_series(self, record: RunRecord, series: list[SeriesData]) -> None:
+        """Show a finished or loaded run from its ``record_series`` arrays."""
+        config = record.config or {}
+        self.clear(config.get("warmup", 0) + config.get("steps", 0) or None)
         self.begin(record.started_s)
+        if any(s.style.name == "CPU %" for s in series):
+            self._use_host_titles()
         for trial in record.trials:
             if trial.started_s:
                 self.mark_trial_start(trial.precision, trial.started_s)
-        for p in precisions:
-            for step in record.steps(p):
-                self.add_step(step)
-        for sample in record.monitor_samples:
-            self.add_monitor(sample)
+        for data in series:
+            curve = self._series_for(data.style)
+            curve.x.extend(data.x)
+            curve.y.extend(data.y)
+            curve.dirty = True
+            self._notes[data.style.chart].setVisible(False)
         for trial in record.trials:
             self.note_trial(trial)
         self.finish()
+
+    def show_record(self, record: RunRecord, precisions: list[str]) -> None:
+        """Replay a finished or loaded run through the live path's point mapping."""
+        self.show_series(record, record_series(record, precisions))
 
     def finish(self) -> None:
         """Draw what is pending and mark charts the run left empty as n/a."""
@@ -274,12 +375,54 @@ class LiveCharts(QWidget):
 
     # --- drawing --------------------------------------------------------------------
 
-    def flush(self) -> None:
-        for series in self._series.values():
-            if not series.dirty:
+    def _page_x(self, chart: str, x_last: float) -> None:
+        """Move the x range only when a point passes its right end: by doubling it."""
+        page = self._x_page.get(chart)
+        if page is not None and x_last <= page:
+            return
+        if chart in MONITOR_CHARTS:
+            page = MONITOR_PAGE_S
+        else:
+            page = (self._steps_per_trial - 1 if self._steps_per_trial else STEP_PAGE)
+        page = max(page, 1.0)
+        while page < x_last:
+            page *= 2
+        self._x_page[chart] = page
+        # from 0, unless a full ring buffer has let the oldest points go
+        x_first = min((s.x.view()[0] for (c, _), s in self._series.items()
+                       if c == chart and len(s.x) == self.capacity), default=0.0)
+        self.plots[chart].setXRange(x_first, page, padding=0.02)
+
+    def _redraw_if_shown(self) -> None:
+        # a hidden tab or a minimised window paints nothing: it catches up when shown
+        if not self.isVisible() or self.window().isMinimized():
+            return
+        dirty = {chart for (chart, _), s in self._series.items() if s.dirty}
+        keys = list(CHARTS)
+        drawn = 0
+        for i in range(len(keys)):
+            index = (self._next_chart + i) % len(keys)
+            if keys[index] in dirty:
+                self.flush(keys[index])
+                drawn += 1
+                self._next_chart = index + 1
+                if drawn == CHARTS_PER_TICK:
+                    break
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self.flush()
+
+    def flush(self, only: str | None = None) -> None:
+        """Hand the curves that changed (of one chart, or all) to pyqtgraph to repaint."""
+        for (chart, _), series in self._series.items():
+            if not series.dirty or (only is not None and chart != only):
                 continue
             series.dirty = False
-            series.item.setData(series.x.view(), series.y.view())
+            x = series.x.view()
+            series.item.setData(x, series.y.view())
+            if len(x):
+                self._page_x(chart, float(x[-1]))
 
     def curve_points(self, chart: str, name: str) -> int:
         """How many points the drawn curve was given (0 when it was never drawn)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -42,7 +42,6 @@ from engine.events import (
 )
 from engine.record import RunRecord
 from gui import settings
-from gui.chart_export import export_chart
 from gui.compare_view import CompareView
 from gui.config_panel import ConfigPanel
 from gui.device_status import DeviceStatus
@@ -55,7 +54,7 @@ from gui.model_view import ModelView
 from gui.numerics_view import NumericsView
 from gui.plain_text import as_html
 from gui.trial_table import TrialTable
-from gui.worker import LabWorker, RunWorker
+from gui.worker import LabWorker, ReportLoader, RunWorker
 
 LOADING = "loading model…"
 REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)",
@@ -65,6 +64,7 @@ OPEN_FILTER = "JSON report or run journal (*.json *.jsonl)"
 
 class MainWindow(QMainWindow):
     record_shown = Signal(object)  # the RunRecord every view now shows
+    open_failed = Signal(str)  # a report could not be opened: why
 
     def __init__(self, history: HistoryStore | None = None) -> None:
         super().__init__()
@@ -75,7 +75,15 @@ class MainWindow(QMainWindow):
         self.worker.event.connect(self._on_event)
         self.worker.errored.connect(self._on_errored)
         self.worker.finished.connect(self._on_finished)
+        self._latest_steps: dict[str, StepSample] = {}  # per precision, not yet shown
+        self._progress_timer = QTimer(self)
+        self._progress_timer.setInterval(100)
+        self._progress_timer.timeout.connect(self._show_progress)
         self.history = history or HistoryStore()
+        self.report_loader = ReportLoader(self)
+        self.report_loader.progress.connect(self._on_open_progress)
+        self.report_loader.loaded.connect(self._on_report_loaded)
+        self.report_loader.failed.connect(self._on_open_failed)
 
         self.config_panel = ConfigPanel()
         self.run_button = QPushButton("Run")
@@ -145,6 +153,8 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.kernel_view, "Kernels")
         self.fit_view = FitView(self.config_panel.form_values)
         self.tabs.addTab(self.fit_view, "Fit")
+        self._stale_views: set[QWidget] = set()  # views not yet showing self.record
+        self.tabs.currentChanged.connect(lambda _i: self._refresh_view(self.tabs.currentWidget()))
         self.setCentralWidget(self.tabs)
 
         self.run_progress = QProgressBar()
@@ -204,8 +214,13 @@ class MainWindow(QMainWindow):
 
     def _update_buttons(self, *_args) -> None:
         running = self.worker.is_running()
-        self.run_button.setEnabled(not running and self.config_panel.error() is None)
+        # the lab's GPU work would skew a trial's timings: one at a time, either way round
+        lab = self.lab_worker.is_running()
+        self.run_button.setEnabled(not running and not lab and self.config_panel.error() is None)
+        self.run_button.setToolTip("Waiting for the numerics lab to finish" if lab else "")
         self.stop_button.setEnabled(running)
+        if not lab:
+            self.numerics_view.set_busy(running)
 
     def _run_clicked(self) -> None:
         self.start_run()
@@ -217,7 +232,7 @@ class MainWindow(QMainWindow):
 
     def start_run(self, config: RunConfig | None = None) -> bool:
         """Start a run of ``config`` (the form's when None); False if it cannot start."""
-        if self.worker.is_running():
+        if self.worker.is_running() or self.lab_worker.is_running():
             return False
         if config is None:
             try:
@@ -227,15 +242,17 @@ class MainWindow(QMainWindow):
                 return False
             settings.save_config_dict(self.config_panel.saved_values())
         self.record = RunRecord(config=config.to_dict())
-        self.charts.clear()
+        self.charts.clear(config.warmup + config.steps)
         steps_per_trial = config.warmup + config.steps
         self.trial_table.reset(list(config.precisions), steps_per_trial)
         self.run_progress.setRange(0, steps_per_trial * len(config.precisions))
         self.run_progress.setValue(0)
+        self._latest_steps.clear()
         self.run_progress.setFormat("run %p%")
         self._run_error = None
         self.log.clear()
         self.worker.start(config)
+        self._progress_timer.start()
         self._update_buttons()
         self.statusBar().showMessage("Starting the run…")
         self.setWindowTitle("AmpScope — new run")
@@ -269,8 +286,8 @@ class MainWindow(QMainWindow):
                 self.trial_table.set_status(event.precision, "running")
                 self.statusBar().showMessage(f"{event.precision}: training…")
             self.charts.add_step(event)
-            self.trial_table.add_step(event)
-            self._show_progress()
+            # progress bars repaint at once on setValue: shown at the redraw rate instead
+            self._latest_steps[event.precision] = event
         elif isinstance(event, MonitorSample):
             self.charts.add_monitor(event)
         elif isinstance(event, RunStarted):
@@ -293,7 +310,7 @@ class MainWindow(QMainWindow):
             self.charts.note_trial(trial)
             if trial.status != "ok":
                 self._log("warning", f"{trial.status}: {trial.reason or ''}", trial.precision)
-            self._show_results(self.record)
+            self._show_results(self.record, only_shown=True)
         elif isinstance(event, LogEvent):
             self._log(event.level, event.message, event.precision)
         elif isinstance(event, ErrorEvent):
@@ -323,7 +340,13 @@ class MainWindow(QMainWindow):
 
     def _show_progress(self) -> None:
         """Steps seen, a finished precision counting in full (interleaved rounds alternate);
-        a stopped one counts the steps it ran, so Stop reads "cancelled at 44%", not 100%."""
+        a stopped one counts the steps it ran, so Stop reads "cancelled at 44%", not 100%.
+        Called at the redraw rate, with the newest step of each trial for the table."""
+        for step in self._latest_steps.values():
+            self.trial_table.add_step(step)
+        self._latest_steps.clear()
+        if self.record is None:
+            return
         precisions = self.record.config.get("precisions", [])
         per = self.run_progress.maximum() // max(1, len(precisions))
 
@@ -352,6 +375,8 @@ class MainWindow(QMainWindow):
                 if record.trial(p) is None:
                     self.trial_table.set_status(p, "not run", why)
         self.worker.join()
+        self._progress_timer.stop()
+        self._show_progress()
         self._update_buttons()
         if record is None:
             return
@@ -381,7 +406,7 @@ class MainWindow(QMainWindow):
 
     def start_lab(self, precision: str) -> bool:
         """Run the numerics lab with the Run tab's model, device, batch and sequence length."""
-        if self.lab_worker.is_running():
+        if self.lab_worker.is_running() or self.worker.is_running():
             return False
         values = self.config_panel.form_values()
         trials = None
@@ -392,11 +417,13 @@ class MainWindow(QMainWindow):
             model=values["model"], precision=precision, device=values["device"],
             batch_size=values["batch_size"], seq_len=values["seq_len"], trials=trials,
             loss_scale=values["init_scale"], trust_remote_code=values["trust_remote_code"])
+        self._update_buttons()
         return True
 
     def _on_lab_finished(self, numerics: dict) -> None:
         self.lab_worker.join()
         self.numerics_view.set_busy(False)
+        self._update_buttons()
         self.numerics_view.show_numerics(numerics)
         record = self.record
         if record is not None and not self.worker.is_running() and record.run_id:
@@ -411,6 +438,7 @@ class MainWindow(QMainWindow):
     def _on_lab_errored(self, message: str) -> None:
         self.lab_worker.join()
         self.numerics_view.set_busy(False, f"Numerics lab failed: {message.splitlines()[0]}")
+        self._update_buttons()
         self._log("error", f"numerics lab: {message}")
 
     def _log(self, level: str, message: str, precision: str | None = None) -> None:
@@ -419,13 +447,25 @@ class MainWindow(QMainWindow):
 
     # --- showing records -----------------------------------------------------------------
 
-    def _show_results(self, record: RunRecord) -> None:
-        self.compare_view.show_record(record)
-        self.model_view.show_record(record)
-        self.kernel_view.show_record(record)
+    def _show_results(self, record: RunRecord, only_shown: bool = False) -> None:
+        """Rebuild the Compare and Model views (tens of ms each); during a run only the one
+        on screen, the others when their tab is shown."""
+        self._stale_views = {self.compare_view, self.model_view, self.kernel_view}
+        if not only_shown:
+            self._refresh_view(self.compare_view)
+            self._refresh_view(self.model_view)
+            self._refresh_view(self.kernel_view)
+        else:
+            self._refresh_view(self.tabs.currentWidget())
 
-    def show_record(self, record: RunRecord) -> None:
-        """Show a finished run (opened report, history entry) in every view."""
+    def _refresh_view(self, view) -> None:
+        if view in self._stale_views and self.record is not None:
+            self._stale_views.discard(view)
+            view.show_record(self.record)
+
+    def show_record(self, record: RunRecord, series=None) -> None:
+        """Show a finished run (opened report, history entry) in every view; ``series``
+        are its chart arrays when they were prepared off the GUI thread."""
         if self.worker.is_running():
             self.statusBar().showMessage("Stop the current run before opening another one.")
             return
@@ -434,11 +474,15 @@ class MainWindow(QMainWindow):
         precisions = record_precisions(record)
         self.trial_table.reset(precisions, config.get("warmup", 0) + config.get("steps", 1))
         for p in precisions:
-            for step in record.steps(p):
-                self.trial_table.add_step(step)
+            steps = record.steps(p)
+            if steps:  # the table shows a trial's newest step
+                self.trial_table.add_step(steps[-1])
         for trial in record.trials:
             self.trial_table.finish_trial(trial)
-        self.charts.show_record(record, precisions)
+        if series is None:
+            self.charts.show_record(record, precisions)
+        else:
+            self.charts.show_series(record, series)
         self.log.clear()
         for entry in record.logs:
             self._log(entry.level, entry.message, entry.precision)
@@ -454,24 +498,43 @@ class MainWindow(QMainWindow):
         self.record_shown.emit(record)
 
     def show_comparison(self, record: RunRecord, note: str) -> None:
+        self._stale_views.discard(self.compare_view)
         self.compare_view.show_record(record, note)
         self.tabs.setCurrentWidget(self.compare_view)
 
     # --- files -------------------------------------------------------------------------
 
     def open_report(self, path: str | Path) -> bool:
-        """Open a JSON report or a run journal (.jsonl), as the CLI's report command reads."""
+        """Start opening a JSON report or a run journal (.jsonl): it is read off the GUI
+        thread, with progress in the status bar; ``record_shown`` or ``open_failed``
+        follows. False if it cannot start now."""
         from engine.journal import read_run
 
-        try:
-            record = read_run(path)
-        except (OSError, ValueError) as exc:
-            # the previous run stays on show; the message names the file and the fault
-            self._log("error", f"could not open the report: {exc}")
-            self.statusBar().showMessage(f"Could not open the report: {exc}")
+        if self.report_loader.is_running() or self.worker.is_running():
+            self.statusBar().showMessage("Wait for the current run or report to finish first.")
             return False
-        self.show_record(record)
+        self.run_progress.setRange(0, 100)
+        self.run_progress.setFormat("opening %p%")
+        self.statusBar().showMessage(f"Opening {path}…")
+        self.report_loader.start(path, read_run)
         return True
+
+    def _on_open_progress(self, stage: str, percent: int) -> None:
+        self.run_progress.setValue(percent)
+        self.statusBar().showMessage(f"Opening report: {stage}…")
+
+    def _on_report_loaded(self, path, record: RunRecord, series) -> None:
+        self.report_loader.join()
+        self.run_progress.setFormat("run %p%")
+        self.show_record(record, series)
+
+    def _on_open_failed(self, path, message: str) -> None:
+        self.report_loader.join()
+        self.run_progress.setFormat("run %p%")
+        # the previous run stays on show; the message names the file and the fault
+        self._log("error", f"could not open the report: {message}")
+        self.statusBar().showMessage(f"Could not open the report: {message}")
+        self.open_failed.emit(message)
 
     def export_run(self, path: str | Path) -> Path | None:
         from engine.report.writer import write_report
@@ -503,6 +566,8 @@ class MainWindow(QMainWindow):
 
     def export_chart(self, key: str, path: str | Path) -> Path:
         """Write one chart as PNG or SVG (by the file's extension)."""
+        from gui.chart_export import export_chart  # pyqtgraph's exporters: not at start-up
+
         return export_chart(self.chart(key), path)
 
     def _ask_open_report(self) -> None:
@@ -546,9 +611,10 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:
         # a run in progress is stopped and its thread joined: nothing outlives the window
         if self.worker.is_running():
-            self.worker.stop()
+            self.worker.abort()  # a trial still loading its model must not hold the window
             self.worker.join()
-        self.lab_worker.join()  # the lab cannot be interrupted; it takes seconds
+        self.lab_worker.stop()  # its process is ended
+        self.lab_worker.join()
         self.fit_view.worker.stop()  # ends the running probe's process
         self.fit_view.worker.join()
         store = settings.open_settings()

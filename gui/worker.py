@@ -1,7 +1,10 @@
 """The one bridge between the engine and the window.
 
 ``RunWorker`` runs ``engine.runner.Runner`` in a Python thread and re-emits every
-engine event as a Qt signal; ``LabWorker`` runs the numerics lab the same way. The
+engine event as a Qt signal; ``LabWorker`` runs the numerics lab in a child process
+and waits for it in a thread;
+``DeviceProbe`` asks ``engine.device.probe`` off the GUI thread (it imports torch and
+initialises CUDA and NVML, seconds on a multi-GPU server). The
 worker objects live in the GUI thread, so the signals they emit from their threads are
 queued to the widgets' thread by Qt. They never touch a widget, and widgets never call
 torch: they only see events and results.
@@ -9,6 +12,7 @@ torch: they only see events and results.
 
 from __future__ import annotations
 
+import queue
 import threading
 import traceback
 
@@ -63,6 +67,13 @@ class RunWorker(QObject):
             if self._runner is not None:
                 self._runner.cancel()
 
+    def abort(self) -> None:
+        """Stop now, for closing the window: the running trial's process is ended (one still
+        loading its model would see the cancel only seconds later); what it sent is kept."""
+        with self._lock:
+            if self._runner is not None:
+                self._runner.abort()
+
     def join(self, timeout_s: float | None = None) -> bool:
         """Wait for the run thread; True when no thread is left running."""
         if self._thread is not None:
@@ -71,10 +82,95 @@ class RunWorker(QObject):
 
 
 class LabWorker(QObject):
-    """Runs ``engine.numerics.lab.run_lab`` in a thread; its dict comes back as a signal."""
+    """Runs ``engine.numerics.lab.run_lab`` in a child process, as a trial runs: it
+    initialises CUDA, and a sticky CUDA error there must not poison the window's
+    process. A thread waits for the child; its dict comes back as a signal."""
 
     finished = Signal(object)  # the lab dict
     errored = Signal(str)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, **lab_args) -> None:
+        if self.is_running():
+            raise RuntimeError("the numerics lab is already running")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, args=(lab_args,),
+                                        name="ampscope-lab", daemon=True)
+        self._thread.start()
+
+    def _run(self, lab_args: dict) -> None:
+        from engine.runner import run_lab_in_child
+
+        try:
+            result = run_lab_in_child(lab_args, self._stop.is_set)
+        except (ValueError, RuntimeError) as exc:  # shown in the view; the window stays up
+            self.errored.emit(str(exc))
+            return
+        if result is not None:  # None: stopped (the window closes), nothing to say
+            self.finished.emit(result)
+
+    def stop(self) -> None:
+        """End the lab's process now (closing the window)."""
+        self._stop.set()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return not self.is_running()
+
+
+class DeviceProbe(QObject):
+    """Answers ``probe(device)`` requests one at a time in a thread; the newest one wins."""
+
+    answered = Signal(str, object, object)  # requested device, DeviceInfo | None, error | None
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def request(self, device: str) -> None:
+        """Queue a question; it is answered once ``start`` has been called."""
+        self._requests.put(device)
+
+    def start(self) -> None:
+        """Start answering (idempotent). Importing torch holds the GIL for long stretches,
+        so the window calls this once it has painted, not while it builds its widgets."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="ampscope-device-probe",
+                                            daemon=True)
+            self._thread.start()
+
+    def _serve(self) -> None:
+        from engine.device import probe  # torch loads here, not on the window's start-up path
+
+        while True:
+            device = self._requests.get()
+            while not self._requests.empty():  # a newer choice makes older ones moot
+                device = self._requests.get()
+            try:
+                self.answered.emit(device, probe(device), None)
+            except ValueError as exc:  # e.g. cuda asked for on a machine without it
+                self.answered.emit(device, None, str(exc))
+            except Exception as exc:  # a broken driver must not take the window down
+                self.answered.emit(device, None,
+                                   f"device probe failed: {type(exc).__name__}: {exc}")
+
+
+class ReportLoader(QObject):
+    """Reads a report and prepares its chart arrays in a thread: a 50 MB report takes
+    seconds to parse, and the window must keep answering meanwhile."""
+
+    progress = Signal(str, int)  # what it is doing, percent done
+    loaded = Signal(object, object, object)  # path, RunRecord, chart series (record_series)
+    failed = Signal(object, str)  # path, why (names the file and the fix)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -83,25 +179,31 @@ class LabWorker(QObject):
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, **lab_args) -> None:
+    def start(self, path, read) -> None:
+        """Read ``path`` with ``read(path) -> RunRecord`` (the engine's reader)."""
         if self.is_running():
-            raise RuntimeError("the numerics lab is already running")
-        self._thread = threading.Thread(target=self._run, kwargs=lab_args,
-                                        name="ampscope-lab", daemon=True)
+            raise RuntimeError("a report is already being opened")
+        self._thread = threading.Thread(target=self._run, args=(path, read),
+                                        name="ampscope-open-report", daemon=True)
         self._thread.start()
 
-    def _run(self, **lab_args) -> None:
-        from engine.numerics.lab import run_lab
+    def _run(self, path, read) -> None:
+        from engine.compare import record_precisions
+        from gui.live_charts import record_series
 
+        self.progress.emit("reading", 0)
         try:
-            result = run_lab(**lab_args)
-        except ValueError as exc:
-            self.errored.emit(str(exc))
+            record = read(path)
+            self.progress.emit("preparing charts", 60)
+            series = record_series(record, record_precisions(record))
+        except (OSError, ValueError) as exc:
+            self.failed.emit(path, str(exc))
             return
-        except Exception as exc:  # shown in the view; the window stays up
-            self.errored.emit(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        except Exception as exc:  # a damaged report must not take the window down
+            self.failed.emit(path, f"{type(exc).__name__}: {exc}")
             return
-        self.finished.emit(result)
+        self.progress.emit("showing", 100)
+        self.loaded.emit(path, record, series)
 
     def join(self, timeout_s: float | None = None) -> bool:
         if self._thread is not None:

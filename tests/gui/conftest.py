@@ -15,3 +15,24 @@ def _private_app_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
     QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path / "cfg"))
     yield
+
+
+@pytest.fixture(autouse=True)
+def _device_probed_when_shown(qapp, monkeypatch):
+    """The window probes its device in a thread once it has painted, and Run waits for the
+    answer: a test acts, as a person would, once the window says what the device is."""
+    from PySide6.QtTest import QTest
+
+    from gui.main_window import MainWindow
+
+    real_show = MainWindow.show
+
+    def show(self):
+        real_show(self)
+        for _ in range(15_000):  # generous: torch loads in the probe's thread
+            if not self.config_panel.device_pending():
+                return
+            QTest.qWait(20)
+
+    monkeypatch.setattr(MainWindow, "show", show)
+    yield

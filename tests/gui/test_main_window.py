@@ -1,10 +1,15 @@
 """The window on the real engine: tiny preset, CPU, inline trials, a few short steps."""
 
+import multiprocessing
+import signal
 import threading
 
+import psutil
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QFileDialog
 
 from engine.config import RunConfig
 from engine.record import RunRecord
@@ -23,7 +28,38 @@ def window(qtbot):
     win = MainWindow()
     qtbot.addWidget(win)
     win.show()
+    # the device probe answers from its thread once the window has painted
+    qtbot.waitUntil(lambda: not win.config_panel.device_pending(), timeout=RUN_TIMEOUT_MS)
     return win
+
+
+def test_the_window_shows_before_the_device_probe_answers(qtbot, monkeypatch):
+    """Until the probe (torch, CUDA, NVML) answers: "probing device…", and Run waits."""
+    import engine.device
+
+    release = threading.Event()
+    real_probe = engine.device.probe
+
+    def slow_probe(requested="auto"):
+        release.wait(RUN_TIMEOUT_MS / 1000)
+        return real_probe(requested)
+
+    monkeypatch.setattr(engine.device, "probe", slow_probe)
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.setVisible(True)  # show() waits for the probe in these tests (conftest)
+    qtbot.waitExposed(win)
+    qtbot.wait(200)
+    panel = win.config_panel
+    assert panel.device_pending()
+    assert win.device_status.text() == "probing device…"
+    assert not win.run_button.isEnabled()
+    assert "probing device" in panel.error_label.text()
+    release.set()
+    qtbot.waitUntil(lambda: not panel.device_pending(), timeout=RUN_TIMEOUT_MS)
+    assert "CPU" in win.device_status.text()
+    assert win.run_button.isEnabled()
+    assert not _precision_item(win, "fp8").flags() & Qt.ItemFlag.ItemIsEnabled
 
 
 def _run(qtbot, win: MainWindow, config: RunConfig) -> RunRecord:
@@ -163,11 +199,49 @@ def test_export_then_open_shows_the_same_views(qtbot, window, tmp_path):
     assert other.trial_table.cell_text("bf16", "Status") == "ok"
 
 
-def test_opening_a_file_that_is_not_a_report_says_so(window, tmp_path):
+def _open_through_file_menu(window, monkeypatch, path) -> None:
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        staticmethod(lambda *a, **k: (str(path), "")))
+    file_menu = window.menuBar().actions()[0].menu()
+    open_action = next(a for a in file_menu.actions() if a.text().startswith("&Open"))
+    open_action.trigger()
+
+
+def test_opening_a_file_that_is_not_a_report_says_so(qtbot, window, tmp_path, monkeypatch):
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": 1}')
-    assert not window.open_report(bad)
+    with qtbot.waitSignal(window.open_failed, timeout=RUN_TIMEOUT_MS):
+        _open_through_file_menu(window, monkeypatch, bad)
     assert "not an AmpScope report" in window.log.toPlainText()
+
+
+def test_a_report_is_read_off_the_gui_thread_with_progress(qtbot, window, tmp_path,
+                                                           monkeypatch):
+    """A 50 MB report takes seconds to parse: the window reads it in a thread."""
+    import engine.report.json_io as json_io
+    from engine.report.json_io import write_json
+    from tests.engine.sample_record import make_record
+
+    path = write_json(make_record(), tmp_path / "big.json")
+    readers = []
+    real_read = json_io.read_json
+
+    def read_and_note_thread(p):
+        readers.append(threading.current_thread())
+        return real_read(p)
+
+    monkeypatch.setattr(json_io, "read_json", read_and_note_thread)
+    stages = []
+    window.report_loader.progress.connect(lambda stage, pct: stages.append((stage, pct)))
+    with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS) as blocker:
+        _open_through_file_menu(window, monkeypatch, path)
+    assert readers and readers[0] is not threading.main_thread()
+    assert [pct for _, pct in stages] == [0, 60, 100]
+    record = blocker.args[0]
+    for p in ("fp32", "bf16-amp"):
+        assert window.charts.curve_points("loss", p) == len(record.trial(p).steps)
+        assert window.charts.curve_points("loss", f"{p} warm-up") == sum(
+            s.warmup for s in record.trial(p).steps)
 
 
 def test_copy_puts_the_table_on_the_clipboard_as_tsv(qtbot, window):
@@ -234,3 +308,50 @@ def test_app_main_opens_the_window_and_returns_when_it_closes(qapp):
     QTimer.singleShot(0, close_windows)
     assert main([]) == 0
     assert len(shown) == 1
+
+
+def _trial_processes():
+    return [c for c in multiprocessing.active_children() if c.name.startswith("ampscope-trial")]
+
+
+def test_closing_while_a_trial_loads_ends_its_process(qtbot):
+    win = MainWindow()
+    win.show()
+    assert win.start_run(_config(isolation="process", steps=100_000, warmup=0))
+    qtbot.waitUntil(lambda: len(_trial_processes()) == 1, timeout=RUN_TIMEOUT_MS)
+    child = _trial_processes()[0]
+    pid = child.pid
+    assert win.trial_table.progress("fp32") == 0  # still loading: no step has come back
+    win.close()
+    assert not win.worker.is_running()
+    assert child.exitcode == -signal.SIGTERM  # ended by the window, not finished by itself
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert _trial_processes() == []
+
+
+def test_run_and_numerics_lab_wait_for_each_other(qtbot, window):
+    lab_button = window.numerics_view.run_button
+    assert lab_button.isEnabled()
+    assert window.start_run(_config(steps=100_000, warmup=0))
+    assert not lab_button.isEnabled()  # its GPU work would skew the trial's timings
+    qtbot.waitUntil(lambda: window.trial_table.progress("fp32") >= 1, timeout=RUN_TIMEOUT_MS)
+    with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS):
+        QTest.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
+    assert lab_button.isEnabled() and window.run_button.isEnabled()
+
+    panel = window.config_panel
+    panel.batch_size.setValue(1)
+    panel.seq_len.setValue(16)
+    bar = window.tabs.tabBar()
+    QTest.mouseClick(bar, Qt.MouseButton.LeftButton,
+                     pos=bar.tabRect(window.tabs.indexOf(window.numerics_view)).center())
+    with qtbot.waitSignal(window.lab_worker.finished, timeout=RUN_TIMEOUT_MS):
+        QTest.mouseClick(lab_button, Qt.MouseButton.LeftButton)
+        assert not window.run_button.isEnabled()
+        # the lab runs in its own process, like a trial: a CUDA error there stays there
+        qtbot.waitUntil(lambda: [c.name for c in multiprocessing.active_children()
+                                 if c.name == "ampscope-numerics"] == ["ampscope-numerics"],
+                        timeout=RUN_TIMEOUT_MS)
+        assert not window.start_run(_config())
+    qtbot.waitUntil(window.run_button.isEnabled)
+    assert window.numerics_view.numerics["precision"]
