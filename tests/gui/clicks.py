@@ -85,6 +85,16 @@ def menu_action(window, *path: str):
     raise AssertionError(path)
 
 
+def wait_for_device(panel, timeout_ms: int = 60_000) -> None:
+    """Let the device probe (a thread) answer for the device chosen, as a person waits for
+    "probing device…" to go away before pressing Run."""
+    waited = 0
+    while panel.device_pending() and waited < timeout_ms:
+        QTest.qWait(20)
+        waited += 20
+    assert not panel.device_pending(), "the device probe did not answer"
+
+
 def fill_form(window, config: RunConfig) -> None:
     """Configure a run in the form through its widgets (preset models only)."""
     panel = window.config_panel
@@ -100,6 +110,7 @@ def fill_form(window, config: RunConfig) -> None:
     type_into(panel.warmup, str(config.warmup))
     choose(panel.device, config.device)
     choose(panel.isolation, config.isolation)
+    wait_for_device(panel)
     made = panel.config()
     for key in ("model", "precisions", "batch_size", "seq_len", "steps", "warmup", "device",
                 "isolation"):
