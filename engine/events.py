@@ -97,6 +97,8 @@ class StepSample:
     grad_norm: float | None
     time_s: float
     round: int = 0  # which round of an interleaved run measured it (engine/rounds.py)
+    tokens: int | None = None  # tokens this step trained on (user runs: padding excluded)
+    learning_rate: float | None = None  # user runs: the optimiser's lr at this step
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,9 @@ class TrialResult:
     numerics: dict | None = None
     started_s: float = 0.0
     finished_s: float = 0.0
+    # "profile" (AmpScope trained it), or a user's own training recorded through the
+    # public API: "user-loop" (ampscope.Recorder), "user-trainer" (ampscope.AmpScopeCallback)
+    source: str = "profile"
 
 
 @dataclass(frozen=True)
