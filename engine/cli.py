@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("source", help="a run journal (runs/<run id>.jsonl in the data folder) "
                                     "or a JSON report")
     rep.add_argument("--out", required=True, help="report file: .json, .csv or .html")
+
+    wat = sub.add_parser("watch", help="follow a run journal live in the terminal (Ctrl-C ends)")
+    wat.add_argument("journal", help="a run journal (runs/<run id>.jsonl), local or mounted")
+    wat.add_argument("--interval", type=float, default=0.5, help="seconds between reads")
     return parser
 
 
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
-                   "numerics": _numerics, "report": _report}[args.command]
+                   "numerics": _numerics, "report": _report, "watch": _watch}[args.command]
         return handler(args)
     except ValueError as exc:
         _say(f"ampscope: error: {exc}", err=True)
@@ -472,3 +476,19 @@ def _report(args) -> int:
         return EXIT_FAILED
     _say(f"report of run {record.run_id} ({record.status}) written to {out}")
     return 0
+
+
+# --- watch -------------------------------------------------------------------------
+
+
+def _watch(args) -> int:
+    """A live view of a journal; Ctrl-C ends the view, never the run it watches."""
+    from engine.watch import watch
+
+    if not args.interval > 0:
+        raise ValueError(f"--interval must be above 0 seconds (got {args.interval})")
+    try:
+        return watch(args.journal, _say, args.interval)
+    except KeyboardInterrupt:
+        _say("ampscope: stopped watching (the run itself goes on)", err=True)
+        return 0
