@@ -215,3 +215,34 @@ def test_killed_script_keeps_its_journal(tmp_path):
     assert [s.loss for s in steps[:len(printed)]] == printed
     last = json.loads(journal.read_text().splitlines()[-1])
     assert last["e"] in ("step", "mon")  # no end: the process was killed
+
+
+@pytest.mark.gpu
+def test_cuda_loop_with_autocast_and_scaler(tmp_path):
+    model = tiny_gpt2().cuda()
+    reference = copy.deepcopy(model)
+    batch = {k: v.cuda() for k, v in padded_batch(0).items()}
+    counter = FlopCounterMode(display=False)
+    with counter, torch.autocast("cuda", dtype=torch.float16):
+        loss = reference(**batch).loss
+    with counter:
+        loss.backward()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda")
+    losses = []
+    with ampscope.Recorder(model, opt, scaler, journal=tmp_path / "g.jsonl") as rec:
+        for _ in range(4):
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(**batch).loss
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            losses.append(loss.item())
+            rec.step(loss=loss)
+    (trial,) = read_journal(tmp_path / "g.jsonl").trials
+    assert trial.precision == "fp16-amp"
+    assert [s.loss for s in trial.steps] == pytest.approx(losses)
+    assert all(s.allocated_bytes and s.loss_scale == 65536.0 for s in trial.steps)
+    assert trial.flops.counted_per_step == counter.get_total_flops()
+    assert trial.memory.peak_allocated_bytes >= max(s.allocated_bytes for s in trial.steps)
