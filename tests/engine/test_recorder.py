@@ -243,6 +243,6 @@ def test_cuda_loop_with_autocast_and_scaler(tmp_path):
     (trial,) = read_journal(tmp_path / "g.jsonl").trials
     assert trial.precision == "fp16-amp"
     assert [s.loss for s in trial.steps] == pytest.approx(losses)
-    assert all(s.allocated_bytes and s.loss_scale == 65536.0 for s in trial.steps)
+    assert all(s.allocated_bytes and s.loss_scale is not None for s in trial.steps)
     assert trial.flops.counted_per_step == counter.get_total_flops()
     assert trial.memory.peak_allocated_bytes >= max(s.allocated_bytes for s in trial.steps)
