@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="after the trials, run the numerics lab on the first precision and "
                            "add it (with advice citing the trials) to the report")
     prof.add_argument("--quiet", action="store_true", help="no progress display")
+    from engine.distributed.cli_args import add_distributed_args
+
+    add_distributed_args(prof)
 
     foot = sub.add_parser("footprint", help="load footprint of each precision (no training)")
     _add_model_args(foot, "fp32,fp16,bf16,int8,nf4")
@@ -125,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(args) -> int:
+    from engine.distributed.cli_args import distributed_config
     from engine.runner import Runner
 
     config = RunConfig(
@@ -135,6 +139,7 @@ def _profile(args) -> int:
         init_scale=args.init_scale, growth_interval=args.growth_interval, lora_r=args.lora_r,
         device=args.device, isolation=args.isolation, seed=args.seed,
         trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
+        **distributed_config(args),
     )
     out = _check_out(args.out) if args.out else None
     progress = _Progress(config, enabled=not args.quiet)
@@ -177,7 +182,8 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
     from engine.events import to_dict
     from engine.runner import run_lab_in_child
 
-    lab_args = dict(model=config.model, precision=config.precisions[0], device=config.device,
+    lab_args = dict(model=config.model, precision=config.precisions[0].partition("@")[0],
+                    device=config.device,
                     batch_size=config.batch_size, seq_len=config.seq_len, seed=config.seed,
                     trials=[to_dict(t) for t in record.trials],
                     loss_scale=config.init_scale, trust_remote_code=config.trust_remote_code)
@@ -204,6 +210,10 @@ def _finish(record, runner, out, signals) -> int:
 
     verdict = speed_verdict(record.trials)
     _say(format_table(comparison_rows(record, verdict)))
+    if record.config.get("strategy", "none") != "none":
+        from engine.distributed.summary_text import distributed_lines
+
+        _say("\n".join(distributed_lines(record)))
     reason = baseline_reason(record)
     if reason:
         _say(f"note: {reason}")
@@ -357,6 +367,7 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
     from collections import Counter
 
     from engine.inventory import count_params, dtype_map
+    from engine.memtrack import quant_state_tensors, unique_bytes
     from engine.models import load_model
     from engine.runner import preflight
 
@@ -372,7 +383,7 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
             loaded = load_model(model, precision, info.torch_device, seed, trust_remote_code,
                                 train=False)
         except Exception as exc:  # a model folder that passed the checks and still fails
-            from engine.model_check import one_line
+            from engine.model_health import one_line
 
             raise ValueError(f"{model} could not be loaded as {precision}: "
                              f"{one_line(exc)}") from None
@@ -383,7 +394,9 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
         rows.append({"precision": precision, "status": "ok", "reason": None,
                      "footprint_bytes": loaded.footprint_bytes,
                      "params": count_params(loaded.model)[0],
-                     "bytes_by_dtype": dict(by_dtype), "note": loaded.footprint_note})
+                     "bytes_by_dtype": dict(by_dtype), "note": loaded.footprint_note,
+                     # absmax / SCB live beside the packed weights, outside the footprint
+                     "quant_state_bytes": unique_bytes(quant_state_tensors(loaded.model))})
         del loaded
     return rows
 
@@ -400,8 +413,10 @@ def _footprint(args) -> int:
             print(f"{r['precision']:<10} {'n/a':>14} {'n/a':>14}  {r['reason']}")
             continue
         dtypes = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in r["bytes_by_dtype"].items())
+        quant = r["quant_state_bytes"]
+        beside = f"; + quantisation state {quant / 2**20:.2f} MiB (absmax, SCB)" if quant else ""
         print(f"{r['precision']:<10} {r['footprint_bytes'] / 2**20:>10.2f} MiB "
-              f"{r['params']:>14,}  {dtypes}")
+              f"{r['params']:>14,}  {dtypes}{beside}")
     notes = {r["note"] for r in rows if r.get("note")}
     for note in notes:
         print(f"note: {note}")

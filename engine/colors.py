@@ -19,3 +19,18 @@ PRECISION_COLORS: dict[str, str] = {
     "nf4": "#999933",  # olive
     "fp8": "#777777",  # grey
 }
+
+_REDUCE_TINT = {"bf16": 0.35, "fp16": 0.55, "fp32": 0.15}  # share of white mixed in
+
+
+def color_of(label: str, default: str = "#444444") -> str:
+    """Colour of a precision label. A distributed "base@dtype" label (gradients reduced in
+    dtype) takes its base precision's colour lightened by a fixed share per dtype: beside
+    its base, yet told apart from it."""
+    base, _, reduce = label.partition("@")
+    color = PRECISION_COLORS.get(base)
+    if color is None:
+        return default
+    tint = _REDUCE_TINT.get(reduce, 0.0)
+    rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * tint):02X}" for c in rgb)

@@ -30,6 +30,7 @@ class ComparisonRow:
     precision: str
     status: str
     reason: str | None
+    trained: str | None  # "all weights", or "LoRA adapters only" with the trainable count
     median_step_ms: float | None
     step_ms_p10_p90: tuple[float, float] | None
     step_ms_cv: float | None  # sample std / mean of the measured step times
@@ -38,7 +39,8 @@ class ComparisonRow:
     speedup_vs_fp32: float | None  # fp32 median step time / this one's
     speedup_ci: tuple[float, float] | None  # bootstrap CI of that ratio
     speed_verdict: str | None  # is the speed-up significant? (see speed_verdict)
-    mfu: float | None  # fraction of the device's peak FLOP/s
+    mfu: float | None  # model FLOPs (no recompute) / time / the device's (blended) peak
+    hfu: float | None  # hardware FLOPs (counted, recompute included) / time / the same peak
     peak_memory_bytes: int | None
     memory_saving_vs_fp32: float | None  # fraction: 1 - peak / fp32 peak
     skipped_steps: int | None
@@ -94,6 +96,7 @@ def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) ->
         precision=trial.precision,
         status=trial.status,
         reason=trial.reason,
+        trained=trained_text(trial),
         median_step_ms=step_ms,
         step_ms_p10_p90=(sp.p10_step_ms, sp.p90_step_ms) if sp else None,
         step_ms_cv=sp.cv if sp else None,
@@ -103,11 +106,21 @@ def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) ->
         speedup_ci=speedup_ci,
         speed_verdict=_row_verdict(trial, base, speedup_ci, verdict),
         mfu=s.mfu if s else None,
+        hfu=s.hfu if s else None,
         peak_memory_bytes=peak,
         memory_saving_vs_fp32=None if peak_share is None else 1.0 - peak_share,
         skipped_steps=s.skipped_steps if s else None,
         final_loss_diff_vs_fp32=loss_diff,
     )
+
+
+def trained_text(trial: TrialResult) -> str | None:
+    """What the trial trained: int8 and nf4 train LoRA adapters on a frozen base."""
+    if not trial.param_count:
+        return None
+    if trial.lora is None:
+        return f"all weights ({trial.trainable_params:,})"
+    return f"LoRA adapters only ({trial.trainable_params:,}, r={trial.lora['r']})"
 
 
 def comparison_rows(record: RunRecord, verdict: SpeedVerdict | None = None
@@ -304,6 +317,7 @@ Formatter = Callable[[object], str]
 COLUMNS: list[tuple[str, str, Formatter]] = [
     ("precision", "Precision", str),
     ("status", "Status", str),
+    ("trained", "Trained params", str),
     ("median_step_ms", "Step time", lambda v: f"{_significant(v)} ms"),
     ("step_ms_p10_p90", "Step p10..p90", _range(_significant, " ms")),
     ("step_ms_cv", "Step CV", _percent),
@@ -312,7 +326,8 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
     ("speedup_vs_fp32", "Speed-up vs fp32", lambda v: f"{v:.2f}x"),
     ("speedup_ci", f"Speed-up {spread.CI_LEVEL:.0%} CI", _range(lambda v: f"{v:.2f}", "x")),
     ("speed_verdict", "Speed-up verdict", str),
-    ("mfu", "MFU", _percent),
+    ("mfu", "MFU (model FLOPs)", _percent),
+    ("hfu", "HFU (hardware FLOPs)", _percent),
     ("peak_memory_bytes", "Peak memory", format_bytes),
     ("memory_saving_vs_fp32", "Memory saved vs fp32", _percent),
     ("skipped_steps", "Skipped steps", lambda v: f"{v:d}"),
@@ -322,7 +337,7 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
 """(row field, header, formatter of a non-None value), in display order."""
 
 _FORMATTERS = {key: fmt for key, _, fmt in COLUMNS}
-_TEXT_KEYS = {"precision", "status", "reason", "speed_verdict"}
+_TEXT_KEYS = {"precision", "status", "trained", "reason", "speed_verdict"}
 
 
 def format_cell(key: str, value) -> str:

@@ -23,6 +23,11 @@ PRECISIONS: tuple[str, ...] = (
 )
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")
 ISOLATIONS: tuple[str, ...] = ("process", "inline")
+STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp2")  # "none": one process, no torchrun
+REDUCE_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")  # the "@dtype" suffix (distributed)
+# torchrun options passed through unchanged for multi-node runs (see README, headless use)
+TORCHRUN_FLAGS: tuple[str, ...] = ("--nnodes", "--node-rank", "--rdzv-backend", "--rdzv-endpoint",
+                                   "--rdzv-id", "--master-addr", "--master-port")
 INTERLEAVE: tuple[str, ...] = ("auto", "on", "off")  # see engine/rounds.py
 
 
@@ -33,6 +38,10 @@ def parse_precisions(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
     if not names:
         raise ValueError(f"no precision given: choose from {', '.join(PRECISIONS)}")
     for name in names:
+        name, _, reduce = name.partition("@")  # "fp32@bf16": gradients reduced in bf16
+        if reduce and reduce not in REDUCE_DTYPES:
+            raise ValueError(f"unknown gradient-reduction dtype '@{reduce}': "
+                             f"use one of {', '.join('@' + d for d in REDUCE_DTYPES)}")
         if name not in PRECISIONS:
             raise ValueError(
                 f"unknown precision '{name}': choose from {', '.join(PRECISIONS)}"
@@ -70,6 +79,9 @@ class RunConfig:
     seed: int = 0
     trust_remote_code: bool = False
     monitor_hz: float = 10.0
+    strategy: str = "none"
+    nproc_per_node: int = 1
+    torchrun_args: tuple[str, ...] = ()
     interleave: str = "auto"  # ABAB rounds of the precisions; auto: where trials are cheap
     rounds: int = 2
     extra: dict = field(default_factory=dict, compare=False)
@@ -116,6 +128,45 @@ class RunConfig:
             raise ValueError(f"{self.rounds} interleaved rounds need at least {self.rounds} "
                              f"measured steps (one per round; got {self.steps}): raise --steps "
                              "or lower --rounds")
+        self._check_distributed()
+        if self.compile and self.warmup < 1:
+            raise ValueError(
+                "--compile needs at least one warm-up step, or compilation would be timed as "
+                "a measured step: set --warmup 1 or more"
+            )
+
+    def _check_distributed(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(
+                f"unknown strategy '{self.strategy}': choose from {', '.join(STRATEGIES)}"
+            )
+        _positive_int("processes per node", self.nproc_per_node, "--nproc-per-node")
+        object.__setattr__(self, "torchrun_args", tuple(self.torchrun_args))
+        if self.strategy == "none":
+            if self.nproc_per_node > 1 or self.torchrun_args:
+                raise ValueError("several processes need a strategy: set --strategy ddp or fsdp2")
+            if any("@" in p for p in self.precisions):
+                raise ValueError("a gradient-reduction dtype ('@bf16') needs a distributed run: "
+                                 "set --strategy ddp or fsdp2, or drop the '@' suffix")
+            return
+        for arg in self.torchrun_args:
+            if arg.partition("=")[0] not in TORCHRUN_FLAGS or "=" not in arg:
+                raise ValueError(f"torchrun option '{arg}' is not passed through: use "
+                                 f"{', '.join(f + '=VALUE' for f in TORCHRUN_FLAGS)}")
+        if self.device.startswith("cuda:"):
+            raise ValueError("a distributed run gives each rank its own GPU (cuda:LOCAL_RANK): "
+                             "use --device cuda or cpu")
+        if self.isolation == "inline":
+            raise ValueError("distributed ranks are torchrun's processes: drop --isolation "
+                             "inline or the strategy")
+        if self.compile:
+            raise ValueError("distributed trials do not torch.compile the model yet: drop "
+                             "--compile or the strategy")
+        # each distributed trial is a torchrun launch: precisions run one after another
+        if self.interleave == "on":
+            raise ValueError("distributed trials are not interleaved: drop --interleave on "
+                             "or the strategy")
+        object.__setattr__(self, "interleave", "off")
 
     @property
     def tokens_per_step(self) -> int:
@@ -135,4 +186,6 @@ class RunConfig:
         kwargs = {k: v for k, v in data.items() if k in known}
         if "precisions" in kwargs:
             kwargs["precisions"] = tuple(kwargs["precisions"])
+        if "torchrun_args" in kwargs:
+            kwargs["torchrun_args"] = tuple(kwargs["torchrun_args"])
         return cls(**kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import platform
-import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -18,21 +18,20 @@ from engine import nvml
 from engine.config import PRECISIONS
 
 
-def cuda_unavailable_reason() -> str | None:
-    """Why torch finds no CUDA GPU when it says why (a driver too old for this torch).
+def cuda_unavailable_reason() -> str:
+    """Why torch cannot use CUDA here, in torch's or the driver's own words.
 
-    torch says it in a warning, which the quiet libraries filter would hide: it is
-    caught here so ``--device auto`` falling back to the CPU can say so.
+    torch says it once, as a warning the first time CUDA is counted (and the app
+    silences library warnings); initialising CUDA again raises the same message.
     """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if torch.cuda.is_available():
-            return None
-    for w in caught:
-        text = str(w.message)
-        if "CUDA" in text or "driver" in text.lower():
-            return " ".join(text.split())
-    return None
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    try:
+        torch.cuda.init()
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        return lines[0] if lines else type(exc).__name__
+    return "torch found no CUDA GPU"
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -45,7 +44,8 @@ def resolve_device(requested: str) -> torch.device:
     if not torch.cuda.is_available():
         raise ValueError(
             "--device cuda was asked for but this machine has no usable CUDA GPU "
-            f"(torch {torch.__version__}): use --device cpu, or install a CUDA build of torch"
+            f"({cuda_unavailable_reason()}): use --device cpu, or install a CUDA build of "
+            "torch that this driver supports"
         )
     dev = torch.device(requested)
     index = dev.index or 0
@@ -71,7 +71,12 @@ class DeviceInfo:
     tf32_supported: bool
     fp8_supported: bool
     unsupported: dict = field(default_factory=dict)  # precision -> reason
-    fallback_reason: str | None = None  # why ``auto`` chose the CPU when a GPU may be there
+    uuid: str | None = None  # as torch prints it; NVML finds the GPU by it
+    pci_bus_id: str | None = None  # NVML's form, 00000000:01:00.0
+    sm_count: int | None = None  # streaming multiprocessors (a MIG slice has fewer)
+    mig: bool = False  # a MIG slice of a GPU, not the whole GPU
+    power_method: str | None = None  # what NVML's power reading is on this GPU
+    fallback_reason: str | None = None  # why --device auto chose the CPU
 
     def unsupported_reason(self, precision: str) -> str | None:
         return self.unsupported.get(precision)
@@ -80,9 +85,24 @@ class DeviceInfo:
     def torch_device(self) -> torch.device:
         return torch.device("cuda", self.index) if self.kind == "cuda" else torch.device("cpu")
 
+    def device_context(self):
+        """Make this GPU torch's current device inside a ``with`` (a no-op on the CPU).
+
+        Events, streams and bare ``torch.cuda`` calls use the current device, which
+        stays GPU 0 unless set: without this, ``cuda:1`` work would be timed on GPU 0.
+        """
+        return torch.cuda.device(self.index) if self.kind == "cuda" else nullcontext()
+
+    def nvml_handle(self):
+        """This GPU's NVML handle, found by UUID or PCI bus id; ``None`` without one."""
+        if self.kind != "cuda":
+            return None
+        return nvml.handle_for(self.uuid, self.pci_bus_id)
+
     def describe(self) -> str:
-        if self.kind == "cpu":
-            return f"CPU ({self.name})"
+        if self.kind == "cpu":  # a CPU chosen for want of a usable GPU says why
+            return f"CPU ({self.name})" + (f"; {self.fallback_reason}"
+                                           if self.fallback_reason else "")
         cc = ".".join(map(str, self.compute_capability or ()))
         return f"{self.name} (compute capability {cc}, CUDA {self.cuda_version})"
 
@@ -105,8 +125,11 @@ def _has(module: str) -> bool:
 
 def probe(requested: str = "auto") -> DeviceInfo:
     """Inspect the device ``requested`` names. Raises ``ValueError`` for impossible asks."""
-    fallback = cuda_unavailable_reason() if requested.strip().lower() == "auto" else None
     dev = resolve_device(requested)
+    fallback = None
+    if requested.strip().lower() == "auto" and dev.type == "cpu" and torch.version.cuda:
+        # a CUDA build that cannot use CUDA (driver too old, no GPU): say why
+        fallback = f"--device auto chose the CPU: {cuda_unavailable_reason()}"
     unsupported: dict[str, str] = {}
     if not _has("bitsandbytes"):
         for p in ("int8", "nf4"):
@@ -139,6 +162,7 @@ def probe(requested: str = "auto") -> DeviceInfo:
     props = torch.cuda.get_device_properties(index)
     cc = (props.major, props.minor)
     name = props.name
+    uuid, bus_id = _uuid_and_bus_id(props)
     bf16 = cc >= (8, 0)
     tf32 = cc >= (8, 0)
     fp8 = cc >= (8, 9)
@@ -157,7 +181,10 @@ def probe(requested: str = "auto") -> DeviceInfo:
         )
     elif not _has("torchao"):
         unsupported["fp8"] = "torchao is not installed: pip install -r requirements.txt"
-    handle_info = nvml.device_static(index)
+    h = nvml.handle_for(uuid, bus_id)
+    handle_info = nvml.device_static(h)
+    mig_handle = nvml.query("nvmlDeviceIsMigDeviceHandle", h) if h is not None else None
+    mig = "MIG" in name or bool(mig_handle)
     return DeviceInfo(
         kind="cuda",
         index=index,
@@ -171,4 +198,26 @@ def probe(requested: str = "auto") -> DeviceInfo:
         tf32_supported=tf32,
         fp8_supported=fp8 and "fp8" not in unsupported,
         unsupported={p: r for p, r in unsupported.items() if p in PRECISIONS},
+        uuid=uuid,
+        pci_bus_id=bus_id,
+        sm_count=int(props.multi_processor_count),
+        mig=mig,
+        power_method=nvml.power_method(cc),
     )
+
+
+def nvml_handle_of(index: int):
+    """The NVML handle of torch's ``cuda:index`` (by UUID, never by NVML's own numbering)."""
+    return nvml.handle_for(*_uuid_and_bus_id(torch.cuda.get_device_properties(index)))
+
+
+def _uuid_and_bus_id(props) -> tuple[str | None, str | None]:
+    """The GPU's UUID and PCI bus id (NVML's ``domain:bus:device.function`` form)."""
+    uuid = getattr(props, "uuid", None)
+    uuid = str(uuid) if uuid is not None else None
+    try:
+        bus_id = (f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:"
+                  f"{props.pci_device_id:02X}.0")
+    except (AttributeError, TypeError, ValueError):
+        bus_id = None
+    return uuid, bus_id

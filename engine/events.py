@@ -88,8 +88,8 @@ class StepSample:
     loss: float | None
     step_ms: float
     tokens_per_s: float
-    tflops: float | None
-    mfu: float | None
+    tflops: float | None  # model FLOPs (no recompute) / step time, in TFLOP/s
+    mfu: float | None  # model FLOPs utilisation: tflops / the (blended) peak
     allocated_bytes: int | None
     reserved_bytes: int | None
     loss_scale: float | None
@@ -97,6 +97,7 @@ class StepSample:
     grad_norm: float | None
     time_s: float
     round: int = 0  # which round of an interleaved run measured it (engine/rounds.py)
+    hfu: float | None = None  # hardware FLOPs (counted, recompute included) / time / peak
     tokens: int | None = None  # tokens this step trained on (user runs: padding excluded)
     learning_rate: float | None = None  # user runs: the optimiser's lr at this step
 
@@ -116,6 +117,7 @@ class MonitorSample:
     sm_clock_mhz: float | None = None
     energy_j: float | None = None
     process_mem_bytes: int | None = None
+    process_mem_method: str | None = None  # by process id, or device-wide minus a baseline
     cpu_pct: float | None = None
     host_rss_bytes: int | None = None
     host_mem_used_bytes: int | None = None
@@ -168,7 +170,12 @@ class ModuleInfo:
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Measured memory of one trial, by category, in bytes."""
+    """Measured memory of one trial in bytes: the peak and, by category, what was held then.
+
+    ``total_bytes`` is the measured peak; the ``*_bytes`` categories are the storages
+    alive at that moment (engine.memtrack) and add up to it. Parameters exclude buffers;
+    quantisation state (bitsandbytes' absmax, SCB) is its own category.
+    """
 
     params_bytes: int
     grads_bytes: int
@@ -179,10 +186,20 @@ class MemoryBreakdown:
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     nvml_process_bytes: int | None = None
-    context_gap_bytes: int | None = None  # NVML process memory minus allocator reserved
+    context_gap_bytes: int | None = None  # NVML process memory minus reserved, same moment
+    nvml_method: str = ""  # how nvml_process_bytes was found
+    reserved_at_nvml_read_bytes: int | None = None  # allocator reserved when NVML was read
     total_bytes: int = 0
     total_method: str = ""
     notes: str = ""
+    buffers_bytes: int | None = None
+    quant_state_bytes: int | None = None
+    weight_copies_bytes: int | None = None  # autocast's cast weights, dequantised weights
+    inputs_bytes: int | None = None  # the batch
+    peak_phase: str | None = None  # "forward", "backward" or "optimizer"
+    # "backward"/"optimizer" -> category -> bytes held when that phase began (what the
+    # forward saved for backward; every gradient)
+    at_phase_start_bytes: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -198,15 +215,28 @@ class PredictedMemory:
     bytes_per_param: dict = field(default_factory=dict)
     formula: str = ""
     error_pct: dict = field(default_factory=dict)  # category -> 100*(predicted-measured)/measured
+    buffers_bytes: int = 0
+    quant_state_bytes: int = 0  # bitsandbytes absmax / SCB beside the quantised weights
+    weight_copies_bytes: int = 0  # autocast's low-precision weight copies saved for backward
+    activations_method: str = ""  # calibrated per-layer model, or the uncalibrated fallback
 
 
 @dataclass(frozen=True)
 class FlopsInfo:
+    """FLOPs of one optimiser step in two conventions (engine.flops).
+
+    ``counted_per_step`` are the hardware FLOPs (what ran, recompute included: HFU);
+    ``analytic_per_step`` the model FLOPs (PaLM / nanoGPT, no recompute: MFU).
+    """
+
     counted_per_step: int | None
     counted_method: str
     analytic_per_step: int
     analytic_formula: str
     by_op: dict = field(default_factory=dict)
+    by_peak_dtype: dict = field(default_factory=dict)  # hardware FLOPs by peak-table dtype
+    model_convention: str = ""
+    hardware_convention: str = ""
 
 
 @dataclass(frozen=True)
@@ -230,8 +260,8 @@ class TrialSummary:
     steps_measured: int
     median_step_ms: float | None
     tokens_per_s: float | None
-    tflops: float | None
-    mfu: float | None
+    tflops: float | None  # model FLOPs / median step time
+    mfu: float | None  # against the peak blended by the dtypes the step ran
     mfu_reason: str | None
     peak_flops: float | None
     peak_flops_source: str | None
@@ -240,8 +270,83 @@ class TrialSummary:
     skipped_steps: int
     final_loss: float | None
     final_loss_scale: float | None
+    energy_per_step_j: float | None = None
+    energy_per_token_j: float | None = None
+    energy_method: str = ""  # how the energy was measured, or why it is n/a
     spread: StepTimeSpread | None = None
     distinct_batches: int | None = None  # synthetic batches cycled through the steps
+    hardware_tflops: float | None = None  # hardware FLOPs / median step time
+    hfu: float | None = None
+
+
+@dataclass(frozen=True)
+class CommVolume:
+    """Payload bytes of one collective in one dtype per optimiser step (largest buffer)."""
+
+    collective: str  # "all_reduce", "all_gather", "reduce_scatter", ...
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    measured_bytes: int | None
+    expected_bytes: int | None
+    calls_per_step: float = 0.0
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory by category, in bytes (measured, or predicted for the strategy)."""
+
+    sharded_params_bytes: int  # this rank's parameters at rest (its shard; all of them in DDP)
+    unsharded_params_bytes: int | None  # peak of all-gathered parameters alive at once (FSDP2)
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int | None
+    comm_buffers_bytes: int | None  # DDP gradient buckets; FSDP2's are transient
+    peak_allocated_bytes: int | None = None
+    total_bytes: int = 0
+    total_method: str = ""
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """One torchrun rank of a distributed trial."""
+
+    rank: int
+    local_rank: int
+    host: str
+    pid: int
+    status: str  # "ok", or "oom"/"error" for the rank that failed, "stopped" for the others
+    reason: str | None = None
+    steps: list[StepSample] = field(default_factory=list)
+    memory: RankMemory | None = None
+    predicted_memory: RankMemory | None = None
+    memory_error_pct: dict = field(default_factory=dict)  # 100*(predicted-measured)/measured
+    monitor_samples: list[MonitorSample] = field(default_factory=list)
+    comm: list[CommVolume] = field(default_factory=list)
+    median_step_ms: float | None = None
+    tokens_per_s: float | None = None  # this rank's own tokens
+
+
+@dataclass(frozen=True)
+class DistributedSummary:
+    """What a distributed trial adds: the recipe's wire dtypes and the spread over ranks."""
+
+    strategy: str  # "ddp" or "fsdp2"
+    world_size: int
+    nproc_per_node: int
+    backend: str  # "gloo" or "nccl"
+    sharded: str
+    collectives: dict  # collective -> dtype name the recipe sends it in
+    slowest_rank: int | None = None
+    slowest_step_ms: float | None = None  # median step of the slowest rank
+    fastest_step_ms: float | None = None
+    step_spread_pct: float | None = None  # 100*(slowest-fastest)/fastest
+    max_memory_bytes: int | None = None
+    min_memory_bytes: int | None = None
+    total_tokens_per_s: float | None = None  # global batch tokens / slowest rank's median
+    comm: list[CommVolume] = field(default_factory=list)  # rank 0, per step
+    comm_method: str = ""
+    comm_time_reason: str = ""
+    failed_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -263,8 +368,12 @@ class TrialResult:
     steps: list[StepSample] = field(default_factory=list)
     summary: TrialSummary | None = None
     numerics: dict | None = None
+    notes: list[str] = field(default_factory=list)  # what to know reading these figures
+    lora: dict | None = None  # r, alpha, dropout, target_modules, trainable counts
     started_s: float = 0.0
     finished_s: float = 0.0
+    ranks: list[RankResult] = field(default_factory=list)  # distributed trials only
+    distributed: DistributedSummary | None = None
     # "profile" (AmpScope trained it), or a user's own training recorded through the
     # public API: "user-loop" (ampscope.Recorder), "user-trainer" (ampscope.AmpScopeCallback)
     source: str = "profile"

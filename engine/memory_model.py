@@ -1,191 +1,321 @@
-"""What a recipe should need in memory, from bytes per parameter and an activation model.
+"""What a recipe should need in memory: bytes per parameter and a per-layer activation model.
 
 Static memory is bytes per parameter by role: the weights as stored, a gradient and
-optimiser state for each trainable weight. Activations follow Korthikanti et al. 2022
-("Reducing Activation Recomputation in Large Transformer Models"): one transformer
-layer saves s·b·h·(34 + 5·a·s/h) bytes for backward at 2-byte activations, where the
-5·a·s/h part is the attention score, softmax and dropout matrices.
+optimiser state for each trainable weight (bitsandbytes' 8-bit AdamW exactly: one byte
+per state element plus a float32 absmax per 256-element block, float32 states for
+tensors under ``min_8bit_size``, and the shared quantisation maps once).
+
+Activations are what one forward saves for backward, per token, as a sum over the
+pieces of a layer: the hidden width h, the query width heads x head_dim, the key/value
+width (grouped-query attention shrinks it), the MLP width (a SwiGLU MLP saves more per
+unit than a GELU one), the attention scores (heads x sequence: eager attention keeps
+them, fused attention does not) and per-head statistics, plus the parts outside the
+layers (embeddings, final norm, logits and loss). The bytes per unit of each piece are
+calibrated per architecture family, activation mode and attention implementation
+against engine.memtrack on the CPU (``scripts/calibrate_activations.py``, stored in
+``resources/activation_calibration.json``). A family not in that table falls back to
+Korthikanti et al. 2022, s·b·h·(34 + 5·a·s/h) bytes per layer at 2-byte activations,
+and says so. Autocast's low-precision weight copies, which linear layers save for
+backward, are their own category: 2 bytes per matmul weight.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
+from torch import nn
+
+from engine import inventory
 from engine.config import OPTIMIZERS
 from engine.events import MemoryBreakdown, PredictedMemory
 from engine.recipes import Recipe
 
 FP32 = 4
 NF4_BLOCK = 64  # bitsandbytes 4-bit block size; one fp32 absmax per block
+ADAM8_BLOCK = 256  # bitsandbytes blockwise 8-bit optimiser state: one fp32 absmax per block
+ADAM8_MIN_SIZE = 4096  # bitsandbytes' min_8bit_size: smaller tensors keep fp32 state
+ADAM8_QMAPS = 2 * 256 * FP32  # the two shared 256-entry quantisation maps
+CALIBRATION = Path(__file__).resolve().parent.parent / "resources" / "activation_calibration.json"
+LAYER_BASIS = ("hidden", "attention_width", "kv_width", "mlp_width", "scores", "heads", "one")
+OUTER_BASIS = ("hidden", "vocab", "one")
 
-# measured MemoryBreakdown field for each predicted category
+# predicted category -> (measured MemoryBreakdown field, or phase whose start it is held at)
 _MEASURED = {
-    "params": "params_bytes",
-    "grads": "grads_bytes",
-    "optimizer": "optimizer_bytes",
-    "activations": "activations_bytes",
-    "total": "total_bytes",
+    "params": ("params_bytes", None),
+    "buffers": ("buffers_bytes", None),
+    "quant_state": ("quant_state_bytes", None),
+    "optimizer": ("optimizer_bytes", None),
+    "grads": ("grads", "optimizer"),  # every gradient exists when the optimiser step begins
+    "activations": ("activations", "backward"),  # what the forward saved, when backward begins
+    "weight_copies": ("weight_copies", "backward"),
+    "total": ("total_bytes", None),  # the peak
 }
 
 
-def _quantized_bytes(quant: str) -> float:
-    # int8 also keeps one fp32 scale per output row: under 0.01 B/param, left out.
-    return 1.0 if quant == "int8" else 0.5 + FP32 / NF4_BLOCK
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory model needs to know of a loaded model."""
+
+    model_type: str
+    dims: dict  # engine.models.dims
+    total_params: int
+    trainable_params: int
+    quantized_params: int
+    trainable_sizes: tuple[int, ...]  # element count of each trainable tensor
+    matmul_params: int  # weights in Linear/Conv1D layers (autocast casts these)
+    trainable_matmul_params: int
+    int8_rows: int  # output rows of int8 layers: one fp32 scale (SCB) each
+    buffers_bytes: int
+    attention: str  # the attention implementation: "eager", "sdpa", ...
 
 
-def _optimizer_bytes(optimizer: str, weight_bytes: int) -> float:
-    if optimizer == "adamw":
-        return 2.0 * weight_bytes  # m and v, in the parameter's dtype
-    if optimizer == "adamw8bit":
-        return 2.0  # bitsandbytes keeps m and v as 8-bit codes
-    return 0.0  # plain SGD (no momentum) keeps no state
+def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
+    from engine.flops import matmul_param_counts
 
-
-def _static_note(recipe: Recipe, optimizer: str, per: dict) -> str:
-    opt = {"adamw": "AdamW m+v", "adamw8bit": "8-bit AdamW m+v", "sgd": "SGD (no state)"}[
-        optimizer
-    ]
-    w, g, o = per["weights"], per["grads"], per["optimizer"]
-    trained = f"{w:g} weights + {g:g} grads + {o:g} {opt}"
-    if recipe.quant:
-        parts = [f"{recipe.quant} base frozen: quantised weights {per['quantized_weights']:g} B"]
-        if "frozen_weights" in per:
-            parts.append(f"other frozen weights {per['frozen_weights']:g} B (peft upcasts "
-                         "them to fp32)")
-        return ", ".join([*parts, f"LoRA adapters {trained}"])
-    line = f"{trained} = {w + g + o:g} B/param"
-    if recipe.autocast_dtype is None:
-        return line
-    half = str(recipe.autocast_dtype).removeprefix("torch.")
-    line += (
-        f". Mixed precision: the fp32 weights are the master copy; autocast makes {half} "
-        "copies on the fly that live only through forward and backward"
+    total, trainable = inventory.count_params(model)
+    mm_total, mm_trainable = matmul_param_counts(model)
+    rows = sum(m.out_features for m in model.modules()
+               if isinstance(m, nn.Linear) and type(m.weight).__name__ == "Int8Params")
+    return ModelShape(
+        model_type=config.model_type,
+        dims=model_dims,
+        total_params=total,
+        trainable_params=trainable,
+        quantized_params=inventory.count_quantized_params(model),
+        trainable_sizes=tuple(p.numel() for p in model.parameters() if p.requires_grad),
+        matmul_params=mm_total,
+        trainable_matmul_params=mm_trainable,
+        int8_rows=rows,
+        buffers_bytes=sum(inventory.storage_bytes(b) for b in model.buffers()),
+        attention=getattr(config, "_attn_implementation", None) or "sdpa",
     )
+
+
+def basis_values(model_dims: dict, seq_len: int) -> dict:
+    """Units per token of each piece: one list for a layer, one for the outer model."""
+    d = model_dims
+    return {
+        "layer": [d["hidden"], d["attention_width"], d["kv_heads"] * d["head_dim"],
+                  d["intermediate"], d["n_heads"] * seq_len, d["n_heads"], 1],
+        "outer": [d["hidden"], d["vocab"], 1],
+    }
+
+
+@cache
+def calibration() -> dict:
+    return json.loads(CALIBRATION.read_text(encoding="utf-8"))
+
+
+def _quantized_bytes(quant: str) -> float:
+    return 1.0 if quant == "int8" else 0.5
+
+
+def optimizer_bytes_per_param(optimizer: str, weight_bytes: int) -> float:
+    """Optimiser state per trainable parameter of a large tensor: AdamW's m and v in the
+    parameter's dtype, 8-bit AdamW's two codes (its absmax and small tensors' fp32 state
+    aside: ``predict_memory`` counts those exactly), none for plain SGD."""
     if optimizer == "adamw":
-        line += (
-            ". ZeRO (Rajbhandari et al.) counts fp16 weights 2 + fp16 grads 2 + fp32 master, "
-            "m and v 12: the same 16 B/param"
-        )
-    return line
+        return 2.0 * weight_bytes
+    if optimizer == "adamw8bit":
+        return 2.0
+    return 0.0
 
 
-def predict_memory(
-    recipe: Recipe,
-    optimizer: str,
-    total_params: int,
-    trainable_params: int,
-    quantized_params: int,
-    n_layers: int,
-    hidden: int,
-    n_heads: int,
-    vocab: int,
-    batch_size: int,
-    seq_len: int,
-    grad_checkpointing: bool,
-    attention_scores_stored: bool = True,
-) -> PredictedMemory:
-    """Predicted bytes by category for one training step of ``recipe``.
+def _adam8_bytes(sizes: tuple[int, ...]) -> tuple[int, str]:
+    big = [n for n in sizes if n >= ADAM8_MIN_SIZE]
+    small = sum(n for n in sizes if n < ADAM8_MIN_SIZE)
+    codes = 2 * sum(big)
+    absmax = 2 * FP32 * sum(math.ceil(n / ADAM8_BLOCK) for n in big)
+    total = codes + absmax + 2 * FP32 * small + (ADAM8_QMAPS if big else 0)
+    text = (f"8-bit AdamW: 2·{sum(big):,} codes + 2·4·ceil(n/256) absmax = {absmax:,} B"
+            f" + 8·{small:,} fp32 states of tensors under {ADAM8_MIN_SIZE} elements"
+            f" + {ADAM8_QMAPS if big else 0:,} B shared quantisation maps = {total:,} B")
+    return total, text
 
-    ``quantized_params`` counts the weights bitsandbytes holds quantised (logical
-    count); the rest of the frozen weights is ``total - trainable - quantized``. Pass
-    ``attention_scores_stored=False`` when attention runs in a fused kernel (SDPA flash
-    or memory-efficient), which keeps no s×s matrices for backward.
+
+def _mode(recipe: Recipe) -> tuple[str, float, str]:
+    """(calibration mode, scale, what it stands for) for the recipe's activations."""
+    if recipe.autocast_dtype is not None:
+        note = "half autocast"
+        if recipe.lora:
+            note += "; LoRA adapters' own fp32 activations are not in the calibration"
+        if recipe.fp8:
+            note += "; float8 casts are not in the calibration"
+        return "amp", 1.0, note
+    if recipe.weight_dtype.itemsize == 2:
+        return "half", 1.0, "pure half precision"
+    return "fp32", 1.0, "fp32"
+
+
+def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
+                 grad_checkpointing: bool) -> tuple[int, int, str, str]:
+    """(saved activations, one layer's activations, formula, method)."""
+    d, tokens = shape.dims, batch * seq
+    mode, scale, note = _mode(recipe)
+    attention = "eager" if shape.attention == "eager" else "sdpa"
+    family = calibration()["families"].get(shape.model_type, {}).get(mode, {}).get(attention)
+    act = 2 if recipe.autocast_dtype is not None else recipe.weight_dtype.itemsize
+    if family is None:
+        h, a = d["hidden"], d["n_heads"]
+        scores = 5 * a * seq * seq * batch if attention == "eager" else 0
+        layer = (34 * seq * batch * h + scores) * act // 2
+        outer = tokens * d["vocab"] * (act + 2 * FP32)
+        method = (f"uncalibrated for '{shape.model_type}' ({mode}, {attention}): Korthikanti "
+                  "et al. 2022 per layer, logits and loss outside")
+        stacks = [("layer", d["n_layers"], layer)]
+    else:
+        x = basis_values(d, seq)
+
+        def per_layer(coef):
+            return round(scale * tokens * sum(c * v for c, v in zip(coef, x["layer"])))
+
+        if d.get("encoder_decoder"):
+            stacks = [("encoder layer", d["encoder_layers"], per_layer(family["encoder_layer"])),
+                      ("decoder layer", d["decoder_layers"], per_layer(family["decoder_layer"]))]
+        else:
+            stacks = [("layer", d["n_layers"], per_layer(family["layer"]))]
+        outer = round(scale * tokens * sum(c * v for c, v in zip(family["outer"], x["outer"])))
+        method = (f"per-layer model calibrated for '{shape.model_type}' ({note}, {attention} "
+                  f"attention) against the tracker on the CPU")
+    one_layer = max(b for _, _, b in stacks)
+    if grad_checkpointing:
+        # only each checkpointed layer's input is kept, in the residual stream's dtype (the
+        # weights': autocast's half outputs are added to it); one layer reruns at a time
+        res = recipe.weight_dtype.itemsize
+        inputs = sum(n for _, n, _ in stacks) * tokens * d["hidden"] * res
+        saved = inputs + outer
+        formula = (f"checkpointed: layer inputs L·b·s·h·{res} = {inputs:,} B + outside the "
+                   f"layers {outer:,} B = {saved:,} B (one layer reruns in backward: "
+                   f"{one_layer:,} B)")
+    else:
+        saved = sum(n * b for _, n, b in stacks) + outer
+        parts = " + ".join(f"{n}·{b:,} B per {name}" for name, n, b in stacks)
+        formula = f"{parts} + outside the layers {outer:,} B = {saved:,} B"
+    return saved, one_layer, formula, method
+
+
+def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size: int,
+                   seq_len: int, grad_checkpointing: bool,
+                   device_type: str = "cpu") -> PredictedMemory:
+    """Predicted bytes by category, and the peak, for one training step of ``recipe``.
+
+    The peak is the larger of two moments: backward's start (everything static, the weight
+    copies and saved activations, and the loss's gradient of the logits) and the optimiser
+    step (every gradient, and torch's scratch: one tensor at a time on the CPU, the whole
+    list at once with the foreach kernels torch uses on a GPU).
     """
-    sizes = {"total_params": total_params, "n_layers": n_layers, "hidden": hidden,
-             "n_heads": n_heads, "vocab": vocab, "batch_size": batch_size, "seq_len": seq_len}
-    for name, value in sizes.items():
+    for name, value in (("batch_size", batch_size), ("seq_len", seq_len),
+                        ("total_params", shape.total_params)):
         if value < 1:
             raise ValueError(f"{name} must be 1 or more (got {value}): pass the model's value")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer '{optimizer}': choose from {', '.join(OPTIMIZERS)}")
-    frozen = total_params - trainable_params - quantized_params
-    if min(trainable_params, quantized_params, frozen) < 0:
+    frozen = shape.total_params - shape.trainable_params - shape.quantized_params
+    if min(shape.trainable_params, shape.quantized_params, frozen) < 0:
         raise ValueError(
-            f"parameter counts do not add up (total {total_params:,}, trainable "
-            f"{trainable_params:,}, quantised {quantized_params:,}): trainable plus quantised "
-            "must not exceed the total"
-        )
-    if quantized_params and not recipe.quant:
+            f"parameter counts do not add up (total {shape.total_params:,}, trainable "
+            f"{shape.trainable_params:,}, quantised {shape.quantized_params:,}): trainable "
+            "plus quantised must not exceed the total")
+    if shape.quantized_params and not recipe.quant:
         raise ValueError(f"recipe {recipe.precision} quantises nothing: pass quantized_params=0")
 
     weight = recipe.weight_dtype.itemsize
     trainable_weight = FP32 if recipe.lora else weight  # peft creates LoRA adapters in fp32
-    per = {"weights": float(trainable_weight), "grads": float(trainable_weight),
-           "optimizer": _optimizer_bytes(optimizer, trainable_weight)}
-    if quantized_params:
-        per["quantized_weights"] = _quantized_bytes(recipe.quant)
-    if frozen:
-        per["frozen_weights"] = float(FP32 if recipe.quant else weight)
-    params_bytes = round(
-        quantized_params * per.get("quantized_weights", 0.0)
-        + frozen * per.get("frozen_weights", 0.0)
-        + trainable_params * per["weights"]
-    )
-    grads_bytes = round(trainable_params * per["grads"])
-    optimizer_bytes = round(trainable_params * per["optimizer"])
-    static = params_bytes + grads_bytes + optimizer_bytes
-    per["static"] = static / total_params
-
-    act = (recipe.autocast_dtype or recipe.weight_dtype).itemsize
-    s, b, h, a, n_l = seq_len, batch_size, hidden, n_heads, n_layers
-    scores = 5 * a * s * s * b if attention_scores_stored else 0
-    # Korthikanti's bytes are for 2-byte activations; scale to this recipe's size.
-    layer = (34 * s * b * h + scores) * act // 2
-    scores_term = " + 5·a·s/h" if attention_scores_stored else ""
-    if grad_checkpointing:
-        # only each layer's input is kept; one layer's activations exist while it recomputes
-        layers_bytes = n_l * act * s * b * h + layer
-        layers_text = (
-            f"L·{act}·s·b·h layer inputs + one recomputed layer s·b·h·(34{scores_term})·{act}/2"
-            f" = {n_l}·{act}·{s}·{b}·{h} + {layer:,} = {layers_bytes:,} B"
-        )
+    frozen_weight = FP32 if recipe.quant else weight  # peft upcasts the rest of a k-bit base
+    quant_per = _quantized_bytes(recipe.quant) if recipe.quant else 0.0
+    params = round(shape.quantized_params * quant_per + frozen * frozen_weight
+                   + shape.trainable_params * trainable_weight)
+    quant_state = (shape.quantized_params * FP32 // NF4_BLOCK if recipe.quant == "nf4"
+                   else shape.int8_rows * FP32)
+    grads = shape.trainable_params * trainable_weight
+    if optimizer == "adamw":
+        opt, opt_text = 2 * grads, f"AdamW m+v: 2·{grads:,} = {2 * grads:,} B"
+    elif optimizer == "adamw8bit":
+        opt, opt_text = _adam8_bytes(shape.trainable_sizes)
     else:
-        layers_bytes = n_l * layer
-        layers_text = (
-            f"L·s·b·h·(34{scores_term})·{act}/2 = {n_l}·{s}·{b}·{h}·(34"
-            f"{f' + 5·{a}·{s}/{h}' if attention_scores_stored else ''})·{act}/2"
-            f" = {layers_bytes:,} B (Korthikanti et al. 2022)"
-        )
-    # logits in the activation dtype, their fp32 upcast for the loss and its gradient
-    logits_bytes = b * s * vocab * (act + FP32 + FP32)
-    activations_bytes = layers_bytes + logits_bytes
-    total = static + activations_bytes
+        opt, opt_text = 0, "SGD (no momentum): no state"
+    # autocast copies the weights it casts; a quantised base is dequantised per call
+    # instead (freed at once), so only its adapters and the other frozen weights count.
+    # Checkpointed layers save nothing, their copies included: the head's copy remains.
+    copies_of = shape.matmul_params - shape.quantized_params
+    if grad_checkpointing:
+        copies_of = shape.dims["vocab"] * shape.dims["hidden"]
+    full_weights = recipe.weight_dtype.itemsize == FP32 or recipe.quant
+    copies = 2 * copies_of if recipe.autocast_dtype is not None and full_weights else 0
+    saved, one_layer, act_text, method = _activations(shape, recipe, batch_size, seq_len,
+                                                      grad_checkpointing)
+    inputs = batch_size * seq_len * 8 * (3 if shape.dims.get("encoder_decoder") else 2)
+    static = params + shape.buffers_bytes + quant_state + opt + inputs
+    tokens = batch_size * seq_len
+    # early backward: the loss's fp32 gradient of the logits and of their log-softmax
+    logits_grad = 2 * tokens * shape.dims["vocab"] * FP32
+    backward = static + copies + saved + logits_grad
+    if grad_checkpointing:
+        # the last layer reruns first, beside the logits' gradient; the first layer last,
+        # beside nearly every gradient
+        backward = static + copies + saved + one_layer + max(logits_grad, grads)
+    largest = max(shape.trainable_sizes, default=0) * trainable_weight
+    scratch = (grads if device_type == "cuda" else 2 * largest) if optimizer != "sgd" else 0
+    step = static + grads + scratch
+    total = max(backward, step)
 
-    counts = f"total {total_params:,} params, {trainable_params:,} trainable"
-    if quantized_params:
-        counts += f", {quantized_params:,} quantised"
-    formula = "\n".join(
-        (
-            f"{recipe.precision} with {optimizer} ({counts})",
-            f"static: {_static_note(recipe, optimizer, per)}",
-            f"params {params_bytes:,} B + grads {grads_bytes:,} B + optimizer "
-            f"{optimizer_bytes:,} B = {static:,} B ({per['static']:.2f} B/param)",
-            f"layers: {layers_text}",
-            f"logits and loss: b·s·V·({act} + 4 + 4) = {b}·{s}·{vocab}·{act + 8}"
-            f" = {logits_bytes:,} B",
-            f"total: {static:,} + {activations_bytes:,} = {total:,} B",
-        )
-    )
+    per = {"weights": float(trainable_weight), "grads": float(trainable_weight),
+           "optimizer": opt / shape.trainable_params if shape.trainable_params else 0.0,
+           "static": (params + grads + opt) / shape.total_params}
+    if recipe.quant:
+        per["quantized_weights"] = quant_per
+        per["frozen_weights"] = float(frozen_weight)
+    lines = [
+        f"{recipe.precision} with {optimizer} (total {shape.total_params:,} params, "
+        f"{shape.trainable_params:,} trainable, {shape.quantized_params:,} quantised)",
+        f"params {params:,} B + buffers {shape.buffers_bytes:,} B + quantisation state "
+        f"{quant_state:,} B; grads {grads:,} B; optimizer {opt_text}",
+        f"activations ({method}): {act_text}",
+        f"weight copies: 2 B x {copies_of:,} matmul weights = {copies:,} B" if copies
+        else "weight copies: none (no autocast over fp32 weights)",
+        f"peak: max(backward start {backward:,} B, optimiser step {step:,} B incl. "
+        f"{scratch:,} B scratch) = {total:,} B",
+    ]
     return PredictedMemory(
-        params_bytes=params_bytes,
+        params_bytes=params,
         master_bytes=0,  # no recipe keeps a separate copy: AMP's master is the fp32 weights
-        grads_bytes=grads_bytes,
-        optimizer_bytes=optimizer_bytes,
-        activations_bytes=activations_bytes,
+        grads_bytes=grads,
+        optimizer_bytes=opt,
+        activations_bytes=saved,
         total_bytes=total,
         bytes_per_param=per,
-        formula=formula,
+        formula="\n".join(lines),
+        buffers_bytes=shape.buffers_bytes,
+        quant_state_bytes=quant_state,
+        weight_copies_bytes=copies,
+        activations_method=method,
     )
 
 
 def with_errors(predicted: PredictedMemory, measured: MemoryBreakdown) -> PredictedMemory:
     """``predicted`` with error_pct = 100·(predicted − measured)/measured per category.
 
-    A category the measurement lacks (None) or measured as 0 has no percentage.
+    Persistent categories compare with the peak; gradients with what was held when the
+    optimiser step began, activations and weight copies with what was held when backward
+    began (what the forward saved). A category measured as 0 or not at all has none.
     """
     errors = {}
-    for category, field in _MEASURED.items():
-        actual = getattr(measured, field)
+    predicted_values = {"params": predicted.params_bytes, "buffers": predicted.buffers_bytes,
+                        "quant_state": predicted.quant_state_bytes,
+                        "optimizer": predicted.optimizer_bytes, "grads": predicted.grads_bytes,
+                        "activations": predicted.activations_bytes,
+                        "weight_copies": predicted.weight_copies_bytes,
+                        "total": predicted.total_bytes}
+    for category, (name, phase) in _MEASURED.items():
+        if phase is None:
+            actual = getattr(measured, name)
+        else:
+            actual = (measured.at_phase_start_bytes or {}).get(phase, {}).get(name)
         if actual:
-            errors[category] = 100.0 * (getattr(predicted, field) - actual) / actual
+            errors[category] = 100.0 * (predicted_values[category] - actual) / actual
     return dataclasses.replace(predicted, error_pct=errors)

@@ -67,17 +67,43 @@ def resolve_source(text: str) -> ModelSource:
     return ModelSource("hub", text)
 
 
+TASKS = ("causal-lm", "masked-lm", "seq2seq-lm")
+SUPPORTED_LINE = (
+    "AmpScope trains text models with a language-modelling head: decoder-only (causal LM, "
+    "e.g. GPT-2, Llama), encoder-only (masked LM, e.g. BERT) and encoder-decoder "
+    "(seq2seq LM, e.g. T5, BART)"
+)
+
+
 def model_class(task: str):
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
-    return AutoModelForMaskedLM if task == "masked-lm" else AutoModelForCausalLM
+    return {"masked-lm": AutoModelForMaskedLM, "seq2seq-lm": AutoModelForSeq2SeqLM}.get(
+        task, AutoModelForCausalLM)
 
 
-def _task_of(config) -> str:
+def task_of(config) -> str:
+    """The training head a config gets. Encoder-decoders first: BART also has a CausalLM
+    class, its decoder alone, which would silently drop the encoder. Encoders (BERT)
+    that also have a causal-LM variant train their masked-LM head."""
+    from transformers.models.auto import modeling_auto as auto
+
+    kind = config.model_type
     archs = getattr(config, "architectures", None) or []
-    if any(a.endswith("ForMaskedLM") for a in archs) or config.model_type in ("bert", "roberta"):
+    remote = bool(getattr(config, "auto_map", None))  # remote code names its own classes
+    if getattr(config, "is_encoder_decoder", False) and (
+            kind in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES or remote):
+        return "seq2seq-lm"
+    if any(a.endswith("ForMaskedLM") for a in archs):
         return "masked-lm"
-    return "causal-lm"
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return "causal-lm"
+    if kind in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "masked-lm"
+    if kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or remote:
+        return "causal-lm"
+    raise ValueError(f"'{kind}' models have no language-modelling head to train: "
+                     f"{SUPPORTED_LINE}")
 
 
 def load_config(source: ModelSource, trust_remote_code: bool = False):
@@ -89,7 +115,7 @@ def load_config(source: ModelSource, trust_remote_code: bool = False):
         return preset.build_config(), preset.task
     if source.kind == "folder":
         config = AutoConfig.from_pretrained(source.ref, trust_remote_code=trust_remote_code)
-        return config, _task_of(config)
+        return config, task_of(config)
     try:
         config = AutoConfig.from_pretrained(
             source.ref, trust_remote_code=trust_remote_code, local_files_only=True
@@ -106,7 +132,7 @@ def load_config(source: ModelSource, trust_remote_code: bool = False):
             f"(this machine is offline to the hub): download it first with "
             f"'hf download {source.ref}', pass a local folder, or pick a preset ({names})"
         ) from None
-    return config, _task_of(config)
+    return config, task_of(config)
 
 
 def max_positions(config) -> int | None:
@@ -122,19 +148,41 @@ def vocab_size(config) -> int:
 
 
 def dims(config) -> dict:
-    """Layer count, width, heads and vocabulary, whatever the config calls them."""
+    """Layers, width, heads, head size and vocabulary, whatever the config calls them.
+
+    ``attention_width`` is heads x head_dim, what attention multiplies over; it differs
+    from ``hidden`` where a config sets ``head_dim`` (some Llama-style models, T5's
+    ``d_kv``). ``kv_heads`` < ``n_heads`` is grouped-query attention. An encoder-decoder
+    has ``encoder_layers`` and ``decoder_layers`` (``n_layers`` is their sum).
+    """
 
     def first(*names):
         return next(
             (getattr(config, n) for n in names if getattr(config, n, None) is not None), None
         )
 
-    return {
+    hidden = int(first("hidden_size", "n_embd", "d_model"))
+    n_heads = int(first("num_attention_heads", "n_head"))
+    head_dim = first("head_dim", "d_kv")
+    head_dim = int(head_dim) if isinstance(head_dim, int) else hidden // n_heads
+    out = {
         "n_layers": int(first("num_hidden_layers", "n_layer")),
-        "hidden": int(first("hidden_size", "n_embd")),
-        "n_heads": int(first("num_attention_heads", "n_head")),
+        "hidden": hidden,
+        "n_heads": n_heads,
+        "head_dim": head_dim,
+        "kv_heads": int(first("num_key_value_heads", "num_kv_heads") or n_heads),
+        "attention_width": n_heads * head_dim,
+        "intermediate": int(first("intermediate_size", "n_inner", "ffn_dim", "d_ff",
+                                  "encoder_ffn_dim") or 4 * hidden),
         "vocab": vocab_size(config),
+        "encoder_decoder": bool(getattr(config, "is_encoder_decoder", False)),
     }
+    if out["encoder_decoder"]:
+        out["encoder_layers"] = int(first("encoder_layers", "num_layers", "num_hidden_layers"))
+        out["decoder_layers"] = int(first("decoder_layers", "num_decoder_layers")
+                                    or out["encoder_layers"])
+        out["n_layers"] = out["encoder_layers"] + out["decoder_layers"]
+    return out
 
 
 def footprint_note(config, model: nn.Module) -> str:
@@ -161,6 +209,7 @@ class LoadedModel:
     source: ModelSource
     footprint_bytes: int
     footprint_note: str
+    lora: dict | None = None  # the LoRA configuration trained, when the recipe trains adapters
 
 
 @contextmanager
@@ -200,8 +249,11 @@ def _from_pretrained(ref: str, task: str, recipe: Recipe, device: torch.device, 
 
 def _random_init(config, task: str, dtype: torch.dtype, device: torch.device, seed: int,
                  trust: bool):
-    with _seeded(seed), torch.device(device):
-        return model_class(task).from_config(config, dtype=dtype, trust_remote_code=trust)
+    # drawn on the CPU, then moved: the GPU's generator would give each dtype and device
+    # different weights, and "loss vs fp32" needs every recipe to start from the same ones
+    with _seeded(seed), torch.device("cpu"):
+        net = model_class(task).from_config(config, dtype=dtype, trust_remote_code=trust)
+    return net.to(device)
 
 
 def conv1d_to_linear(model: nn.Module) -> int:
@@ -244,7 +296,13 @@ def _add_lora(model: nn.Module, recipe: Recipe, lora_r: int, grad_checkpointing:
     )
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=grad_checkpointing)
     lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules=targets)
-    return get_peft_model(model, lora)
+    model = get_peft_model(model, lora)
+    trainable, total = model.get_nb_trainable_parameters()
+    return model, {
+        "r": lora.r, "alpha": lora.lora_alpha, "dropout": lora.lora_dropout,
+        "target_modules": sorted(lora.target_modules), "bias": lora.bias,
+        "peft_trainable_params": int(trainable), "peft_total_params": int(total),
+    }
 
 
 def load_model(
@@ -291,12 +349,13 @@ def load_model(
 
         conv1d_to_linear(net)
         convert_to_float8_training(net, module_filter_fn=_fp8_filter)
+    lora = None
     if recipe.lora:
-        net = _add_lora(net, recipe, lora_r, grad_checkpointing)
+        net, lora = _add_lora(net, recipe, lora_r, grad_checkpointing)
     elif grad_checkpointing:
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     net.train()
-    return LoadedModel(net, config, task, source, footprint, note)
+    return LoadedModel(net, config, task, source, footprint, note, lora)
 
 
 def make_batches(
@@ -320,6 +379,12 @@ def make_batches(
             mask_id = getattr(config, "mask_token_id", None) or 0
             inputs = torch.where(masked, torch.full_like(ids, mask_id), ids)
             batch = {"input_ids": inputs, "labels": labels}
+        elif task == "seq2seq-lm":
+            # denoising-style identity task; the decoder reads the labels shifted right
+            start = getattr(config, "decoder_start_token_id", None)
+            start = start if start is not None else (getattr(config, "pad_token_id", None) or 0)
+            decoder = torch.cat([torch.full((batch_size, 1), start), ids[:, :-1]], dim=1)
+            batch = {"input_ids": ids, "decoder_input_ids": decoder, "labels": ids.clone()}
         else:
             batch = {"input_ids": ids, "labels": ids.clone()}
         batches.append({k: v.to(device) for k, v in batch.items()})

@@ -23,13 +23,19 @@ class Monitor:
 
     @classmethod
     def for_device(cls, device_info, emit, hz: float = 10.0) -> Monitor:
-        if device_info.kind == "cuda" and device_info.nvml_available:
-            return cls(NvmlTracker(device_info.index), emit, hz)
+        handle = device_info.nvml_handle() if device_info.nvml_available else None
+        if handle is not None:
+            return cls(NvmlTracker(handle), emit, hz)
         return cls(HostTracker(), emit, hz)
 
     def watch_pid(self, pid: int) -> None:
-        """Count a trial child's GPU memory as ours (NVML only)."""
+        """Count a trial child's GPU memory as ours (NVML only).
+
+        Called as the child starts, before it has imported torch or touched the GPU:
+        the device-wide baseline for the no-pid-match fallback is read here.
+        """
         if isinstance(self.tracker, NvmlTracker):
+            self.tracker.take_baseline()
             self.tracker.pids.add(pid)
 
     def start(self) -> None:

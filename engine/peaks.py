@@ -3,6 +3,8 @@
 The table lives in ``resources/peak_flops.json`` (its ``convention`` says what the
 numbers mean). A GPU it does not name, a CPU, or a dtype the GPU lacks gives no
 peak and a reason; the lookup never borrows another GPU's or another dtype's figure.
+A MIG slice has only some of the GPU's SMs: its peak is the GPU's scaled by its share
+of them, or n/a when that share is unknown, never the whole GPU's.
 """
 
 from __future__ import annotations
@@ -37,8 +39,13 @@ def _entry(device_name: str) -> dict | None:
     return None
 
 
-def peak_flops(device_name: str | None, dtype: str) -> PeakLookup:
-    """Peak of ``dtype`` (a column of the table, e.g. a recipe's ``peak_dtype``) on a GPU."""
+def peak_flops(device_name: str | None, dtype: str, sm_count: int | None = None,
+               mig: bool = False) -> PeakLookup:
+    """Peak of ``dtype`` (a column of the table, e.g. a recipe's ``peak_dtype``) on a GPU.
+
+    ``sm_count`` is the device's SM count as CUDA reports it; with ``mig`` (or fewer SMs
+    than the datasheet GPU) the peak is scaled by the share of SMs the device has.
+    """
     dtypes = table()["dtypes"]
     if dtype not in dtypes:
         raise ValueError(f"no peak column '{dtype}': choose from {', '.join(dtypes)}")
@@ -58,7 +65,19 @@ def peak_flops(device_name: str | None, dtype: str) -> PeakLookup:
         )
     unit = "TOPS" if dtype == "int8" else "TFLOP/s"
     source = f"{gpu['name']}: {tflops} {unit} {dtype}, dense ({gpu['source']})"
-    return PeakLookup(tflops * 1e12, source, None)
+    full_sms = gpu.get("sm_count")
+    partial = mig or (sm_count is not None and full_sms is not None and sm_count < full_sms)
+    if not partial:
+        return PeakLookup(tflops * 1e12, source, None)
+    if sm_count is None or full_sms is None:
+        return PeakLookup(
+            None, None, f"'{name}' is a MIG slice of a {gpu['name']} with an unknown share of "
+            "its SMs: the whole GPU's peak would overstate it, so MFU is n/a"
+        )
+    share = sm_count / full_sms
+    source += (f", scaled by {sm_count}/{full_sms} SMs for this MIG slice "
+               f"= {tflops * share:.4g} {unit}")
+    return PeakLookup(tflops * share * 1e12, source, None)
 
 
 def mfu(achieved_flops_per_s: float | None, lookup: PeakLookup) -> float | None:

@@ -12,7 +12,7 @@ from engine.resources import RESOURCES
 @dataclass(frozen=True)
 class Preset:
     name: str
-    task: str  # "causal-lm" or "masked-lm"
+    task: str  # "causal-lm", "masked-lm" or "seq2seq-lm"
     description: str
     config: dict  # kwargs for transformers.AutoConfig.for_model
 

@@ -7,7 +7,7 @@ the dtype the recipe's matmuls actually run in.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -47,13 +47,22 @@ RECIPES: dict[str, Recipe] = {
                "pure fp16 weights, gradients and optimiser state, GradScaler"),
         Recipe("bf16", _BF16, None, False, None, False, False, False, "bf16", False,
                "pure bf16 weights, gradients and optimiser state"),
-        Recipe("int8", _F16, _F16, False, "int8", True, False, False, "fp16", False,
-               "bitsandbytes LLM.int8 frozen base (fp16 elsewhere), LoRA adapters trained; "
-               "MFU against the fp16 peak: backward and outliers run in fp16"),
+        Recipe("int8", _F16, _F16, True, "int8", True, False, False, "fp16", False,
+               "bitsandbytes LLM.int8 frozen base: int8 weights; forward casts each input "
+               "to fp16, quantises it to int8 and runs an int8 matmul, outlier columns (|x| >= 6) "
+               "in the input's dtype; backward multiplies by the dequantised weight in the "
+               "input's dtype (fp32 after the fp32 LayerNorms, fp16 elsewhere). peft's "
+               "prepare_model_for_kbit_training casts embeddings, LayerNorms and the LM head "
+               "to fp32; LoRA adapters are fp32, run under fp16 autocast; GradScaler scales "
+               "the loss so fp16 activation gradients do not flush to zero"),
         Recipe("nf4", _BF16, _BF16, False, "nf4", True, False, False, "bf16", False,
-               "bitsandbytes 4-bit NF4 frozen base, bf16 compute, LoRA adapters (QLoRA)"),
+               "bitsandbytes 4-bit NF4 frozen base dequantised to bf16 for each matmul "
+               "(QLoRA); peft's prepare_model_for_kbit_training casts embeddings, LayerNorms "
+               "and the LM head to fp32; LoRA adapters fp32 under bf16 autocast"),
         Recipe("fp8", _F32, _BF16, False, None, False, True, False, "fp8", True,
-               "torchao float8 training of Linear layers, bf16 autocast elsewhere"),
+               "torchao float8 training of Linear layers (dynamic tensorwise scaling), bf16 "
+               "autocast elsewhere; compiled with torch.compile by default (eager float8 is "
+               "several times slower and not representative)"),
     )
 }
 
@@ -67,6 +76,103 @@ def recipe(precision: str) -> Recipe:
         raise ValueError(
             f"unknown precision '{precision}': choose from {', '.join(PRECISIONS)}"
         ) from None
+
+
+FP8_MULTIPLE = 16  # float8 GEMMs (torch._scaled_mm) need every dimension divisible by 16
+
+
+def fp8_shape_reason(tokens_per_micro_batch: int, hidden: int) -> str | None:
+    """Why float8 training cannot run these shapes, or ``None`` when it can.
+
+    The tokens of a micro-batch are the inner dimension of the weight-gradient GEMM;
+    the model width is a dimension of every converted Linear layer.
+    """
+    bad = []
+    if tokens_per_micro_batch % FP8_MULTIPLE:
+        bad.append(f"tokens per micro-batch (batch x sequence = {tokens_per_micro_batch})")
+    if hidden % FP8_MULTIPLE:
+        bad.append(f"the model width ({hidden})")
+    if not bad:
+        return None
+    return (f"float8 GEMMs need dimensions divisible by {FP8_MULTIPLE}, and "
+            f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not: pick a batch size "
+            f"and sequence length whose product is a multiple of {FP8_MULTIPLE}")
+
+
+def run_description(rec: Recipe, device_type: str, optimizer: str,
+                    compiled: bool | None) -> str:
+    """The recipe as it ran: its text, the optimiser implementation and compilation.
+
+    ``compiled`` is ``None`` for a trial that never reached its training steps.
+    """
+    parts = [rec.description]
+    if optimizer in ("adamw", "sgd") and device_type == "cuda":
+        name = "AdamW" if optimizer == "adamw" else "SGD"
+        parts.append(f"torch {name} with fused=True (one kernel, and under a GradScaler the "
+                     "inf check stays on the GPU: no host sync mid-step)")
+    elif optimizer == "adamw8bit":
+        parts.append("bitsandbytes AdamW8bit (a GradScaler reads its inf check on the host)")
+    if rec.fp8 and compiled is False:
+        parts.append("this trial ran eagerly (no warm-up step to compile in): its fp8 speed "
+                     "is NOT representative")
+    elif compiled and not rec.fp8:
+        parts.append("compiled with torch.compile")
+    return "; ".join(parts)
+
+
+def library_sync_notes(rec: Recipe, task: str, compiled: bool, optimizer: str,
+                       device_type: str) -> list[str]:
+    """Host syncs inside libraries that a trial's GPU step times include.
+
+    Each one stops the CPU from queuing work ahead of the GPU, so the GPU idles while
+    the CPU catches up; the trials they name pay for it, the others do not.
+    """
+    if device_type != "cuda":
+        return []
+    notes = []
+    if task == "causal-lm" and not compiled:
+        notes.append("transformers' create_causal_mask checks the position ids for packed "
+                     "sequences with a Python `if` on `.all()` "
+                     "(masking_utils.find_packed_sequence_indices): one host sync per "
+                     "forward, in every eager causal-LM trial")
+    if rec.quant == "int8":
+        notes.append("bitsandbytes LLM.int8 finds outlier columns with `if outliers.any()` "
+                     "and `torch.argwhere` (int8_vectorwise_quant): host syncs in every int8 "
+                     "layer's forward, included in int8 step times")
+    if optimizer == "adamw8bit" and rec.use_scaler:
+        notes.append("GradScaler reads its inf check on the host before a bitsandbytes "
+                     "AdamW8bit step (only torch's fused optimisers take it as a tensor): one "
+                     "host sync per step")
+    return notes
+
+
+def _fp32_backends() -> tuple:
+    return (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn)
+
+
+def set_fp32_precision(rec: Recipe) -> list[str]:
+    """TF32 for the tf32 recipe only (IEEE fp32 otherwise) on cuBLAS and cuDNN.
+
+    Only the ``fp32_precision`` API is used: mixing it with the older ``allow_tf32``
+    flags or ``set_float32_matmul_precision`` makes inductor raise. Returns the modes
+    it replaced.
+    """
+    mode = "tf32" if rec.tf32 else "ieee"
+    before = [b.fp32_precision for b in _fp32_backends()]
+    for backend in _fp32_backends():
+        backend.fp32_precision = mode
+    return before
+
+
+@contextmanager
+def fp32_precision(rec: Recipe):
+    """``set_fp32_precision`` for the ``with`` block, restored after (the setting is global)."""
+    before = set_fp32_precision(rec)
+    try:
+        yield
+    finally:
+        for backend, value in zip(_fp32_backends(), before):
+            backend.fp32_precision = value
 
 
 def autocast_for(rec: Recipe, device: torch.device):

@@ -77,6 +77,10 @@ def choose_rounds(config: RunConfig, params: int | None = None) -> tuple[int, st
     if config.compile:
         return 1, (f"precisions run one after another: torch.compile would recompile the model "
                    f"in every round ({CHEAP_RULE}); --interleave on forces rounds")
+    if "fp8" in config.precisions and config.warmup >= 1:  # fp8 trials compile by default
+        return 1, ("precisions run one after another: fp8 trials are compiled, and "
+                   f"torch.compile would recompile the model in every round ({CHEAP_RULE}); "
+                   "--interleave on forces rounds")
     if params is None:
         params = model_params(config)
     if params is None or params > CHEAP_PARAMS:

@@ -33,7 +33,7 @@ from engine.events import (
     TrialStarted,
 )
 from engine.journal import JournalWriter, journal_path, summary_from_steps
-from engine.model_check import check_model
+from engine.model_health import check_model
 from engine.monitor import Monitor
 from engine.quiet import quiet_libraries
 from engine.record import RunRecord
@@ -151,9 +151,8 @@ class Runner:
         if self._use_journal:
             self.journal = JournalWriter(journal_path(run_id), self._journal_failed)
         self._emit(RunStarted(run_id, self.config.to_dict(), collect(info), time.time()))
-        if info.fallback_reason:
-            self._emit(LogEvent("warning", "--device auto runs on the CPU because CUDA is not "
-                                f"usable: {info.fallback_reason}", None, time.time()))
+        if info.fallback_reason:  # e.g. a driver too old for this torch: say why not the GPU
+            self._emit(LogEvent("warning", info.fallback_reason, None, time.time()))
         monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz)
         monitor.start()
         try:
@@ -169,7 +168,12 @@ class Runner:
                 else:
                     self._emit(TrialStarted(precision, index, len(plan), time.time(),
                                             item.round, item.rounds))
-                    if self.config.isolation == "inline":
+                    if self.config.strategy != "none":  # torchrun starts the ranks
+                        from engine.distributed.trial import run_distributed
+
+                        result = run_distributed(item.config, precision, info, self._emit,
+                                                 self._cancel.is_set)
+                    elif self.config.isolation == "inline":
                         result = self._inline(precision, info, item, book)
                     else:
                         result = self._in_child(precision, info, monitor, item, book)

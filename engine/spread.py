@@ -79,7 +79,9 @@ def ratio_ci(numerator_ms, denominator_ms) -> tuple[float, float] | None:
 
 
 def measured_step_ms(steps: list[StepSample]) -> list[float]:
-    return [s.step_ms for s in steps if not s.warmup]
+    """Times of the measured steps the GradScaler did not skip (a skipped step skips the
+    optimiser: faster, so not the same work), as the trial's median uses them."""
+    return [s.step_ms for s in steps if not s.warmup and not s.skipped]
 
 
 def step_spread(steps: list[StepSample], tokens_per_step: int) -> StepTimeSpread | None:

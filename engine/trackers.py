@@ -1,8 +1,9 @@
 """One tracker per signal source, each with the same small interface: start / sample / stop.
 
 ``StepTimer`` times training steps with CUDA events and synchronises only on the
-event it reads; ``AllocatorTracker`` reads the torch caching allocator's counters
-(host-side, no sync); ``NvmlTracker`` and ``HostTracker`` feed the monitor thread.
+event it reads; ``ScalarReadback`` brings a step's scalars to the host without a
+sync; ``AllocatorTracker`` reads the torch caching allocator's counters (host-side,
+no sync); ``NvmlTracker`` and ``HostTracker`` feed the monitor thread.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ class StepTimer:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.device = device
         self._mark: _Mark | None = None
 
     def _now(self):
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            # the trial device's stream, named: the current device may be another GPU
+            event.record(torch.cuda.current_stream(self.device))
             return event
         return time.perf_counter()
 
@@ -53,48 +56,128 @@ class StepTimer:
         return (mark.end - mark.start) * 1000.0
 
 
+@dataclass
+class _Pending:
+    slot: int
+    present: tuple[bool, ...]
+    done: object = None  # CUDA event recorded after the copy
+    values: object = None  # the CPU path keeps the tensors themselves
+
+
+class ScalarReadback:
+    """A step's scalar tensors (loss, grad norm, loss scale) read one step later, no sync.
+
+    ``.item()`` on a GPU tensor waits for the whole stream, so the GPU would drain at
+    every step. Instead ``push`` copies the scalars into a pinned host buffer with
+    ``non_blocking=True`` and records an event after the copy; ``read`` waits for that
+    event only, by which time the next step is already queued behind it.
+    """
+
+    def __init__(self, device: torch.device, width: int, slots: int = 4):
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.slots = slots
+        self._next = 0
+        self._host = (torch.empty((slots, width), dtype=torch.float64, pin_memory=True)
+                      if self.cuda else None)
+
+    def push(self, values: list) -> _Pending:
+        """Queue ``values`` (0-d tensors or ``None``); the handle reads them later."""
+        present = tuple(v is not None for v in values)
+        slot, self._next = self._next, (self._next + 1) % self.slots
+        if not self.cuda:
+            return _Pending(slot, present, values=[v.detach() if v is not None else None
+                                                   for v in values])
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        stacked = torch.stack([
+            v.detach().reshape(()).to(device=self.device, dtype=torch.float64)
+            if v is not None else zero for v in values])
+        self._host[slot].copy_(stacked, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        return _Pending(slot, present, done=done)
+
+    def read(self, pending: _Pending) -> list[float | None]:
+        """The values of a ``push``; waits for that copy's event only (GPU)."""
+        if not self.cuda:
+            return [float(v.item()) if v is not None else None for v in pending.values]
+        pending.done.synchronize()
+        row = self._host[pending.slot].tolist()
+        return [x if keep else None for x, keep in zip(row, pending.present)]
+
+
 class AllocatorTracker:
-    """Peak allocated and reserved bytes of the torch CUDA caching allocator."""
+    """Peak allocated and reserved bytes of the torch CUDA caching allocator.
+
+    Warm-up steps and measured steps keep separate peaks, so a label can say which
+    steps a peak covers (warm-up holds compilation and the first optimiser-state
+    allocation).
+    """
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.device = device
-        self.peak_allocated: int | None = None  # None until a step was sampled
-        self.peak_reserved: int | None = None
+        self.peaks: dict[bool, tuple[int, int]] = {}  # measured? -> (allocated, reserved)
+        self.steps: dict[bool, int] = {True: 0, False: 0}
 
     def start(self) -> None:
         """Begin a step: the allocator's peak counter restarts (host-side, no sync)."""
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def sample(self) -> tuple[int | None, int | None]:
-        """(peak allocated since ``start``, reserved now); ``None`` on the CPU."""
+    def sample(self, measured: bool = True) -> tuple[int | None, int | None]:
+        """(peak allocated, peak reserved) since ``start``; ``None`` on the CPU."""
         if not self.cuda:
             return None, None
         allocated = int(torch.cuda.max_memory_allocated(self.device))
         reserved = int(torch.cuda.max_memory_reserved(self.device))
-        self.peak_allocated = max(self.peak_allocated or 0, allocated)
-        self.peak_reserved = max(self.peak_reserved or 0, reserved)
+        old_a, old_r = self.peaks.get(measured, (0, 0))
+        self.peaks[measured] = (max(old_a, allocated), max(old_r, reserved))
+        self.steps[measured] += 1
         return allocated, reserved
 
-    def stop(self) -> tuple[int | None, int | None]:
-        return self.peak_allocated, self.peak_reserved
+    def stop(self) -> tuple[int | None, int | None, str]:
+        """(peak allocated, peak reserved, which steps they cover)."""
+        if True in self.peaks:
+            a, r = self.peaks[True]
+            warm = self.steps[False]
+            return a, r, (f"over the {self.steps[True]} measured steps; "
+                          f"{warm} warm-up step{'s' * (warm != 1)} and the FLOP-counting "
+                          "probe excluded")
+        if False in self.peaks:
+            a, r = self.peaks[False]
+            return a, r, (f"over {self.steps[False]} warm-up steps only (no measured step "
+                          "ran)")
+        return None, None, "no step ran"
+
+    def reserved_now(self) -> int | None:
+        return int(torch.cuda.memory_reserved(self.device)) if self.cuda else None
 
 
 class NvmlTracker:
-    """GPU-wide fields from NVML, plus the memory NVML attributes to our processes."""
+    """GPU-wide fields from NVML, plus the memory NVML attributes to our processes.
+
+    ``handle`` is the GPU's NVML handle, found by UUID (NVML's own numbering ignores
+    ``CUDA_VISIBLE_DEVICES``). Where no NVML process matches our pids (containers),
+    process memory is the device-wide used memory minus ``baseline_bytes``, read each
+    time a trial process is about to start.
+    """
 
     source = "nvml"
 
-    def __init__(self, index: int):
-        self.index = index
+    def __init__(self, handle):
+        self.handle = handle
         self.pids: set[int] = {os.getpid()}
+        self.baseline_bytes: int | None = None
 
     def start(self) -> None:
-        nvml.available()
+        self.take_baseline()
+
+    def take_baseline(self) -> None:
+        self.baseline_bytes = nvml.used_bytes(self.handle)
 
     def sample(self) -> dict:
-        return nvml.sample(self.index, self.pids)
+        return nvml.sample(self.handle, self.pids, self.baseline_bytes)
 
     def stop(self) -> None:
         pass

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import flops as flops_mod
-from engine import inventory, nvml
+from engine import inventory, memtrack, nvml
 from engine.config import RunConfig
 from engine.device import DeviceInfo
 from engine.events import (
@@ -31,12 +31,21 @@ from engine.events import (
     TrialSummary,
 )
 from engine.memory_model import predict_memory, with_errors
-from engine.models import dims, load_model, make_batches
+from engine.memory_model import shape_of as memory_shape
+from engine.models import dims, load_config, load_model, make_batches, resolve_source
+from engine.peaks import PeakLookup, peak_flops, table
 from engine.peaks import mfu as mfu_of
-from engine.peaks import peak_flops
-from engine.recipes import Recipe, autocast_for, recipe
+from engine.recipes import (
+    Recipe,
+    autocast_for,
+    fp8_shape_reason,
+    fp32_precision,
+    library_sync_notes,
+    recipe,
+    run_description,
+)
 from engine.spread import step_spread
-from engine.trackers import AllocatorTracker, StepTimer
+from engine.trackers import AllocatorTracker, ScalarReadback, StepTimer
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
 
@@ -65,14 +74,18 @@ def adam_eps(rec: Recipe) -> float:
     return default
 
 
-def make_optimizer(name: str, params: list, lr: float, eps: float = 1e-8):
+def make_optimizer(name: str, params: list, lr: float, eps: float = 1e-8,
+                   fused: bool = False):
+    """``fused`` (CUDA): one kernel per step, and a GradScaler hands it the inf check as a
+    tensor; the default foreach AdamW makes ``GradScaler.step`` call ``.item()`` mid-step,
+    which would slow the scaled (fp16) recipes only."""
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
+        return torch.optim.SGD(params, lr=lr, fused=fused or None)
     if name == "adamw8bit":
         import bitsandbytes as bnb
 
         return bnb.optim.AdamW8bit(params, lr=lr, eps=eps)
-    return torch.optim.AdamW(params, lr=lr, eps=eps)
+    return torch.optim.AdamW(params, lr=lr, eps=eps, fused=fused or None)
 
 
 def make_scaler(rec: Recipe, device: torch.device, config: RunConfig):
@@ -80,40 +93,6 @@ def make_scaler(rec: Recipe, device: torch.device, config: RunConfig):
         return None
     cls = _Fp16GradScaler if rec.weight_dtype == torch.float16 else torch.amp.GradScaler
     return cls(device.type, init_scale=config.init_scale, growth_interval=config.growth_interval)
-
-
-def _tensor_bytes(obj) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in obj)
-    return 0
-
-
-class _SavedActivations:
-    """Bytes autograd saves for backward, excluding parameters (counted elsewhere)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self._param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self._seen: set[int] = set()
-        self.bytes = 0
-
-    def pack(self, tensor: torch.Tensor):
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr and ptr not in self._param_ptrs and ptr not in self._seen:
-            self._seen.add(ptr)
-            self.bytes += storage.nbytes()
-        return tensor
-
-    @staticmethod
-    def unpack(tensor):
-        return tensor
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
 @dataclass
@@ -135,16 +114,23 @@ class _State:
     flops: FlopsInfo | None = None
     steps: list[StepSample] = field(default_factory=list)
     peak: object = None
+    compiled: bool | None = None  # None until the trial decided (it may never run)
+    notes: list[str] = field(default_factory=list)
+    nvml_baseline_bytes: int | None = None  # device-wide used memory before the trial
+    energy: tuple[float | None, int, str] = (None, 0, "not measured")  # joules, steps, how
     round_index: int = 0  # interleaved rounds: steps of earlier rounds come first in ``steps``
     step_offset: int = 0
     distinct_batches: int | None = None
+    lora: dict | None = None
 
     def result(self, status: str, reason: str | None) -> TrialResult:
         return TrialResult(
             precision=self.rec.precision,
             status=status,
             reason=reason,
-            recipe=self.rec.description,
+            recipe=run_description(self.rec, self.device_info.kind, self.config.optimizer,
+                                   self.compiled),
+            notes=list(self.notes),
             device=self.device_info.describe(),
             param_count=self.param_count,
             trainable_params=self.trainable_params,
@@ -157,29 +143,38 @@ class _State:
             flops=self.flops,
             steps=list(self.steps),
             summary=None if status == "unsupported" else self._summary(),
+            lora=self.lora,
             started_s=self.started_s,
             finished_s=time.time(),
         )
 
     def _summary(self) -> TrialSummary:
         measured = [s for s in self.steps if not s.warmup]
-        median_ms = statistics.median(s.step_ms for s in measured) if measured else None
+        # a skipped step skips the optimiser, so it is faster: timed apart, counted below
+        timed = [s for s in measured if not s.skipped]
+        median_ms = statistics.median(s.step_ms for s in timed) if timed else None
         tokens = self.config.tokens_per_step
         tps = tokens / (median_ms / 1e3) if median_ms else None
+        model = self.flops.analytic_per_step if self.flops else None
         counted = self.flops.counted_per_step if self.flops else None
-        tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
+        tflops = model / (median_ms / 1e3) / 1e12 if model and median_ms else None
+        hw_tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
         peak = self.peak
         mfu = mfu_of(tflops * 1e12, peak) if (tflops is not None and peak) else None
-        if peak is None:
+        hfu = mfu_of(hw_tflops * 1e12, peak) if (hw_tflops is not None and peak) else None
+        if measured and not timed:
+            mfu_reason = ("every measured step was skipped by the GradScaler (inf/NaN "
+                          "gradients), so there is no step time")
+        elif peak is None:
             mfu_reason = "no steps measured"
         elif peak.flops_per_s is None:
             mfu_reason = peak.reason
-        elif counted is None:
-            mfu_reason = "FLOPs could not be counted for this recipe"
         else:
             mfu_reason = None if mfu is not None else "no steps measured"
         mem = self.memory
         last = self.steps[-1] if self.steps else None
+        joules, energy_steps, energy_method = self.energy
+        per_step = joules / energy_steps if joules is not None and energy_steps else None
         return TrialSummary(
             steps_measured=len(measured),
             median_step_ms=median_ms,
@@ -194,8 +189,13 @@ class _State:
             skipped_steps=sum(1 for s in measured if s.skipped),
             final_loss=last.loss if last else None,
             final_loss_scale=last.loss_scale if last else None,
+            energy_per_step_j=per_step,
+            energy_per_token_j=per_step / tokens if per_step is not None else None,
+            energy_method=energy_method,
             spread=step_spread(self.steps, tokens),
             distinct_batches=self.distinct_batches,
+            hardware_tflops=hw_tflops,
+            hfu=hfu,
         )
 
 
@@ -217,11 +217,14 @@ def run_trial(
     rec = recipe(precision)
     state = _State(config, rec, device_info, steps=list(prior_steps), round_index=round_index,
                    step_offset=len(prior_steps))
-    reason = device_info.unsupported_reason(precision)
+    reason = device_info.unsupported_reason(precision) or _shape_reason(config, rec)
     if reason:
         return state.result("unsupported", reason)
+    # before this trial touches the GPU: the fallback when NVML shows no pid of ours
+    state.nvml_baseline_bytes = nvml.used_bytes(device_info.nvml_handle())
     try:
-        stopped = _measure(state, emit, cancelled)
+        with device_info.device_context(), fp32_precision(rec):
+            stopped = _measure(state, emit, cancelled)
     except Exception as exc:
         return state.result(*failure(exc))
     finally:
@@ -251,6 +254,17 @@ def failure(exc: Exception) -> tuple[str, str]:
     return "error", f"{type(exc).__name__}: {text}"
 
 
+def _shape_reason(config: RunConfig, rec: Recipe) -> str | None:
+    """Shapes float8 training cannot run, found before anything loads (fp8 only)."""
+    if not rec.fp8:
+        return None
+    try:
+        model_config, _ = load_config(resolve_source(config.model), config.trust_remote_code)
+    except Exception:  # loading the model reports it, as the trial's error
+        return None
+    return fp8_shape_reason(config.batch_size * config.seq_len, dims(model_config)["hidden"])
+
+
 def _measure(state: _State, emit, cancelled) -> bool:
     """Fill ``state``; returns True when the run was cancelled part-way."""
     config, rec, info = state.config, state.rec, state.device_info
@@ -259,9 +273,6 @@ def _measure(state: _State, emit, cancelled) -> bool:
     def log(msg: str, level: str = "info") -> None:
         emit(LogEvent(level, msg, rec.precision, time.time()))
 
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = rec.tf32
-        torch.backends.cudnn.allow_tf32 = rec.tf32
     torch.manual_seed(config.seed)
 
     loaded = load_model(config.model, rec, device, config.seed, config.trust_remote_code,
@@ -271,6 +282,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.dtype_map = inventory.dtype_map(model)
     state.module_tree = inventory.module_tree(model)
     state.param_count, state.trainable_params = inventory.count_params(model)
+    state.lora = loaded.lora
     mib = loaded.footprint_bytes / 2**20
     log(f"loaded {config.model}: {state.param_count:,} parameters "
         f"({state.trainable_params:,} trainable), footprint {mib:.2f} MiB")
@@ -279,7 +291,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
 
     params = [p for p in model.parameters() if p.requires_grad]
     eps = adam_eps(rec)
-    optimizer = make_optimizer(config.optimizer, params, config.lr, eps)
+    optimizer = make_optimizer(config.optimizer, params, config.lr, eps,
+                               fused=info.kind == "cuda")
     if eps != 1e-8 and config.optimizer != "sgd":
         log(f"Adam epsilon raised from 1e-8 to {eps:.3g}: 1e-8 rounds to 0 in "
             f"{str(rec.weight_dtype).removeprefix('torch.')} and 0/0 would make NaN weights",
@@ -290,62 +303,82 @@ def _measure(state: _State, emit, cancelled) -> bool:
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
     state.distinct_batches = len(batches)
 
-    grads_bytes, saved_bytes = _probe(state, loaded, batches[0], params)
-    state.peak = peak_flops(info.name if info.kind == "cuda" else None, rec.peak_dtype)
-    step_model = torch.compile(model) if config.compile else model
+    _probe(state, loaded, batches[0])
+    state.peak = _peak(info, rec, state.flops.by_peak_dtype)
+    # float8 is only fast compiled; compiling needs a warm-up step to land in
+    state.compiled = config.compile or (rec.fp8 and config.warmup >= 1)
+    state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, config.optimizer,
+                                          device.type))
+    step_model = torch.compile(model) if state.compiled else model
     alloc = AllocatorTracker(device)
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
                            cancelled)
-
-    state.memory = _memory(model, optimizer, grads_bytes, saved_bytes, alloc, info)
-    d = dims(loaded.config)
-    predicted = predict_memory(
-        rec, config.optimizer, state.param_count, state.trainable_params,
-        inventory.count_quantized_params(model), d["n_layers"], d["hidden"], d["n_heads"],
-        d["vocab"], config.batch_size, config.seq_len, config.grad_checkpointing,
-        attention_scores_stored=_stores_scores(loaded.config, device),
-    )
+    if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
+        return True
+    measured = _tracked_step(state, model, optimizer, scaler, batches)
+    state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
+    shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
+    predicted = predict_memory(rec, config.optimizer, shape, config.batch_size, config.seq_len,
+                               config.grad_checkpointing, device.type)
     state.predicted = with_errors(predicted, state.memory)
-    return stopped
+    return False
 
 
-def _probe(state: _State, loaded, batch: dict, params: list) -> tuple[int, int]:
-    """One uncounted forward+backward: FLOPs, saved activations and gradient bytes."""
+def _probe(state: _State, loaded, batch: dict) -> None:
+    """One uncounted forward+backward under FlopCounterMode: hardware and model FLOPs."""
     config, rec, model = state.config, state.rec, loaded.model
     device = state.device_info.torch_device
-    saved = _SavedActivations(model)
 
     def step():
-        with saved.hooks(), autocast_for(rec, device):
+        with autocast_for(rec, device):
             loss = model(**batch).loss
         loss.backward()
 
     try:
-        counted, by_op = flops_mod.count_flops(step)
+        counted = flops_mod.count_flops(step, tf32=rec.tf32 and device.type == "cuda")
         counted_method = ("torch.utils.flop_counter.FlopCounterMode over one forward+backward, "
                           f"x {config.grad_accum} micro-batches")
     except Exception as exc:  # some quantised kernels refuse the counting mode
         model.zero_grad(set_to_none=True)
         step()
-        counted, by_op = None, {}
+        counted = None
         counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
-    grads_bytes = sum(_tensor_bytes(p.grad) for p in params if p.grad is not None)
     model.zero_grad(set_to_none=True)
-    d = dims(loaded.config)
     mm_total, mm_trainable = flops_mod.matmul_param_counts(model)
-    analytic, formula = flops_mod.analytic_flops(
-        n_layers=d["n_layers"], hidden=d["hidden"], seq_len=config.seq_len,
+    analytic, formula = flops_mod.model_flops(
         tokens=config.tokens_per_step, matmul_params=mm_total,
         trainable_matmul_params=mm_trainable,
+        attention=flops_mod.attention_stacks(dims(loaded.config), config.seq_len),
     )
+    accum = config.grad_accum
     state.flops = FlopsInfo(
-        counted_per_step=counted * config.grad_accum if counted else None,
+        counted_per_step=counted.total * accum if counted else None,
         counted_method=counted_method,
         analytic_per_step=analytic,
         analytic_formula=formula,
-        by_op={k: v * config.grad_accum for k, v in by_op.items()},
+        by_op={k: v * accum for k, v in counted.by_op.items()} if counted else {},
+        by_peak_dtype={k: v * accum for k, v in counted.by_peak_dtype.items()} if counted else {},
+        model_convention=flops_mod.MODEL_FLOPS_CONVENTION,
+        hardware_convention=flops_mod.HARDWARE_FLOPS_CONVENTION,
     )
-    return grads_bytes, saved.bytes
+
+
+def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
+    """The peak MFU divides by: blended by the FLOPs each dtype ran (the recipe's own dtype
+    where the FLOPs could not be counted)."""
+    if info.kind != "cuda":
+        return peak_flops(None, rec.peak_dtype)
+    columns = table()["dtypes"]
+
+    def lookup(key: str) -> PeakLookup:
+        if key in columns:
+            return peak_flops(info.name, key)
+        return PeakLookup(None, None, f"no peak FLOP/s column for {key} matmuls")
+
+    if not by_peak_dtype:
+        return lookup(rec.peak_dtype)
+    blend = flops_mod.blended_peak(by_peak_dtype, lookup)
+    return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
 
 
 def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc, emit,
@@ -354,11 +387,15 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
     config, rec = state.config, state.rec
     device = state.device_info.torch_device
     timer = StepTimer(device)
+    readback = ScalarReadback(device, width=4)  # loss, grad norm, scale before, scale after
+    energy = _EnergyWindow(state)
     pending: deque = deque()
     try:
         for i in range(config.warmup + config.steps):
             if cancelled():
                 return True
+            if i == config.warmup:
+                energy.begin()
             alloc.start()
             timer.start()
             loss_sum = torch.zeros((), device=device)
@@ -373,7 +410,9 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
                 scaler.unscale_(optimizer)
                 # the scale as a device tensor: read after the step, so no extra host sync now
                 scale_before = scaler._get_scale_async().clone()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))
+            # the norm only: clip_grad_norm_ would also rewrite every gradient
+            grad_norm = torch.nn.utils.get_total_norm(
+                [p.grad for p in params if p.grad is not None])
             if scaler:
                 scaler.step(optimizer)
                 scaler.update()
@@ -382,35 +421,78 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             mark = timer.stop()
-            allocated, reserved = alloc.sample()
-            pending.append((i, i < config.warmup, mark, loss_sum, grad_norm, scale_before,
-                            scale_after, allocated, reserved))
+            scalars = readback.push([loss_sum, grad_norm, scale_before, scale_after])
+            allocated, reserved = alloc.sample(measured=i >= config.warmup)
+            pending.append((i, i < config.warmup, mark, scalars, allocated, reserved))
+            energy.count(i >= config.warmup)
             while len(pending) > 1:
-                _emit_step(state, emit, timer, pending.popleft())
+                _emit_step(state, emit, timer, readback, pending.popleft())
+        energy.end()
     finally:  # steps that completed before a failure or a cancel are kept
         while pending:
-            _emit_step(state, emit, timer, pending.popleft())
+            _emit_step(state, emit, timer, readback, pending.popleft())
     return False
 
 
-def _stores_scores(model_config, device: torch.device) -> bool:
-    # Fused GPU attention keeps no s x s score matrix; eager attention and torch's CPU
-    # attention path save it for backward.
-    eager = getattr(model_config, "_attn_implementation", None) == "eager"
-    return eager or device.type == "cpu"
+class _EnergyWindow:
+    """Energy of the measured steps from NVML's total-energy counter (GPU only).
+
+    The GPU is drained at both ends, so the counter's delta covers exactly the measured
+    steps' work. The counter is device-wide: another process on the GPU adds to it.
+    """
+
+    def __init__(self, state: _State):
+        self.state = state
+        info = state.device_info
+        self.cuda = info.kind == "cuda"
+        self.handle = info.nvml_handle() if self.cuda else None
+        self.start_j = self.start_s = None
+        self.steps = 0
+        if not self.cuda:
+            state.energy = (None, 0, "no energy counter on the CPU")
+        elif self.handle is None:
+            state.energy = (None, 0, f"NVML does not see this GPU: {nvml.unavailable_reason()}")
+
+    def begin(self) -> None:
+        if self.handle is None:
+            return
+        torch.cuda.synchronize(self.state.device_info.torch_device)
+        self.start_j, self.start_s = nvml.energy_j(self.handle), time.perf_counter()
+        if self.start_j is None:
+            self.state.energy = (None, 0, "this GPU or driver has no NVML energy counter "
+                                          "(nvmlDeviceGetTotalEnergyConsumption needs Volta+)")
+
+    def count(self, measured: bool) -> None:
+        self.steps += measured
+
+    def end(self) -> None:
+        if self.start_j is None or not self.steps:
+            return
+        torch.cuda.synchronize(self.state.device_info.torch_device)
+        end_j, seconds = nvml.energy_j(self.handle), time.perf_counter() - self.start_s
+        if end_j is None or end_j <= self.start_j:
+            self.state.energy = (None, 0, f"the NVML energy counter did not advance over the "
+                                          f"{seconds:.3g} s of measured steps: run more steps")
+            return
+        this_round = f" of round {self.state.round_index + 1}" if self.state.round_index else ""
+        self.state.energy = (end_j - self.start_j, self.steps, (
+            f"NVML total-energy counter delta over the {self.steps} measured steps{this_round} "
+            f"({seconds:.3g} s, GPU drained at both ends), divided by steps and by tokens; "
+            "device-wide: another process on this GPU would add to it"))
 
 
-def _emit_step(state: _State, emit, timer: StepTimer, item) -> None:
-    i, warm, mark, loss_sum, grad_norm, before, after, allocated, reserved = item
+def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, item) -> None:
+    i, warm, mark, scalars, allocated, reserved = item
     config = state.config
     step_ms = timer.sample(mark)
+    loss, norm, before, after = readback.read(scalars)
+    model = state.flops.analytic_per_step if state.flops else None
     counted = state.flops.counted_per_step if state.flops else None
-    tflops = counted / (step_ms / 1e3) / 1e12 if counted and step_ms > 0 else None
+    tflops = model / (step_ms / 1e3) / 1e12 if model and step_ms > 0 else None
     mfu = mfu_of(tflops * 1e12, state.peak) if tflops is not None else None
-    scale = float(after.item()) if after is not None else None
-    skipped = bool(after.item() < before.item()) if after is not None else False
-    loss = float(loss_sum.item())
-    norm = None if skipped else float(grad_norm.item())  # a skipped step's norm is inf/NaN
+    hfu = mfu_of(counted / (step_ms / 1e3), state.peak) if counted and step_ms > 0 else None
+    skipped = after is not None and after < before
+    norm = None if skipped else norm  # a skipped step's norm is inf/NaN
     sample = StepSample(
         precision=state.rec.precision,
         step=state.step_offset + i,
@@ -422,53 +504,89 @@ def _emit_step(state: _State, emit, timer: StepTimer, item) -> None:
         mfu=mfu,
         allocated_bytes=allocated,
         reserved_bytes=reserved,
-        loss_scale=scale,
+        loss_scale=after,
         skipped=skipped,
         grad_norm=norm,
         time_s=time.time(),
         round=state.round_index,
+        hfu=hfu,
     )
     state.steps.append(sample)
     emit(sample)
 
 
-def _memory(model, optimizer, grads_bytes: int, activations: int,
-            alloc: AllocatorTracker, info: DeviceInfo) -> MemoryBreakdown:
-    params_bytes = inventory.unique_param_bytes(model) + sum(
-        b.numel() * b.element_size() for b in model.buffers()
+def _tracked_step(state: _State, model, optimizer, scaler, batches) -> memtrack.MeasuredPeak:
+    """One more optimiser step, untimed, watched by engine.memtrack from a steady state
+    (optimiser state exists, gradients were freed), as the timed steps ran it."""
+    config, rec = state.config, state.rec
+    device = state.device_info.torch_device
+    watcher = memtrack.MemoryWatcher(device)
+    watcher.track_training(model, optimizer, batches[0])
+    with watcher:
+        for micro in range(config.grad_accum):
+            batch = batches[micro % len(batches)]
+            watcher.phase = "forward"
+            with autocast_for(rec, device):
+                loss = model(**batch).loss / config.grad_accum
+            watcher.phase = "backward"
+            (scaler.scale(loss) if scaler else loss).backward()
+            del loss
+        watcher.phase = "optimizer"
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        watcher.mark_optimizer_state(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+    return watcher.result()
+
+
+def _memory(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: DeviceInfo,
+            compiled: bool, nvml_baseline_bytes: int | None = None) -> MemoryBreakdown:
+    at = measured.at_peak
+    method = ("engine.memtrack: every storage from allocation to release over one step; "
+              "the largest sum of live bytes")
+    if compiled:
+        method += " (an eager step: compiled kernels fuse and may allocate less)"
+    fields = dict(
+        params_bytes=at["params"],
+        buffers_bytes=at["buffers"],
+        quant_state_bytes=at["quant_state"],
+        grads_bytes=at["grads"],
+        optimizer_bytes=at["optimizer"],
+        inputs_bytes=at["inputs"],
+        weight_copies_bytes=at["weight_copies"],
+        activations_bytes=at["activations"],
+        activations_method="storages made inside a module's forward (checkpointed layers' "
+                           "recomputed forward included) alive at the peak",
+        temporaries_bytes=at["temporaries"],
+        total_bytes=measured.peak_bytes,
+        total_method=method,
+        peak_phase=measured.phase,
+        at_phase_start_bytes=measured.at_phase_start,
     )
-    opt_bytes = sum(_tensor_bytes(s) for s in optimizer.state.values())
-    known = params_bytes + grads_bytes + opt_bytes + activations
-    exact = dict(
-        params_bytes=params_bytes,
-        grads_bytes=grads_bytes,
-        optimizer_bytes=opt_bytes,
-        activations_bytes=activations,
-        activations_method="bytes autograd saved for backward in one micro-batch "
-                           "(saved-tensor hooks)",
-    )
-    peak_alloc, peak_res = alloc.stop()
+    peak_alloc, peak_res, covers = alloc.stop()
     if peak_alloc is None:  # the CPU, or no step ran before a cancel
-        return MemoryBreakdown(
-            **exact,
-            total_bytes=known,
-            total_method="sum of exact tensor bytes (no allocator peak counter: "
-                         f"{'CPU run' if info.kind == 'cpu' else 'no step ran'})",
-            notes="temporaries, allocator reserve and context are not measurable without an "
-                  "allocator peak; on the CPU, host RSS is in the monitor samples",
-        )
-    h = nvml.handle(info.index)
-    nvml_bytes = nvml.process_memory_bytes(h, {os.getpid()}) if h is not None else None
+        return MemoryBreakdown(**fields, notes="categories are what was held at the peak; "
+                               "weight copies are autocast's cast (and bitsandbytes' "
+                               "dequantised) weights")
+    # NVML and the allocator read at the same moment, the GPU idle: the gap is what the
+    # allocator does not hold (CUDA context, loaded kernels), not a peak-vs-now artefact
+    torch.cuda.synchronize(info.torch_device)
+    reserved_now = alloc.reserved_now()
+    nvml_bytes, nvml_method = nvml.process_memory(info.nvml_handle(), {os.getpid()},
+                                                  nvml_baseline_bytes)
     return MemoryBreakdown(
-        **exact,
-        temporaries_bytes=max(0, peak_alloc - known),
+        **fields,
         peak_allocated_bytes=peak_alloc,
         peak_reserved_bytes=peak_res,
         nvml_process_bytes=nvml_bytes,
-        context_gap_bytes=nvml_bytes - peak_res if nvml_bytes is not None else None,
-        total_bytes=peak_alloc,
-        total_method="torch.cuda.max_memory_allocated over the measured steps",
-        notes="temporaries = peak allocated - (parameters + gradients + optimizer state + "
-              "saved activations), floored at 0: activations are freed while gradients are "
-              "allocated, so the categories overlap in time",
+        context_gap_bytes=nvml_bytes - reserved_now if nvml_bytes is not None else None,
+        nvml_method=nvml_method,
+        reserved_at_nvml_read_bytes=reserved_now,
+        notes="categories are what was held at the peak. torch.cuda.max_memory_allocated "
+              f"{covers} stands beside it: it also sees kernels' scratch memory (cuBLAS "
+              "workspaces) that no tensor holds. Context gap = NVML process memory - "
+              "allocator reserved, both read after the steps at the same moment",
     )

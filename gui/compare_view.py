@@ -18,7 +18,6 @@ from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
-    QLabel,
     QPushButton,
     QSplitter,
     QTableView,
@@ -40,9 +39,14 @@ from engine.record import RunRecord
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
+from gui.plain_text import plain_label
+from gui.rank_view import RankView
 
 BAR = 0.36  # bar width; measured and predicted memory bars sit side by side
 MIB = 2**20  # memory axes in MiB, the binary unit of the table and the reports
+EMPTY_TEXT = ("Nothing to compare yet. When a run ends (Run tab), or when you open a report "
+              "(File > Open) or a past run (History), its precisions appear here side by side: "
+              "memory by category, throughput, MFU, peak memory and the comparison table.")
 
 
 def _mib(value: int | None) -> float | None:
@@ -55,19 +59,27 @@ def _memory_parts(trial: TrialResult) -> list[tuple[str, int | None]]:
         ("parameters", m.params_bytes),
         ("gradients", m.grads_bytes),
         ("optimizer state", m.optimizer_bytes),
+        ("weight copies", m.weight_copies_bytes or 0),  # 0 in reports from before them
         ("activations", m.activations_bytes),
-        ("other", m.temporaries_bytes),
+        ("other", _other(m)),
     ]
+
+
+def _other(m) -> int | None:
+    """The rest of the measured peak: temporaries, buffers, quantisation state, the batch."""
+    if m.temporaries_bytes is None:
+        return None
+    return sum(v or 0 for v in (m.temporaries_bytes, m.buffers_bytes, m.quant_state_bytes,
+                                m.inputs_bytes))
 
 
 class CompareView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.record: RunRecord | None = None
-        self.note = QLabel()
-        self.note.setWordWrap(True)
-        self.speed_note = QLabel()  # the speed verdict: can this run rank the precisions?
-        self.speed_note.setWordWrap(True)
+        self.note = plain_label(EMPTY_TEXT)
+        # the speed verdict: can this run rank the precisions? (names precisions: plain text)
+        self.speed_note = plain_label()
         self.speed_note.setToolTip(f"Rule: {NOISY_RULE}.\nSpread: {spread.METHOD}.")
         self.charts = pg.GraphicsLayoutWidget()
         self.plots: dict[str, pg.PlotItem] = {}
@@ -75,7 +87,7 @@ class CompareView(QWidget):
             "memory": ("Memory by category (left: measured, right: predicted)", "MiB", None),
             "throughput": ("Throughput (whiskers: 95% CI; label: speed-up vs fp32)", "tokens/s",
                            None),
-            "mfu": ("MFU", "MFU", "%"),
+            "mfu": ("MFU (model FLOPs, no recompute; peak blended by dtype)", "MFU", "%"),
             "peak_memory": ("Peak memory", "MiB", None),
         }
         for i, (key, (title, label, units)) in enumerate(titles.items()):
@@ -118,16 +130,19 @@ class CompareView(QWidget):
         table_layout.addWidget(self.table)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(self.charts)
+        self.ranks = RankView()  # distributed trials only
+        splitter.addWidget(self.ranks)
         splitter.addWidget(table_box)
         splitter.setStretchFactor(0, 3)
-        splitter.setStretchFactor(1, 1)
-        splitter.setSizes([560, 260])
+        splitter.setStretchFactor(2, 1)
+        splitter.setSizes([480, 300, 380])  # room for the speed note and every row at 768 px
         QVBoxLayout(self).addWidget(splitter)
 
     # --- filling ---------------------------------------------------------------------
 
     def show_record(self, record: RunRecord, note: str | None = None) -> None:
         self.record = record
+        self.ranks.show_record(record)
         verdict = speed_verdict(record.trials)
         rows = comparison_rows(record, verdict)
         self.model.set_rows(rows)
@@ -256,7 +271,7 @@ class CompareView(QWidget):
         predicted.setOpts(x=xs, height=heights)
         plot.addItem(predicted)
         legend.addItem(predicted, "predicted total")
-        plot.setYRange(0, top * 1.7, padding=0)  # headroom for the legend above the bars
+        plot.setYRange(0, top * 2.2, padding=0)  # headroom for the legend (2 rows) above the bars
 
     # --- clipboard -------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from PySide6.QtGui import QColor
 
 from engine.compare import COLUMNS, ComparisonRow, format_cell
 from gui.palette import precision_color
+from gui.plain_text import as_html
 
 RAW_ROLE = Qt.ItemDataRole.UserRole
 _ROOT = QModelIndex()
@@ -52,7 +53,7 @@ class ComparisonModel(QAbstractTableModel):
         if role == Qt.ItemDataRole.ForegroundRole and key == "status" and row.status != "ok":
             return QColor("#C00000")
         if role == Qt.ItemDataRole.ToolTipRole and row.reason:
-            return row.reason
+            return as_html(row.reason)
         if role == Qt.ItemDataRole.TextAlignmentRole and key not in ("precision", "status",
                                                                      "reason"):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)

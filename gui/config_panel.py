@@ -7,6 +7,8 @@ Precisions the device cannot run are greyed out, with the engine's reason as too
 
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (
@@ -28,13 +30,40 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, RunConfig
+from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, REDUCE_DTYPES, STRATEGIES, RunConfig
 from engine.device import DeviceInfo, probe
+from engine.model_check import check_model
 from engine.presets import presets
 from engine.rounds import CHEAP_RULE
 from gui.palette import precision_color
 
 MODEL_SOURCES = ("Preset", "Local folder", "Hub id")
+REDUCE_AS_COMPUTED = "as computed"
+SOURCE_KINDS = ("preset", "folder", "hub")  # engine.model_check's names for the sources
+# the engine's messages name CLI flags; the form names its fields
+FIELD_OF_FLAG = {
+    "--model": "Model", "--batch-size": "Batch size", "--seq-len": "Sequence length",
+    "--steps": "Steps", "--warmup": "Warm-up steps", "--grad-accum": "Grad accumulation",
+    "--growth-interval": "Growth interval", "--init-scale": "Initial loss scale",
+    "--trust-remote-code": "Trust remote code", "--device": "Device",
+    "--lr": "learning rate", "--lora-r": "LoRA rank",
+    "--interleave": "Interleave precisions", "--rounds": "rounds",
+    "--strategy": "Strategy", "--nproc-per-node": "Ranks per node",
+    "--reduce-dtype": "Reduce gradients in", "--isolation": "Isolation",
+    "--compile": "torch.compile",
+}
+_FLAG = re.compile(r"--[a-z0-9-]+")
+_FLAG_WITH_VALUE = re.compile(r"set (--[a-z0-9-]+) (\S+)")
+
+
+def in_form_words(message: str) -> str:
+    """An engine message with its CLI flags replaced by the form's field names."""
+    message = _FLAG_WITH_VALUE.sub(
+        lambda m: f'set "{FIELD_OF_FLAG.get(m[1], m[1])}" to {m[2]}', message)
+    return _FLAG.sub(lambda m: f'"{FIELD_OF_FLAG[m[0]]}"' if m[0] in FIELD_OF_FLAG else m[0],
+                     message)
+
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -126,6 +155,17 @@ class ConfigPanel(QWidget):
             " inline: in this process (debugging)"
         )
 
+        # distributed: torchrun ranks; the reduce dtype becomes each precision's "@dtype"
+        self.strategy = QComboBox()
+        self.strategy.addItems(STRATEGIES)
+        self.strategy.setToolTip("none: one process; ddp or fsdp2: each trial under torchrun")
+        self.nproc = _spin(1, 1024, defaults.nproc_per_node)
+        self.nproc.setToolTip("torchrun --nproc-per-node: ranks on this machine (one GPU each)")
+        self.reduce_dtype = QComboBox()
+        self.reduce_dtype.addItems((REDUCE_AS_COMPUTED, *REDUCE_DTYPES))
+        self.reduce_dtype.setToolTip("dtype gradients are reduced in: a DDP compression hook "
+                                     "or FSDP2's reduce_dtype")
+
         self.interleave = QCheckBox("Interleave precisions (ABAB rounds) where cheap")
         self.interleave.setChecked(defaults.interleave != "off")
         self.interleave.setToolTip(
@@ -135,6 +175,7 @@ class ConfigPanel(QWidget):
         )
 
         self.error_label = QLabel()
+        self.error_label.setTextFormat(Qt.TextFormat.PlainText)
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #C00000;")
         self.error_label.hide()
@@ -160,13 +201,16 @@ class ConfigPanel(QWidget):
         form.addRow("Growth interval", self.growth_interval)
         form.addRow("Device", self.device)
         form.addRow("Isolation", self.isolation)
+        form.addRow("Strategy", self.strategy)
+        form.addRow("Ranks per node", self.nproc)
+        form.addRow("Reduce gradients in", self.reduce_dtype)
         form.addRow(self.interleave)
 
         layout = QVBoxLayout(self)
         layout.addWidget(model_box)
         layout.addWidget(precision_box)
         layout.addWidget(train_box)
-        layout.addWidget(self.error_label)
+        # error_label is placed by the window, next to the Run button
         layout.addStretch(1)
 
         for signal in (
@@ -187,6 +231,9 @@ class ConfigPanel(QWidget):
             self.init_scale.valueChanged,
             self.growth_interval.valueChanged,
             self.isolation.currentIndexChanged,
+            self.strategy.currentIndexChanged,
+            self.nproc.valueChanged,
+            self.reduce_dtype.currentIndexChanged,
             self.interleave.toggled,
         ):
             signal.connect(self._on_edit)
@@ -210,9 +257,11 @@ class ConfigPanel(QWidget):
 
     def form_values(self) -> dict:
         """The form as RunConfig keyword arguments (not yet validated)."""
+        reduce = self.reduce_dtype.currentText()
+        suffix = "" if reduce == REDUCE_AS_COMPUTED else f"@{reduce}"
         return {
             "model": self.model_text(),
-            "precisions": self.checked_precisions(),
+            "precisions": [p + suffix for p in self.checked_precisions()],
             "batch_size": self.batch_size.value(),
             "seq_len": self.seq_len.value(),
             "steps": self.steps.value(),
@@ -226,6 +275,8 @@ class ConfigPanel(QWidget):
             "device": self.device.currentText(),
             "isolation": self.isolation.currentText(),
             "trust_remote_code": self.trust_remote_code.isChecked(),
+            "strategy": self.strategy.currentText(),
+            "nproc_per_node": self.nproc.value(),
             "interleave": "auto" if self.interleave.isChecked() else "off",
         }
 
@@ -233,7 +284,9 @@ class ConfigPanel(QWidget):
         """The validated config; raises ``ValueError`` with the fix for bad input."""
         if self.device_error:
             raise ValueError(self.device_error)
-        return RunConfig(**self.form_values())
+        config = RunConfig(**self.form_values())
+        check_model(config.model, config.seq_len, SOURCE_KINDS[self.source.currentIndex()])
+        return config
 
     def error(self) -> str | None:
         return self._error
@@ -241,7 +294,8 @@ class ConfigPanel(QWidget):
     # --- writing the form -----------------------------------------------------------
 
     def set_values(self, values: dict) -> None:
-        """Fill the form from saved values; unknown or stale entries are skipped."""
+        """Fill the form from saved values; a key that is unknown, of the wrong type or out
+        of its field's range keeps the field's default."""
         model = values.get("model")
         if isinstance(model, str) and model:
             if self.preset.findText(model) >= 0:
@@ -253,8 +307,12 @@ class ConfigPanel(QWidget):
             else:
                 self.source.setCurrentIndex(2)
                 self.hub_id.setText(model)
-        if isinstance(values.get("precisions"), list | tuple):
-            wanted = set(values["precisions"])
+        listed = values.get("precisions")
+        if isinstance(listed, list) and all(isinstance(p, str) for p in listed):
+            wanted = {p.partition("@")[0] for p in listed}
+            reduce = {p.partition("@")[2] or REDUCE_AS_COMPUTED for p in listed}
+            if len(reduce) == 1 and self.reduce_dtype.findText(next(iter(reduce))) >= 0:
+                self.reduce_dtype.setCurrentText(next(iter(reduce)))
             for i in range(self.precisions.count()):
                 item = self.precisions.item(i)
                 if item.flags() & Qt.ItemFlag.ItemIsEnabled:
@@ -269,12 +327,15 @@ class ConfigPanel(QWidget):
             "warmup": self.warmup,
             "grad_accum": self.grad_accum,
             "growth_interval": self.growth_interval,
+            "init_scale": self.init_scale,
+            "nproc_per_node": self.nproc,
         }
         for key, box in spins.items():
-            if isinstance(values.get(key), int):
-                box.setValue(values[key])
-        if isinstance(values.get("init_scale"), int | float):
-            self.init_scale.setValue(float(values["init_scale"]))
+            value = values.get(key)
+            if (isinstance(value, int | float) and not isinstance(value, bool)
+                    and box.minimum() <= value <= box.maximum()
+                    and (key == "init_scale" or isinstance(value, int))):
+                box.setValue(value)
         for key, box in (("grad_checkpointing", self.grad_checkpointing),
                          ("compile", self.compile),
                          ("trust_remote_code", self.trust_remote_code)):
@@ -283,7 +344,7 @@ class ConfigPanel(QWidget):
         if values.get("interleave") in ("auto", "on", "off"):
             self.interleave.setChecked(values["interleave"] != "off")
         for key, combo in (("optimizer", self.optimizer), ("isolation", self.isolation),
-                           ("device", self.device)):
+                           ("device", self.device), ("strategy", self.strategy)):
             if isinstance(values.get(key), str) and combo.findText(values[key]) >= 0:
                 combo.setCurrentText(values[key])
         self._on_edit()
@@ -329,7 +390,7 @@ class ConfigPanel(QWidget):
             self.config()
             error = None
         except ValueError as exc:
-            error = str(exc)
+            error = in_form_words(str(exc))
         was_valid = self._error is None
         self._error = error
         self.error_label.setText(error or "")

@@ -23,9 +23,12 @@ from PySide6.QtWidgets import (
 
 from engine.journal import journal_entries, read_journal
 from engine.record import RunRecord
-from gui.history import HistoryEntry, HistoryStore, combine_trials
+from gui.history import HistoryEntry, HistoryError, HistoryStore, combine_trials
 from gui.palette import precision_color
+from gui.plain_text import as_html
 
+EMPTY_TEXT = ("No runs yet. Every run you make on the Run tab is kept here when it ends; "
+              "open one again, or tick trials from several runs to compare them.")
 HEADERS = ("Run / trial", "Started", "Model", "Precisions", "Device", "Status")
 ID_ROLE = Qt.ItemDataRole.UserRole
 
@@ -33,6 +36,7 @@ ID_ROLE = Qt.ItemDataRole.UserRole
 class HistoryView(QWidget):
     open_requested = Signal(object)  # RunRecord
     compare_requested = Signal(object, str)  # combined RunRecord, note
+    problem = Signal(str)  # a run that cannot be listed, opened or deleted, and why
 
     def __init__(self, store: HistoryStore, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -42,6 +46,8 @@ class HistoryView(QWidget):
         self.tree.header().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.tree.itemDoubleClicked.connect(self._open_item)
         self.message = QLabel()
+        self.message.setTextFormat(Qt.TextFormat.PlainText)
+        self.message.setWordWrap(True)
         open_button = QPushButton("Open")
         open_button.clicked.connect(self._open_selected)
         delete_button = QPushButton("Delete")
@@ -53,20 +59,32 @@ class HistoryView(QWidget):
             buttons.addWidget(button)
         buttons.addWidget(self.message, 1)
         layout = QVBoxLayout(self)
+        self.empty = QLabel(EMPTY_TEXT)
+        self.empty.setWordWrap(True)
         layout.addWidget(QLabel("Tick trials from one or more runs to compare them side by side."))
+        layout.addWidget(self.empty)
         layout.addWidget(self.tree)
         layout.addLayout(buttons)
         self.refresh()
 
+    def _fail(self, message: str) -> None:
+        self.message.setText(message)
+        self.problem.emit(message)
+
     def refresh(self) -> None:
         self.tree.clear()
-        entries = self.store.list()
+        try:
+            entries = self.store.list()
+        except HistoryError as exc:
+            entries = []
+            self._fail(str(exc))
         # runs the database does not hold (a window or CLI run that was killed, a CLI
         # run) are read from their journals in the data folder
         journaled = journal_entries({e.id for e in entries})
         self._journals = {j.run_id: j.path for j in journaled}
         entries += [HistoryEntry(j.run_id, j.started_s, j.model, j.precisions, j.device,
                                  j.status) for j in journaled]
+        self.empty.setVisible(not entries)
         for entry in sorted(entries, key=lambda e: e.started_s, reverse=True):
             started = datetime.datetime.fromtimestamp(entry.started_s).strftime("%Y-%m-%d %H:%M")
             run = QTreeWidgetItem([entry.id, started, entry.model, ", ".join(entry.precisions),
@@ -112,15 +130,24 @@ class HistoryView(QWidget):
             return read_journal(self._journals[run_id])
         return self.store.load(run_id)
 
-    def open_run(self, run_id: str) -> RunRecord:
-        record = self._load(run_id)
+    def open_run(self, run_id: str) -> RunRecord | None:
+        try:
+            record = self._load(run_id)
+        except (KeyError, ValueError, HistoryError) as exc:
+            self._fail(f"Cannot open {exc}" if isinstance(exc, ValueError)
+                       else str(exc).strip("'"))
+            return None
+        self.message.setText("")
         self.open_requested.emit(record)
         return record
 
     def delete_run(self, run_id: str) -> None:
         if run_id in self._journals:
             self._journals[run_id].unlink(missing_ok=True)
-        self.store.delete(run_id)
+        try:
+            self.store.delete(run_id)
+        except HistoryError as exc:
+            self._fail(str(exc))
         self.refresh()
 
     def compare_checked(self) -> None:
@@ -128,7 +155,12 @@ class HistoryView(QWidget):
         if not picks:
             self.message.setText("Tick at least one trial first.")
             return
-        records = {run_id: self._load(run_id) for run_id in dict.fromkeys(r for r, _ in picks)}
+        try:
+            records = {run_id: self._load(run_id)
+                       for run_id in dict.fromkeys(r for r, _ in picks)}
+        except (KeyError, ValueError, HistoryError) as exc:
+            self._fail(f"Cannot compare: {exc}")
+            return
         combined = combine_trials([(records[r], p) for r, p in picks])
         self.message.setText("")
         self.compare_requested.emit(
@@ -155,6 +187,7 @@ class HistoryView(QWidget):
         if run_id is None:
             self.message.setText("Select a run to delete.")
             return
-        answer = QMessageBox.question(self, "Delete run", f"Delete run {run_id} from the history?")
+        answer = QMessageBox.question(self, "Delete run",
+                                      as_html(f"Delete run {run_id} from the history?"))
         if answer == QMessageBox.StandardButton.Yes:
             self.delete_run(run_id)

@@ -32,7 +32,7 @@ CHARTS: dict[str, tuple[str, str, str | None]] = {
     "loss_scale": ("Loss scale (○ = skipped step)", "log2(scale)", None),
     "step_time": ("Step time", "step time", "s"),
     "throughput": ("Throughput", "tokens/s", None),
-    "mfu": ("MFU", "MFU (%)", None),
+    "mfu": ("MFU (model FLOPs, no recompute)", "MFU (%)", None),
     "memory": ("Allocated (solid) / reserved (dashed)", "memory (MiB)", None),
     "monitor_util": ("GPU utilisation", "utilisation (%)", None),
     "monitor_memory": ("GPU memory", "memory (MiB)", None),
@@ -138,7 +138,7 @@ class LiveCharts(QWidget):
             else:
                 style = Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine
                 item = plot.plot(pen=pg.mkPen(color, width=2, style=style),
-                                 name=name if legend else None)
+                                 name=html.escape(name) if legend else None)  # legends are HTML
             series = _Series(item, RingBuffer(self.capacity), RingBuffer(self.capacity))
             self._series[key] = series
         return series
@@ -202,7 +202,7 @@ class LiveCharts(QWidget):
             line = pg.InfiniteLine(
                 pos=time_s - self._t0, angle=90,
                 pen=pg.mkPen(precision_color(precision), width=1, style=Qt.PenStyle.DotLine),
-                label=precision,
+                label=precision.replace("{", "{{").replace("}", "}}"),  # a format string
                 labelOpts={"position": position, "color": precision_color(precision)},
             )
             self.plots[key].addItem(line)

@@ -14,7 +14,9 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
+    QHBoxLayout,
     QMainWindow,
+    QMessageBox,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
@@ -44,15 +46,17 @@ from gui.chart_export import export_chart
 from gui.compare_view import CompareView
 from gui.config_panel import ConfigPanel
 from gui.device_status import DeviceStatus
-from gui.history import HistoryStore
+from gui.history import HistoryError, HistoryStore
 from gui.history_view import HistoryView
 from gui.journal_watcher import JournalWatcher
 from gui.live_charts import CHARTS, LiveCharts
 from gui.model_view import ModelView
 from gui.numerics_view import NumericsView
+from gui.plain_text import as_html
 from gui.trial_table import TrialTable
 from gui.worker import LabWorker, RunWorker
 
+LOADING = "loading model…"
 REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)",
                   "csv": "CSV table (*.csv)"}
 OPEN_FILTER = "JSON report or run journal (*.json *.jsonl)"
@@ -79,19 +83,27 @@ class MainWindow(QMainWindow):
         self.config_panel = ConfigPanel()
         self.run_button = QPushButton("Run")
         self.run_button.setDefault(True)
-        self.run_button.clicked.connect(self.start_run)
+        # clicked(bool) would land in start_run's config parameter
+        self.run_button.clicked.connect(self._run_clicked)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop_run)
+        scroll = QScrollArea()
+        scroll.setWidget(self.config_panel)
+        scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(self.config_panel.sizeHint().width() + 24)
+        # Run, Stop and why Run is disabled stay in view however small the screen: only
+        # the form above them scrolls
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.run_button)
+        buttons.addWidget(self.stop_button)
         left = QWidget()
         left_layout = QVBoxLayout(left)
-        left_layout.addWidget(self.config_panel)
-        left_layout.addWidget(self.run_button)
-        left_layout.addWidget(self.stop_button)
-        scroll = QScrollArea()
-        scroll.setWidget(left)
-        scroll.setWidgetResizable(True)
-        scroll.setMinimumWidth(left.sizeHint().width() + 20)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(scroll, 1)
+        left_layout.addWidget(self.config_panel.error_label)
+        left_layout.addLayout(buttons)
 
         self.charts = LiveCharts()
         self.trial_table = TrialTable()
@@ -109,15 +121,18 @@ class MainWindow(QMainWindow):
         right.setStretchFactor(1, 1)
         right.setSizes([640, 220])
         run_tab = QSplitter()
-        run_tab.addWidget(scroll)
+        run_tab.addWidget(left)
         run_tab.addWidget(right)
         run_tab.setStretchFactor(1, 1)
+        run_tab.setCollapsible(0, False)
+        self.run_tab = run_tab
 
         self.compare_view = CompareView()
         self.model_view = ModelView()
         self.history_view = HistoryView(self.history)
         self.history_view.open_requested.connect(self.show_record)
         self.history_view.compare_requested.connect(self.show_comparison)
+        self.history_view.problem.connect(self._say_problem)
         self.tabs = QTabWidget()
         self.tabs.addTab(run_tab, "Run")
         self.tabs.addTab(self.compare_view, "Compare")
@@ -148,6 +163,8 @@ class MainWindow(QMainWindow):
         self.config_panel.set_values(settings.load_config_dict())
         self._restore_geometry()
         self._update_buttons()
+        if self.history.notice:
+            self._say_problem(self.history.notice)
 
     # --- menus -------------------------------------------------------------------------
 
@@ -193,6 +210,14 @@ class MainWindow(QMainWindow):
         self.run_button.setEnabled(not running and self.config_panel.error() is None)
         self.stop_button.setEnabled(running)
 
+    def _run_clicked(self) -> None:
+        self.start_run()
+
+    def _say_problem(self, message: str) -> None:
+        """A problem the user must know about: in the status bar and the log."""
+        self.statusBar().showMessage(message)
+        self._log("warning", message)
+
     def start_run(self, config: RunConfig | None = None) -> bool:
         """Start a run of ``config`` (the form's when None); False if it cannot start."""
         if self.worker.is_running():
@@ -202,7 +227,7 @@ class MainWindow(QMainWindow):
             try:
                 config = self.config_panel.config()
             except ValueError as exc:
-                self._log("error", str(exc))
+                self._log("error", self.config_panel.error() or str(exc))
                 return False
             settings.save_config_dict(self.config_panel.saved_values())
         self.record = RunRecord(config=config.to_dict())
@@ -211,11 +236,13 @@ class MainWindow(QMainWindow):
         self.trial_table.reset(list(config.precisions), steps_per_trial)
         self.run_progress.setRange(0, steps_per_trial * len(config.precisions))
         self.run_progress.setValue(0)
+        self.run_progress.setFormat("run %p%")
         self._run_error = None
         self.log.clear()
         self.worker.start(config)
         self._update_buttons()
-        self.statusBar().showMessage("Running…")
+        self.statusBar().showMessage("Starting the run…")
+        self.setWindowTitle("AmpScope — new run")
         return True
 
     def stop_run(self) -> None:
@@ -228,6 +255,9 @@ class MainWindow(QMainWindow):
             return
         self.record.apply(event)
         if isinstance(event, StepSample):
+            if event.step == 0:
+                self.trial_table.set_status(event.precision, "running")
+                self.statusBar().showMessage(f"{event.precision}: training…")
             self.charts.add_step(event)
             self.trial_table.add_step(event)
             self._show_progress()
@@ -235,6 +265,7 @@ class MainWindow(QMainWindow):
             self.charts.add_monitor(event)
         elif isinstance(event, RunStarted):
             self.charts.begin(event.time_s)
+            self.setWindowTitle(f"AmpScope — run {event.run_id} (running)")
             self._log("info", f"run {event.run_id} started on "
                       f"{event.environment.get('device', {}).get('description', 'n/a')}")
         elif isinstance(event, TrialStarted):
@@ -242,7 +273,8 @@ class MainWindow(QMainWindow):
                 config = self.record.config
                 per = event.rounds * config.get("warmup", 0) + config.get("steps", 1)
                 self.run_progress.setRange(0, per * len(config.get("precisions", [])))
-            self.trial_table.set_status(event.precision, "running")
+            self.trial_table.set_status(event.precision, LOADING)
+            self.statusBar().showMessage(f"{event.precision}: {LOADING}")
             self.charts.mark_trial_start(event.precision, event.time_s)
         elif isinstance(event, TrialFinished):
             self._show_progress()
@@ -260,23 +292,44 @@ class MainWindow(QMainWindow):
             if event.precision:
                 self.trial_table.set_status(event.precision, "error", event.message)
         elif isinstance(event, RunFinished):
-            failed = [t for t in self.record.trials if t.status not in ("ok", "unsupported")]
-            summary = (f": {len(failed)} of {len(self.record.trials)} trials failed, see the "
-                       "reasons in the Trials table" if failed and event.status == "ok" else "")
-            self.statusBar().showMessage(f"Run finished: {event.status}{summary}")
+            self.statusBar().showMessage(self._outcome(self.record))
+
+    def _outcome(self, record: RunRecord) -> str:
+        """How the run ended, in words; the progress bar says it too."""
+        done = self.run_progress.value() * 100 // max(1, self.run_progress.maximum())
+        failed = [t for t in record.trials if t.status not in ("ok", "cancelled")]
+        if record.status == "cancelled":
+            self.run_progress.setFormat(f"cancelled at {done}%")
+            return f"Run cancelled at {done}%: the steps measured so far are kept"
+        if record.status == "error" and not record.trials:
+            self.run_progress.setFormat("failed")
+            return "Run failed: see the log"
+        total = len(record.config.get("precisions", [])) or len(record.trials)
+        if failed:
+            self.run_progress.setFormat(f"{len(failed)} of {total} failed")
+            return f"Run finished: {len(failed)} of {total} trials failed (see Trials)"
+        self.run_progress.setFormat("done")
+        return f"Run finished: all {total} trials ok"
 
     def _show_progress(self) -> None:
-        """Steps seen, a finished precision counting in full (interleaved rounds alternate)."""
+        """Steps seen, a finished precision counting in full (interleaved rounds alternate);
+        a stopped one counts the steps it ran, so Stop reads "cancelled at 44%", not 100%."""
         precisions = self.record.config.get("precisions", [])
         per = self.run_progress.maximum() // max(1, len(precisions))
-        self.run_progress.setValue(sum(
-            per if self.record.trial(p) is not None
-            else min(per, len(self.record.live_steps.get(p, ()))) for p in precisions))
+
+        def done(precision: str) -> int:
+            trial = self.record.trial(precision)
+            if trial is not None and trial.status != "cancelled":
+                return per
+            return min(per, len(self.record.steps(precision)))
+
+        self.run_progress.setValue(sum(done(p) for p in precisions))
 
     def _on_errored(self, message: str) -> None:
         if message != self._run_error:  # the engine may have said it already as an ErrorEvent
             self._log("error", message)
         self._run_error = message
+        self.run_progress.setFormat("failed")
         self.statusBar().showMessage(f"Run failed: {message.splitlines()[0]}")
 
     def _on_finished(self, _runner_record) -> None:
@@ -295,9 +348,24 @@ class MainWindow(QMainWindow):
         self.charts.finish()
         self._show_results(record)
         if record.run_id:
-            self.history.add(record)
-            self.history_view.refresh()
+            self.setWindowTitle(f"AmpScope — run {record.run_id}")
+            self._keep_in_history(record)
         self.record_shown.emit(record)
+
+    def _keep_in_history(self, record: RunRecord) -> None:
+        """Save a run; when the database refuses, say so and offer to export it instead."""
+        try:
+            self.history.add(record)
+        except HistoryError as exc:
+            message = (f"Run {record.run_id} was not saved to the history: {exc}. "
+                       "Export it (File > Export run as) to keep it.")
+            self._say_problem(message)
+            answer = QMessageBox.question(
+                self, "Run not saved", as_html(message + "\n\nExport it as a JSON report now?"))
+            if answer == QMessageBox.StandardButton.Yes:
+                self._ask_export_run("json")
+            return
+        self.history_view.refresh()
 
     # --- numerics lab --------------------------------------------------------------------
 
@@ -324,7 +392,7 @@ class MainWindow(QMainWindow):
         if record is not None and not self.worker.is_running() and record.run_id:
             # the run's report and history entry carry the lab from now on
             record.numerics = numerics
-            self.history.add(record)
+            self._keep_in_history(record)
             from engine.journal import append_numerics, journal_path
 
             if journal_path(record.run_id).is_file():
@@ -416,6 +484,8 @@ class MainWindow(QMainWindow):
         else:
             self.numerics_view.clear(f"Run {record.run_id} has no numerics: run the lab here.")
         self.setWindowTitle(f"AmpScope — run {record.run_id}")
+        self.run_progress.setValue(0)
+        self.run_progress.setFormat("run %p%")
         self.statusBar().showMessage(f"Showing run {record.run_id} ({record.status})")
         self.record_shown.emit(record)
 
@@ -432,8 +502,9 @@ class MainWindow(QMainWindow):
         try:
             record = read_run(path)
         except (OSError, ValueError) as exc:
-            self._log("error", f"could not open {path}: {exc}")
-            self.statusBar().showMessage(f"Could not open {path}: {exc}")
+            # the previous run stays on show; the message names the file and the fault
+            self._log("error", f"could not open the report: {exc}")
+            self.statusBar().showMessage(f"Could not open the report: {exc}")
             return False
         self.show_record(record)
         return True
@@ -503,14 +574,16 @@ class MainWindow(QMainWindow):
 
     # --- window state --------------------------------------------------------------------
 
+    def _default_size(self) -> None:
+        """1400x900, or the screen's free area when that is smaller (1366x768 laptops)."""
+        screen = self.screen().availableGeometry()
+        self.resize(min(1400, screen.width()), min(900, screen.height()))
+
     def _restore_geometry(self) -> None:
-        store = settings.open_settings()
-        geometry = store.value("window/geometry")
-        state = store.value("window/state")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
-        else:
-            self.resize(1400, 900)
+        # a damaged or foreign value is ignored: the window opens at its default size
+        geometry, state = settings.window_state()
+        if geometry is None or not self.restoreGeometry(geometry):
+            self._default_size()
         if state is not None:
             self.restoreState(state)
 

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 from engine.compare import format_bytes
 from engine.events import ModuleInfo, ParamInfo, TrialResult
 from engine.record import RunRecord
+from gui.plain_text import as_html, plain_label
 
 QUANTIZED_DTYPES = ("int8", "uint8")  # how bitsandbytes stores quantised weights
 QUANTIZED_BG = QColor("#E8DDF2")
@@ -33,6 +34,10 @@ SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 PARAM_HEADERS = ("Parameter", "dtype", "Shape", "Bytes", "Elements", "Trainable", "Module",
                  "Marks")
 MODULE_HEADERS = ("Module", "Type", "Parameters", "Bytes", "Marks")
+EMPTY_TEXT = ("No model yet. When a trial has loaded its model (Run tab), or when you open a "
+              "report (File > Open) or a past run (History), every parameter with its dtype "
+              "and the module tree with bytes appear here; quantised and tied weights are "
+              "marked.")
 
 
 def _item(text: str, sort_value=None) -> QStandardItem:
@@ -72,7 +77,8 @@ def _param_row(p: ParamInfo) -> list[QStandardItem]:
         font = QFont()
         font.setItalic(True)
         row[0].setFont(font)
-        row[0].setToolTip(f"shares its storage with {p.tied_to}: its bytes are counted once")
+        row[0].setToolTip(as_html(
+            f"shares its storage with {p.tied_to}: its bytes are counted once"))
     return row
 
 
@@ -90,7 +96,7 @@ def _module_row(m: ModuleInfo, tied: list[str]) -> list[QStandardItem]:
     if background is not None:
         for cell in row:
             cell.setBackground(QBrush(background))
-    row[0].setToolTip(m.name or "(model)")
+    row[0].setToolTip(as_html(m.name or "(model)"))
     return row
 
 
@@ -103,8 +109,7 @@ class ModelView(QWidget):
         self.filter = QLineEdit()
         self.filter.setPlaceholderText("Filter parameters (name, dtype, module…)")
         self.filter.setClearButtonEnabled(True)
-        self.summary = QLabel()
-        self.summary.setWordWrap(True)
+        self.summary = plain_label(EMPTY_TEXT)
 
         self.params = QStandardItemModel(0, len(PARAM_HEADERS), self)
         self.params.setHorizontalHeaderLabels(PARAM_HEADERS)
@@ -166,7 +171,7 @@ class ModelView(QWidget):
         self.params.removeRows(0, self.params.rowCount())
         self.modules.removeRows(0, self.modules.rowCount())
         if trial is None:
-            self.summary.setText("No trial with a model inventory yet: run or open a report.")
+            self.summary.setText(EMPTY_TEXT)
             return
         footprint = ("n/a" if trial.load_footprint_bytes is None
                      else format_bytes(trial.load_footprint_bytes))

@@ -30,12 +30,17 @@ from PySide6.QtWidgets import (
 
 from engine.config import PRECISIONS
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
+from gui.plain_text import as_html, plain_label
 
 FORMAT_HEADERS = ("Format", "Bits", "s/e/m", "Max", "Min normal", "Min > 0", "eps", "Digits",
                   "Note")
 DEMO_HEADERS = ("Expression", "dtype", "Result", "Exact", "Verdict", "Explanation")
 TRACE_HEADERS = ("Phase", "Op", "Count", "Inputs", "Outputs", "FLOPs", "Share", "Sensitive")
 BAD_VERDICTS = ("swallowed", "stalled", "inf", "nan", "drift", "overflow", "underflow")
+EMPTY_TEXT = ("No numerics yet. Pick a precision and press \"Run numerics lab\": it uses the "
+              "model, device, batch and sequence length of the Run tab and shows what each "
+              "number format can hold, live demonstrations, this model's gradient histogram "
+              "and the advice. A report opened with numerics shows them here too.")
 BAND_COLORS = {"fp16": "#E69F00", "bf16": "#009E73", "fp8_e4m3": "#777777",
                "fp8_e5m2": "#AAAAAA"}
 
@@ -71,7 +76,7 @@ def _fill(table: QTableWidget, rows: list[list[str]], tooltips: list[str] | None
         for c, text in enumerate(row):
             item = QTableWidgetItem(text)
             if tooltips and tooltips[r]:
-                item.setToolTip(tooltips[r])
+                item.setToolTip(as_html(tooltips[r]))
             table.setItem(r, c, item)
 
 
@@ -88,8 +93,7 @@ class NumericsView(QWidget):
                                    "with the model, device, batch and sequence of the Run tab")
         self.run_button.clicked.connect(
             lambda: self.run_requested.emit(self.precision.currentText()))
-        self.status = QLabel("No numerics yet: run the lab, or open a report that has them.")
-        self.status.setWordWrap(True)
+        self.status = plain_label(EMPTY_TEXT)
 
         self.formats = _table(FORMAT_HEADERS)
         self.demos = _table(DEMO_HEADERS)
@@ -97,13 +101,12 @@ class NumericsView(QWidget):
         self.demos.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
         self.demos.setColumnWidth(0, 230)
         self.trace = _table(TRACE_HEADERS)
-        self.trace_note = QLabel()
-        self.trace_note.setWordWrap(True)
+        self.trace_note = plain_label()
         self.advice = QTextBrowser()
         self.charts = pg.GraphicsLayoutWidget()
         self.histogram = self.charts.addPlot(row=0, col=0)
         self.histogram.setTitle("Gradients of one step (unscaled)", size="10pt")
-        self.histogram.setLabel("left", "values")
+        self.histogram.setLabel("left", "count")
         self.histogram.showGrid(x=True, y=True, alpha=0.25)
         self.bands = self.charts.addPlot(row=1, col=0)
         self.bands.setTitle("Representable range (dark: normal, light: subnormal)", size="10pt")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtGui import QColor
 
-from engine.colors import PRECISION_COLORS
+from engine.colors import color_of
 
 _UNKNOWN = "#444444"
 
@@ -14,6 +14,7 @@ MEMORY_CATEGORY_COLORS: dict[str, str] = {
     "parameters": "#1F4E79",
     "gradients": "#4A7FB0",
     "optimizer state": "#8FB8DE",
+    "weight copies": "#A8D5BA",
     "activations": "#D9B56C",
     "other": "#BBBBBB",
 }
@@ -21,4 +22,4 @@ MEMORY_CATEGORY_COLORS: dict[str, str] = {
 
 def precision_color(label: str) -> QColor:
     """Colour of a precision; ``run-id/precision`` labels (history comparisons) too."""
-    return QColor(PRECISION_COLORS.get(label.rsplit("/", 1)[-1], _UNKNOWN))
+    return QColor(color_of(label.rsplit("/", 1)[-1], _UNKNOWN))

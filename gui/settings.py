@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QByteArray, QSettings
 
 ORGANISATION = "AmpScope"
 APPLICATION = "AmpScope"
@@ -32,3 +32,10 @@ def load_config_dict() -> dict:
 
 def save_config_dict(data: dict) -> None:
     open_settings().setValue("config/last", json.dumps(data))
+
+
+def window_state() -> tuple[QByteArray | None, QByteArray | None]:
+    """Saved geometry and dock/toolbar state; None for a value missing or of the wrong type."""
+    store = open_settings()
+    values = (store.value("window/geometry"), store.value("window/state"))
+    return tuple(v if isinstance(v, QByteArray) and not v.isEmpty() else None for v in values)

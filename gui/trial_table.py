@@ -13,9 +13,11 @@ from PySide6.QtWidgets import QHeaderView, QProgressBar, QTableWidget, QTableWid
 from engine.compare import format_cell
 from engine.events import StepSample, TrialResult
 from gui.palette import precision_color
+from gui.plain_text import as_html
 
 HEADERS = ("Precision", "Status", "Progress", "Step time", "Throughput", "Reason")
-STATUS_COLORS = {"ok": "#1B7F3B", "running": "#0072B2", "queued": "#777777"}
+STATUS_COLORS = {"ok": "#1B7F3B", "running": "#0072B2", "queued": "#777777",
+                 "loading model…": "#0072B2"}
 PROBLEM_COLOR = "#C00000"
 
 
@@ -69,7 +71,7 @@ class TrialTable(QTableWidget):
         item.setForeground(QColor(STATUS_COLORS.get(status, PROBLEM_COLOR)))
         if reason is not None:
             self.item(row, 5).setText(reason)
-            self.item(row, 5).setToolTip(reason)
+            self.item(row, 5).setToolTip(as_html(reason))
 
     def add_step(self, s: StepSample) -> None:
         row = self._row(s.precision)

@@ -19,8 +19,8 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from engine.numerics.formats import float_format
-from engine.numerics.step import forward_loss, matmul_precision
-from engine.recipes import Recipe
+from engine.numerics.step import forward_loss
+from engine.recipes import Recipe, fp32_precision
 
 RANGE_FORMATS = {
     "fp16": torch.float16,
@@ -239,7 +239,7 @@ def gradient_stats(model: nn.Module, batch: dict, recipe: Recipe, loss_scale: fl
     device = torch.device(device)
     backward_scale = loss_scale if recipe.use_scaler else 1.0
     model.zero_grad(set_to_none=True)
-    with matmul_precision(recipe):
+    with fp32_precision(recipe):
         loss = forward_loss(model, batch, recipe, device)
         (loss * backward_scale).backward()
     overall = _Accumulator("all", bins_per_octave, loss_scale, device)
@@ -313,7 +313,7 @@ def activation_stats(model: nn.Module, batch: dict, recipe: Recipe, device: torc
 
     handles = [m.register_forward_hook(record) for m in model.modules() if m is not model]
     try:
-        with torch.no_grad(), matmul_precision(recipe):
+        with torch.no_grad(), fp32_precision(recipe):
             forward_loss(model, batch, recipe, device)
     finally:
         for h in handles:

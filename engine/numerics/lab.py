@@ -12,12 +12,13 @@ import math
 import torch
 
 from engine.config import RunConfig
+from engine.flops import blended_peak
 from engine.models import dims, load_model, make_batch
 from engine.numerics.advisor import advise
 from engine.numerics.demos import run_demos
 from engine.numerics.formats import format_table
 from engine.numerics.gradients import activation_stats, gradient_stats
-from engine.numerics.optrace import dtype_weighted_peak, trace_ops
+from engine.numerics.optrace import trace_ops
 from engine.peaks import PeakLookup, peak_flops, table
 from engine.recipes import recipe as get_recipe
 from engine.runner import preflight
@@ -58,20 +59,21 @@ def run_lab(model: str, precision: str, device: str = "auto", batch_size: int = 
         raise ValueError(f"{precision} cannot run on this device: {reason}")
     recipe = get_recipe(precision)
     dev = info.torch_device
-    torch.manual_seed(seed)
-    loaded = load_model(model, precision, dev, seed, trust_remote_code)
-    batch = make_batch(loaded, batch_size, seq_len, seed, dev)
-    net = loaded.model
-
-    grads = gradient_stats(net, batch, recipe, config.init_scale, dev)
-    activations = activation_stats(net, batch, recipe, dev)
-    trace = trace_ops(net, batch, recipe, dev)
+    with info.device_context():  # cuda:N must be the current device, not GPU 0
+        torch.manual_seed(seed)
+        loaded = load_model(model, precision, dev, seed, trust_remote_code)
+        batch = make_batch(loaded, batch_size, seq_len, seed, dev)
+        net = loaded.model
+        grads = gradient_stats(net, batch, recipe, config.init_scale, dev)
+        activations = activation_stats(net, batch, recipe, dev)
+        trace = trace_ops(net, batch, recipe, dev)
+        demos = [_asdict(d) for d in run_demos(dev)]
     device_name = info.name if info.kind == "cuda" else "cpu"
 
     def lookup(dtype_key: str) -> PeakLookup:
         if dtype_key not in table()["dtypes"]:
             return PeakLookup(None, None, f"the peak table has no column for {dtype_key}")
-        return peak_flops(device_name, dtype_key)
+        return peak_flops(device_name, dtype_key, info.sm_count, info.mig)
 
     capabilities = {
         "kind": info.kind,
@@ -93,11 +95,11 @@ def run_lab(model: str, precision: str, device: str = "auto", batch_size: int = 
         "capabilities": capabilities,
         "model_dims": model_dims,
         "formats": [_asdict(f) for f in format_table()],
-        "demos": [_asdict(d) for d in run_demos(dev)],
+        "demos": demos,
         "gradients": _asdict(grads),
         "activations": _asdict(activations),
         "op_trace": _asdict(trace),
-        "mfu_dtype_mix": _asdict(dtype_weighted_peak(trace, lookup)),
+        "mfu_dtype_mix": _asdict(blended_peak(trace.flops_by_peak_dtype, lookup)),
         "advice": _asdict(advise(capabilities, trials, grads, model_dims)),
     }
 

@@ -2,40 +2,26 @@
 
 A ``TorchDispatchMode`` sees every aten op below autocast and autograd, forward and
 backward, with the tensors it got and returned. FLOPs come from torch's own formula
-registry (the one ``FlopCounterMode`` uses) plus engine.flops' CPU attention formulas.
-From the FLOPs per compute dtype follows the peak a step can reach: the FLOP-weighted
-mix of each dtype's peak.
+registry (the one ``FlopCounterMode`` uses) plus engine.flops' CPU attention and
+bitsandbytes formulas. From the FLOPs per compute dtype follows the peak a step can reach
+(``engine.flops.blended_peak``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import flop_registry, shape_wrapper
 
-from engine.flops import CPU_ATTENTION_FLOPS
-from engine.numerics.step import forward_loss, matmul_precision
-from engine.recipes import Recipe
+from engine.flops import flop_formulas, peak_key
+from engine.numerics.step import forward_loss
+from engine.recipes import Recipe, fp32_precision
 
-# torch's formulas plus the CPU attention kernels engine.flops counts (as FlopCounterMode
-# does with a custom mapping)
-FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in CPU_ATTENTION_FLOPS.items()}}
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm")
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-# the dtype a GEMM ran in -> the column of the peak FLOP/s table
-PEAK_KEYS = {
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.float8_e4m3fn: "fp8",
-    torch.float8_e5m2: "fp8",
-    torch.int8: "int8",
-}
 # ops that mixed precision keeps in fp32 for accuracy; the trace shows what they returned
 # names of ops that do matrix math; one without a FLOP formula leaves FLOPs uncounted
 _HEAVY_WORDS = ("mm", "matmul", "linear", "attention", "conv")
@@ -103,6 +89,7 @@ class _Tracer(TorchDispatchMode):
         self.by_peak: dict[str, int] = {}
         self.flags: dict[tuple, GemmFlag] = {}
         self.uncounted: set[str] = set()
+        self.formulas = flop_formulas()  # the ones engine.flops' FlopCounterMode uses
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -112,13 +99,10 @@ class _Tracer(TorchDispatchMode):
         key = (name, self.phase, _dtypes((args, kwargs)), _dtypes(out))
         entry = self.stats.setdefault(key, {"count": 0, "flops": 0})
         entry["count"] += 1
-        if packet in FLOP_FORMULAS:
-            flops = int(FLOP_FORMULAS[packet](*args, **kwargs, out_val=out))
+        if packet in self.formulas:
+            flops = int(self.formulas[packet](*args, **kwargs, out_val=out))
             entry["flops"] += flops
-            compute = next(t.dtype for t in tree_leaves(args) if isinstance(t, torch.Tensor))
-            key = PEAK_KEYS.get(compute, str(compute))
-            if key == "fp32" and self.tf32:
-                key = "tf32"
+            key = peak_key(packet, args, self.tf32)
             self.by_peak[key] = self.by_peak.get(key, 0) + flops
         elif any(word in packet.__name__ for word in _HEAVY_WORDS):
             self.uncounted.add(name)
@@ -149,7 +133,7 @@ def trace_ops(model: nn.Module, batch: dict, recipe: Recipe,
     device = torch.device(device)
     tracer = _Tracer(tf32=recipe.tf32 and device.type == "cuda")
     model.zero_grad(set_to_none=True)
-    with matmul_precision(recipe), tracer:
+    with fp32_precision(recipe), tracer:
         loss = forward_loss(model, batch, recipe, device)
         tracer.phase = "backward"
         loss.backward()
@@ -171,36 +155,3 @@ def trace_ops(model: nn.Module, batch: dict, recipe: Recipe,
         flagged_gemms=tuple(tracer.flags.values()),
         uncounted_ops=tuple(sorted(tracer.uncounted)),
     )
-
-
-@dataclass(frozen=True)
-class MixedPeak:
-    flops_per_s: float | None
-    reason: str | None
-    parts: tuple[dict, ...]  # per dtype: dtype, flops, share, peak_flops_per_s, source
-
-
-def dtype_weighted_peak(trace: OpTrace, peak_lookup_fn: Callable[[str], object]) -> MixedPeak:
-    """The peak FLOP/s of this step's dtype mix: total FLOPs over the time at each peak.
-
-    ``peak_lookup_fn(dtype_key)`` returns an object with ``flops_per_s`` (None when
-    unknown), ``source`` and ``reason`` (engine.peaks.peak_flops bound to a device).
-    """
-    total = sum(trace.flops_by_peak_dtype.values())
-    if total == 0:
-        return MixedPeak(None, "the traced step ran no op with a FLOP formula", ())
-    parts, missing, seconds = [], [], 0.0
-    for dtype, flops in trace.flops_by_peak_dtype.items():
-        found = peak_lookup_fn(dtype)
-        peak = getattr(found, "flops_per_s", None)
-        parts.append({
-            "dtype": dtype, "flops": flops, "share": flops / total,
-            "peak_flops_per_s": peak, "source": getattr(found, "source", None),
-        })
-        if peak:
-            seconds += flops / peak
-        else:
-            missing.append(f"{dtype} ({getattr(found, 'reason', None) or 'no peak'})")
-    if missing:
-        return MixedPeak(None, "no peak FLOP/s for " + "; ".join(missing), tuple(parts))
-    return MixedPeak(total / seconds, None, tuple(parts))

@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 from torch import nn
 
 from engine.recipes import Recipe, autocast_for
-
-
-@contextmanager
-def matmul_precision(recipe: Recipe):
-    """TF32 matmuls for the tf32 recipe only, restored afterwards (the setting is global)."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if recipe.tf32 else "highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before)
 
 
 def forward_loss(model: nn.Module, batch: dict, recipe: Recipe,

@@ -17,7 +17,7 @@ import matplotlib as mpl
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from engine.colors import PRECISION_COLORS
+from engine.colors import color_of
 from engine.compare import baseline_reason, comparison_rows, format_cell, record_precisions
 from engine.record import RunRecord
 
@@ -38,6 +38,7 @@ _MEMORY_CATEGORIES = (
     ("params_bytes", "parameters", "#77AADD"),
     ("grads_bytes", "gradients", "#EE8866"),
     ("optimizer_bytes", "optimizer state", "#EEDD88"),
+    ("weight_copies_bytes", "weight copies", "#99DDFF"),
     ("activations_bytes", "activations", "#FFAABB"),
 )
 _OTHER_COLOR = "#DDDDDD"
@@ -52,7 +53,7 @@ class Chart:
 
 
 def _color(precision: str) -> str:
-    return PRECISION_COLORS.get(precision, "#444444")
+    return color_of(precision)
 
 
 def _styled(draw):
@@ -232,7 +233,7 @@ def memory_chart(record: RunRecord) -> Chart:
     if not trials:
         return Chart(title, None, "no trial measured its memory")
     tops = [
-        max(t.memory.peak_allocated_bytes or 0,
+        max(t.memory.total_bytes or 0,
             sum(getattr(t.memory, key) or 0 for key, _, _ in _MEMORY_CATEGORIES),
             t.predicted_memory.total_bytes if t.predicted_memory else 0)
         for t in trials
@@ -245,6 +246,8 @@ def memory_chart(record: RunRecord) -> Chart:
         m, bottom = t.memory, 0.0
         for key, name, color in _MEMORY_CATEGORIES:
             value = getattr(m, key)
+            if value is None and key == "weight_copies_bytes":  # a report from before them
+                continue
             if value is None:
                 why = m.activations_method or "not measured"
                 notes.append(f"{t.precision}: {name} n/a ({why})")
@@ -253,13 +256,14 @@ def memory_chart(record: RunRecord) -> Chart:
                    label=None if name in labelled else name, edgecolor="white", linewidth=0.5)
             labelled.add(name)
             bottom += value / scale
-        if m.peak_allocated_bytes is None:
+        if not m.total_bytes:
             no_peak.append(t.precision)
         elif m.activations_bytes is not None:  # else "other" would hide the activations
-            other = m.peak_allocated_bytes / scale - bottom
+            other = m.total_bytes / scale - bottom
             if other >= 0:
                 ax.bar(i, other, bottom=bottom, color=_OTHER_COLOR, width=0.55,
-                       label=None if "other" in labelled else "other (peak - categories)",
+                       label=None if "other" in labelled
+                       else "other at the peak (temporaries, buffers, batch)",
                        edgecolor="white", linewidth=0.5)
                 labelled.add("other")
             else:
@@ -277,7 +281,7 @@ def memory_chart(record: RunRecord) -> Chart:
     ax.grid(axis="x", visible=False)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if no_peak:
-        notes.append(f"'other' n/a for {', '.join(no_peak)}: no allocator peak was measured")
+        notes.append(f"'other' n/a for {', '.join(no_peak)}: no peak was measured")
     return Chart(title, _svg(fig), "; ".join(notes))
 
 
@@ -342,7 +346,9 @@ def monitor_chart(record: RunRecord) -> Chart:
                          color=_color(trial.precision), fontsize=8)
     axes[-1].set_xlabel("time since the run started (s); shaded: each precision's trial")
     source_text = "NVML (GPU)" if source == "nvml" else "psutil (host; no NVML on this machine)"
-    return Chart(title, _svg(fig), f"source: {source_text}")
+    device = record.environment.get("device")
+    power = device.get("power_method") if source == "nvml" and isinstance(device, dict) else None
+    return Chart(title, _svg(fig), f"source: {source_text}" + (f"; {power}" if power else ""))
 
 
 def report_charts(record: RunRecord) -> list[Chart]:

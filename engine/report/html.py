@@ -14,7 +14,7 @@ from pathlib import Path
 from string import Template
 
 from engine import spread
-from engine.colors import PRECISION_COLORS
+from engine.colors import color_of
 from engine.compare import (
     COLUMNS,
     NOISY_RULE,
@@ -23,6 +23,7 @@ from engine.compare import (
     format_bytes,
     format_cell,
     speed_verdict,
+    trained_text,
 )
 from engine.events import TrialResult
 from engine.record import SCHEMA_VERSION, RunRecord
@@ -61,7 +62,7 @@ def _number(value) -> str:
 
 
 def _swatch(precision: str) -> str:
-    color = PRECISION_COLORS.get(precision, "#444444")
+    color = color_of(precision)
     return f'<span class="swatch" style="background:{color}"></span>{_e(precision)}'
 
 
@@ -220,34 +221,52 @@ def _memory(trial: TrialResult) -> str:
     m, p = trial.memory, trial.predicted_memory
     if m is None and p is None:
         return '<p class="na">n/a: no memory was measured for this trial</p>'
+    # (label, measured field at the peak, predicted field, error category, phase whose start
+    # the error compares with: saved activations when backward begins, all gradients when
+    # the optimiser step begins)
     pairs = [
-        ("parameters", "params_bytes", "params_bytes", "params"),
-        ("fp32 master weights", None, "master_bytes", None),
-        ("gradients", "grads_bytes", "grads_bytes", "grads"),
-        ("optimizer state", "optimizer_bytes", "optimizer_bytes", "optimizer"),
-        ("activations", "activations_bytes", "activations_bytes", "activations"),
-        ("total", "total_bytes", "total_bytes", "total"),
+        ("parameters", "params_bytes", "params_bytes", "params", None),
+        ("buffers", "buffers_bytes", "buffers_bytes", "buffers", None),
+        ("quantisation state (absmax, SCB)", "quant_state_bytes", "quant_state_bytes",
+         "quant_state", None),
+        ("fp32 master weights", None, "master_bytes", None, None),
+        ("gradients", "grads_bytes", "grads_bytes", "grads", "optimizer"),
+        ("optimizer state", "optimizer_bytes", "optimizer_bytes", "optimizer", None),
+        ("autocast / dequantised weight copies", "weight_copies_bytes", "weight_copies_bytes",
+         "weight_copies", "backward"),
+        ("activations", "activations_bytes", "activations_bytes", "activations", "backward"),
+        ("temporaries", "temporaries_bytes", None, None, None),
+        ("input batch", "inputs_bytes", None, None, None),
+        ("peak (total)", "total_bytes", "total_bytes", "total", None),
     ]
+    start = (m.at_phase_start_bytes or {}) if m is not None else {}
+    names = {"grads": "grads", "weight_copies": "weight_copies", "activations": "activations"}
     rows = []
-    for label, mkey, pkey, category in pairs:
+    for label, mkey, pkey, category, phase in pairs:
         measured = getattr(m, mkey) if m is not None and mkey else None
-        predicted = getattr(p, pkey) if p is not None else None
-        rows.append([_e(label), _bytes(measured), _bytes(predicted), _error_pct(p, category)])
-    out = _table(["category", "measured", "predicted", "error (predicted - measured) / measured"],
-                 rows, {1, 2, 3})
+        predicted = getattr(p, pkey) if p is not None and pkey else None
+        then = start.get(phase, {}).get(names.get(category)) if phase else None
+        then_text = f"{_bytes(then)} at {phase} start" if then is not None else ""
+        rows.append([_e(label), _bytes(measured), then_text, _bytes(predicted),
+                     _error_pct(p, category)])
+    out = _table(["category", "measured at the peak", "measured then", "predicted",
+                  "error (predicted - measured) / measured"], rows, {1, 2, 3, 4})
     if m is not None:
         out += _kv([
             ("peak allocated", _bytes(m.peak_allocated_bytes)),
             ("peak reserved", _bytes(m.peak_reserved_bytes)),
             ("temporaries", _bytes(m.temporaries_bytes)),
-            ("NVML process memory", _bytes(m.nvml_process_bytes)),
-            ("CUDA context and other (NVML - reserved)", _bytes(m.context_gap_bytes)),
+            ("NVML process memory", f"{_bytes(m.nvml_process_bytes)} {_e(m.nvml_method)}"),
+            ("CUDA context and other (NVML - reserved, read together)",
+             _bytes(m.context_gap_bytes)),
+            ("peak reached in", _e(m.peak_phase) or NA),
             ("activations measured by", _e(m.activations_method) or NA),
             ("total measured by", _e(m.total_method) or NA),
             ("notes", _e(m.notes) or NA),
         ])
     if p is not None:
         out += _kv([
+            ("activations predicted by", _e(p.activations_method) or NA),
             ("prediction formula", _e(p.formula) or NA),
             ("bytes per parameter", render_value(p.bytes_per_param)),
         ])
@@ -263,10 +282,16 @@ def _flops(trial: TrialResult) -> str:
         if f.counted_per_step is not None and f.analytic_per_step
         else NA
     )
+    by_dtype = ", ".join(f"{k} {v:,}" for k, v in f.by_peak_dtype.items()) or NA
     out = _kv([
-        ("counted per step", f"{_number(f.counted_per_step)} ({_e(f.counted_method)})"),
-        ("analytic per step", f"{_number(f.analytic_per_step)} ({_e(f.analytic_formula)})"),
-        ("counted / analytic", ratio),
+        ("model FLOPs per step (MFU)",
+         f"{_number(f.analytic_per_step)} ({_e(f.model_convention or 'analytic')}: "
+         f"{_e(f.analytic_formula)})"),
+        ("hardware FLOPs per step (HFU)",
+         f"{_number(f.counted_per_step)} ({_e(f.hardware_convention or 'counted')}; "
+         f"{_e(f.counted_method)})"),
+        ("hardware / model", ratio),
+        ("hardware FLOPs by dtype", _e(by_dtype) if f.by_peak_dtype else NA),
     ])
     if f.by_op:
         rows = [[_e(op), _number(n)] for op, n in sorted(f.by_op.items(), key=lambda kv: -kv[1])]
@@ -285,17 +310,24 @@ def _summary(trial: TrialResult) -> str:
                f"({_e(s.peak_flops_source or 'source not recorded')})")
     else:
         mfu = f"{NA}: {_e(s.mfu_reason or 'no reason recorded')}"
+    hfu = (_e(format_cell("hfu", s.hfu)) if s.hfu is not None
+           else f"{NA}: {_e(s.mfu_reason or 'no reason recorded')}")
     return _kv([
         ("steps measured", _number(s.steps_measured)),
         ("median step time", _e(format_cell("median_step_ms", s.median_step_ms))),
         *_spread_rows(s),
         ("throughput", _e(format_cell("tokens_per_s", s.tokens_per_s))),
-        ("achieved TFLOP/s", _number(s.tflops)),
-        ("MFU", mfu),
+        ("achieved TFLOP/s, model FLOPs", _number(s.tflops)),
+        ("achieved TFLOP/s, hardware FLOPs", _number(s.hardware_tflops)),
+        ("MFU (model FLOPs, no recompute)", mfu),
+        ("HFU (hardware FLOPs, recompute included)", hfu),
         ("peak memory", f"{_bytes(s.peak_memory_bytes)} ({_e(s.peak_memory_method)})"),
         ("skipped steps", _number(s.skipped_steps)),
         ("final loss", _number(s.final_loss)),
         ("final loss scale", _number(s.final_loss_scale)),
+        ("GPU energy per step / per token",
+         f"{_number(s.energy_per_step_j)} J / {_number(s.energy_per_token_j)} J "
+         f"({_e(s.energy_method) or NA})"),
     ])
 
 
@@ -346,7 +378,7 @@ def _module_tree(trial: TrialResult) -> str:
 
 
 def _trial(trial: TrialResult) -> str:
-    color = PRECISION_COLORS.get(trial.precision, "#444444")
+    color = color_of(trial.precision)
     reason = f'<p class="note">{_e(trial.reason)}</p>' if trial.reason else ""
     parts = [
         f'<section class="trial" style="border-left-color:{color}">',
@@ -359,13 +391,20 @@ def _trial(trial: TrialResult) -> str:
         ("device", _e(trial.device) or NA),
         ("parameters", f"{_number(trial.param_count)} ({_number(trial.trainable_params)} "
                        "trainable)"),
+        ("trains", _e(trained_text(trial) or NA)),
+        ("LoRA configuration", render_value(trial.lora) if trial.lora else NA),
         ("load footprint", f"{_bytes(trial.load_footprint_bytes)} {_e(trial.footprint_note)}"),
+        ("quantisation state beside it",
+         _bytes(trial.memory.quant_state_bytes) if trial.memory else NA),
+        *([("notes", "<br>".join(_e(n) for n in trial.notes))] if trial.notes else []),
     ]))
     parts.append('<div class="grid2">')
     parts.append(f"<div><h4>Summary and MFU</h4>{_summary(trial)}</div>")
     parts.append(f"<div><h4>FLOPs per step</h4>{_flops(trial)}</div>")
     parts.append("</div>")
     parts.append(f"<h4>Memory: measured vs predicted</h4>{_memory(trial)}")
+    if trial.ranks:
+        parts.append(_ranks(trial))
     if trial.dtype_map:
         parts.append(_dtype_map(trial))
     if trial.module_tree:
@@ -374,6 +413,33 @@ def _trial(trial: TrialResult) -> str:
         parts.append(f"<h4>Numerics</h4>{render_value(trial.numerics)}")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _ranks(trial: TrialResult) -> str:
+    """Distributed trials: memory by category per rank, and bytes per collective."""
+    d = trial.distributed
+    rows = []
+    for r in trial.ranks:
+        m, p = r.memory, r.predicted_memory
+        cells = [_e(r.rank), _e(r.status)]
+        cells += [_bytes(getattr(m, f, None)) if m else NA for f in (
+            "sharded_params_bytes", "unsharded_params_bytes", "grads_bytes", "optimizer_bytes",
+            "activations_bytes", "comm_buffers_bytes", "total_bytes")]
+        err = r.memory_error_pct.get("total")
+        cells += [_bytes(p.total_bytes) if p else NA, NA if err is None else f"{err:+.1f}%",
+                  NA if r.median_step_ms is None else f"{r.median_step_ms:.1f}"]
+        rows.append(cells)
+    ranks = _table(["rank", "status", "params (shard)", "unsharded peak", "grads", "optimizer",
+                    "activations", "buckets", "total", "predicted", "error", "median step ms"],
+                   rows, numeric=set(range(2, 12)))
+    comm = _table(["collective", "dtype", "measured per step", "expected", "calls per step"],
+                  [[_e(c.collective), _e(c.dtype), _bytes(c.measured_bytes),
+                    _bytes(c.expected_bytes), f"{c.calls_per_step:g}"] for c in d.comm],
+                  numeric={2, 3, 4}) if d else ""
+    spread = NA if d is None or d.step_spread_pct is None else f"{d.step_spread_pct:.1f}%"
+    head = (f"<h4>Ranks ({_e(d.strategy)}, {d.world_size} ranks, {_e(d.backend)}; "
+            f"slowest rank {_e(d.slowest_rank)}, step spread {spread})</h4>") if d else ""
+    return f"{head}{ranks}<p class=\"note\">{_e(d.comm_method) if d else ''}</p>{comm}"
 
 
 def _log(record: RunRecord) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from engine.record import RunRecord
 from engine.report.atomic import atomic_write
+from engine.report.validate import validate_report
 
 
 def comparison_dict(record: RunRecord) -> dict:
@@ -51,19 +52,27 @@ def read_json(path: str | os.PathLike) -> RunRecord:
         raise ValueError(f"{path} is not a text file: pick an AmpScope .json report") from None
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    return parse_report(text, str(path))
+
+
+def parse_report(text: str, source: str) -> RunRecord:
+    """A report's JSON text as a record, after ``validate_report``; ``source`` names it."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(
-            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}): "
+            f"{source} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}): "
             "the file may be cut short or not an AmpScope report"
         ) from None
+    except RecursionError:
+        raise ValueError(f"{source} is nested too deeply to be an AmpScope report") from None
     try:
+        validate_report(data)
         return RunRecord.from_dict(data)
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        raise ValueError(f"{source}: {exc}") from None
     except (TypeError, KeyError, AttributeError) as exc:
         raise ValueError(
-            f"{path} looks like an AmpScope report but a field is damaged ({exc!r}): "
+            f"{source} looks like an AmpScope report but a field is damaged ({exc!r}): "
             "export it again"
         ) from None

@@ -2,8 +2,16 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from engine.models import conv1d_to_linear, load_model, make_batches, resolve_source
+from engine.models import (
+    SUPPORTED_LINE,
+    conv1d_to_linear,
+    dims,
+    load_model,
+    make_batches,
+    resolve_source,
+)
 from engine.presets import get_preset, param_count, presets
+from tests.engine.families import FAMILIES
 
 MIB = 2**20
 
@@ -27,11 +35,52 @@ def test_gpt2_load_footprint_matches_transformers(precision, mib):
 
 
 def test_int8_training_model_has_lora_adapters_only_trainable():
-    loaded = load_model("tiny", "int8", "cpu")
-    trainable = [n for n, p in loaded.model.named_parameters() if p.requires_grad]
+    loaded = load_model("tiny", "int8", "cpu", lora_r=4)
+    named = list(loaded.model.named_parameters())
+    trainable = [n for n, p in named if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     kinds = {type(m).__name__ for m in loaded.model.modules()}
     assert "Linear8bitLt" in kinds
+    # the whole LoRA configuration is recorded; peft's own count agrees with ours
+    lora = loaded.lora
+    assert (lora["r"], lora["alpha"], lora["dropout"]) == (4, 8, 0.0)
+    assert lora["target_modules"] == ["c_attn", "c_fc", "c_proj"]  # GPT-2's quantised layers
+    ours = sum(p.numel() for n, p in named if p.requires_grad)
+    assert lora["peft_trainable_params"] == ours
+    # tiny: 2 layers of c_attn 128->384, attn c_proj 128->128, c_fc 128->512, c_proj 512->128
+    assert ours == 2 * 4 * ((128 + 384) + (128 + 128) + (128 + 512) + (512 + 128))
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_encoder_decoders_load_both_stacks_and_train(tmp_path, family):
+    from transformers import AutoModelForSeq2SeqLM
+
+    config = FAMILIES[family]()
+    config.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), "fp32", "cpu")
+    assert loaded.task == "seq2seq-lm"
+    reference = AutoModelForSeq2SeqLM.from_config(config)  # not the decoder-only CausalLM
+    count = sum(p.numel() for p in loaded.model.parameters())
+    assert count == sum(p.numel() for p in reference.parameters())
+    d = dims(loaded.config)
+    assert (d["encoder_layers"], d["decoder_layers"], d["n_layers"]) == (2, 2, 4)
+    batch = make_batches(loaded.config, loaded.task, 2, 8, 1, 0, "cpu")[0]
+    assert batch["decoder_input_ids"].shape == (2, 8)
+    assert torch.equal(batch["decoder_input_ids"][:, 1:], batch["labels"][:, :-1])
+    loss = loaded.model(**batch).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_architecture_without_a_training_head_is_one_line(tmp_path):
+    from transformers import CLIPVisionConfig
+
+    CLIPVisionConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1).save_pretrained(
+        tmp_path)
+    with pytest.raises(ValueError) as info:
+        load_model(str(tmp_path), "fp32", "cpu")
+    message = str(info.value)
+    assert "\n" not in message and SUPPORTED_LINE in message and "clip_vision" in message
 
 
 def _tiny_gpt2():

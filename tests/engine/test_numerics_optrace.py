@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from engine.flops import count_flops
-from engine.numerics.optrace import OpTrace, dtype_weighted_peak, gemm_dims, trace_ops
+from engine.flops import blended_peak, count_flops
+from engine.numerics.optrace import OpTrace, gemm_dims, trace_ops
 from engine.peaks import PeakLookup
 from engine.recipes import recipe
 
@@ -44,8 +44,9 @@ def test_autocast_gemms_run_low_and_the_loss_stays_fp32(precision, dtype):
 def test_flops_match_flop_counter_mode():
     model, batch = _tiny()
     trace = trace_ops(model, batch, recipe("fp32"), CPU)
-    counted, _ = count_flops(lambda: model(**batch).loss.backward())
-    assert trace.total_flops == counted > 0
+    counted = count_flops(lambda: model(**batch).loss.backward())
+    assert trace.total_flops == counted.total > 0
+    assert trace.flops_by_peak_dtype == counted.by_peak_dtype
     assert sum(s.flops_share for s in trace.ops if s.flops) == pytest.approx(1.0)
 
 
@@ -64,23 +65,19 @@ def test_gemm_dims_leave_out_batch_and_bias():
     assert gemm_dims("baddbmm", (torch.empty(3, 5, 9), a, b)) == (5, 9, 7)
 
 
-def _trace(by_dtype: dict) -> OpTrace:
-    return OpTrace((), sum(by_dtype.values()), by_dtype, (), ())
-
-
-def test_dtype_weighted_peak_is_the_harmonic_mix():
+def test_blended_peak_is_the_harmonic_mix():
     peaks = {"fp16": 100e12, "fp32": 10e12}
-    mix = dtype_weighted_peak(_trace({"fp16": 3e12, "fp32": 1e12}),
-                              lambda d: PeakLookup(peaks[d], f"table {d}", None))
+    mix = blended_peak({"fp16": 3e12, "fp32": 1e12},
+                       lambda d: PeakLookup(peaks[d], f"table {d}", None))
     assert mix.flops_per_s == pytest.approx(4e12 / (3e12 / 100e12 + 1e12 / 10e12))
     assert mix.reason is None
     assert {p["dtype"]: p["share"] for p in mix.parts} == {"fp16": 0.75, "fp32": 0.25}
 
 
-def test_dtype_weighted_peak_is_none_when_a_dtype_has_no_peak():
+def test_blended_peak_is_none_when_a_dtype_has_no_peak():
     def lookup(d):
         return PeakLookup(1e12, "x", None) if d == "fp16" else PeakLookup(None, None, "no fp8")
 
-    mix = dtype_weighted_peak(_trace({"fp16": 1, "fp8": 1}), lookup)
+    mix = blended_peak({"fp16": 1, "fp8": 1}, lookup)
     assert mix.flops_per_s is None and "fp8" in mix.reason and "no fp8" in mix.reason
-    assert dtype_weighted_peak(_trace({}), lookup).flops_per_s is None
+    assert blended_peak({}, lookup).flops_per_s is None

@@ -22,6 +22,8 @@ NVIDIA_SMI_NAMES = [
     ("NVIDIA A10", "NVIDIA A10", "tf32", 62.5),
     ("NVIDIA L4", "NVIDIA L4", "fp8", 242.5),
     ("NVIDIA L40S", "NVIDIA L40S", "bf16", 362.05),
+    ("NVIDIA GH200 480GB", "NVIDIA GH200", "bf16", 989.4),
+    ("NVIDIA GH200 144G HBM3e", "NVIDIA GH200", "fp8", 1978.9),
 ]
 
 
@@ -34,7 +36,7 @@ def test_nvidia_smi_names_find_their_datasheet(device, entry, dtype, tflops):
     assert matches == [entry]  # no second pattern claims the same GPU
 
 
-@pytest.mark.parametrize("device", ["NVIDIA GeForce GTX 1080", "NVIDIA A10G", "NVIDIA GH200 480GB",
+@pytest.mark.parametrize("device", ["NVIDIA GeForce GTX 1080", "NVIDIA A10G",
                                     "NVIDIA GeForce RTX 4090 D", "NVIDIA B200"])
 def test_unknown_gpu_has_no_peak(device):
     lookup = peak_flops(device, "bf16")
@@ -75,3 +77,23 @@ def test_mfu_is_a_fraction_of_the_peak():
     assert mfu(494.7e12, lookup) == pytest.approx(0.5)
     assert mfu(None, lookup) is None
     assert mfu(1e12, peak_flops("Tesla T4", "bf16")) is None
+
+
+def test_a_mig_slice_gets_the_peak_scaled_by_its_share_of_the_sms():
+    # an A100 1g.10gb slice has 14 of the GPU's 108 SMs: 312 TFLOP/s x 14/108
+    lookup = peak_flops("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "bf16", sm_count=14, mig=True)
+    assert lookup.flops_per_s == pytest.approx(312e12 * 14 / 108)
+    assert "14/108 SMs" in lookup.source
+    # fewer SMs than the datasheet GPU is a slice even when the name does not say so
+    unnamed = peak_flops("NVIDIA H100 80GB HBM3", "fp8", sm_count=66)
+    assert unnamed.flops_per_s == pytest.approx(1978.9e12 / 2)
+
+
+def test_a_mig_slice_with_an_unknown_sm_count_has_no_peak():
+    lookup = peak_flops("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16", mig=True)
+    assert lookup.flops_per_s is None and "MIG" in lookup.reason
+
+
+def test_the_whole_gpu_keeps_its_datasheet_peak():
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16", sm_count=132).flops_per_s == (
+        pytest.approx(989.4e12))

@@ -56,7 +56,7 @@ def test_json_keeps_a_diverged_loss(record, tmp_path):
         ("{ not json", "not valid JSON"),
         ('{"hello": 1}', "not an AmpScope report"),
         ('{"schema_version": 99, "trials": []}', "newer"),
-        ('{"schema_version": 1, "trials": [{"status": "ok"}]}', "damaged"),
+        ('{"schema_version": 1, "trials": [{"status": "ok"}]}', r"trials\[0\]\.precision: missing"),
     ],
 )
 def test_read_json_errors_are_value_errors(tmp_path, content, message):

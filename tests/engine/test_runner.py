@@ -204,25 +204,3 @@ def test_host_out_of_memory_under_a_limit_is_oom_with_advice(tmp_path):
     assert status == "oom", run.stdout + run.stderr
     assert "out of host memory" in reason and "memory limit" in reason
 
-
-def test_auto_falling_back_to_the_cpu_says_why(monkeypatch):
-    """torch warns (once) when the driver is too old; the run's log must carry it."""
-    import warnings
-
-    import torch
-
-    from engine.quiet import quiet_libraries
-
-    quiet_libraries()  # the filter that used to hide the warning
-
-    def old_driver() -> bool:
-        warnings.warn("CUDA initialization: The NVIDIA driver on your system is too old "
-                      "(found version 11040).", UserWarning, stacklevel=2)
-        return False
-
-    monkeypatch.setattr(torch.cuda, "is_available", old_driver)
-    record = Runner(_config(precisions=("fp32",), steps=1, device="auto")).run()
-    (warning,) = [x.message for x in record.logs if x.level == "warning"]
-    assert "--device auto runs on the CPU" in warning and "driver on your system is too old" \
-        in warning
-    assert record.environment["device"]["fallback_reason"].startswith("CUDA initialization")

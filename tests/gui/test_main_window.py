@@ -9,8 +9,7 @@ from PySide6.QtGui import QGuiApplication
 from engine.config import RunConfig
 from engine.record import RunRecord
 from gui.main_window import MainWindow
-
-RUN_TIMEOUT_MS = 300_000  # generous: these wait for a real run, they do not time it
+from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form
 
 
 def _config(**changes) -> RunConfig:
@@ -28,6 +27,16 @@ def window(qtbot):
 
 
 def _run(qtbot, win: MainWindow, config: RunConfig) -> RunRecord:
+    """Configure the form through its widgets and click Run."""
+    fill_form(win, config)
+    with qtbot.waitSignal(win.record_shown, timeout=RUN_TIMEOUT_MS) as blocker:
+        click(win.run_button)
+    return blocker.args[0]
+
+
+def _run_config(qtbot, win: MainWindow, config: RunConfig) -> RunRecord:
+    """For configs the form refuses on purpose (a greyed precision, a model not in the
+    cache): what is checked is how the window reports the engine's answer."""
     with qtbot.waitSignal(win.record_shown, timeout=RUN_TIMEOUT_MS) as blocker:
         assert win.start_run(config)
     return blocker.args[0]
@@ -93,7 +102,7 @@ def test_run_fills_live_charts_comparison_model_and_history(qtbot, window):
 
 
 def test_forced_unsupported_precision_shows_its_reason_on_its_row(qtbot, window):
-    record = _run(qtbot, window, _config(precisions=("tf32",)))
+    record = _run_config(qtbot, window, _config(precisions=("tf32",)))
     reason = window.config_panel.device_info.unsupported_reason("tf32")
     assert record.trial("tf32").status == "unsupported"
     assert window.trial_table.cell_text("tf32", "Status") == "unsupported"
@@ -105,10 +114,11 @@ def test_forced_unsupported_precision_shows_its_reason_on_its_row(qtbot, window)
 
 def test_stop_mid_run_cancels_and_keeps_measured_steps(qtbot, window):
     config = _config(steps=100_000, warmup=0)
-    assert window.start_run(config)
+    fill_form(window, config)
+    click(window.run_button)
     qtbot.waitUntil(lambda: window.trial_table.progress("fp32") >= 2, timeout=RUN_TIMEOUT_MS)
     with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS) as blocker:
-        window.stop_run()
+        click(window.stop_button)
     record = blocker.args[0]
     assert record.status == "cancelled"
     fp32 = record.trial("fp32")
@@ -165,7 +175,7 @@ def test_copy_puts_the_table_on_the_clipboard_as_tsv(qtbot, window):
     window.compare_view.copy_table()
     text = QGuiApplication.clipboard().text()
     lines = text.strip().split("\n")
-    assert lines[0].split("\t")[:3] == ["Precision", "Status", "Step time"]
+    assert lines[0].split("\t")[:4] == ["Precision", "Status", "Trained params", "Step time"]
     assert lines[1].startswith("fp32\tok\t")
 
 
@@ -197,7 +207,7 @@ def test_settings_persist_between_windows(qtbot, tmp_path):
 
 
 def test_a_model_that_cannot_load_is_reported_once_and_the_window_stays_usable(qtbot, window):
-    record = _run(qtbot, window, _config(model="no-such-org/no-such-model"))
+    record = _run_config(qtbot, window, _config(model="no-such-org/no-such-model"))
     assert record.status == "error"
     log = window.log.toPlainText()
     assert log.count("no-such-org/no-such-model' is not a preset") == 1

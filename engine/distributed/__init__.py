@@ -1,0 +1,7 @@
+"""Distributed trials: DDP and FSDP2 through torchrun (DESIGN.md convention 17).
+
+AmpScope never starts ranks itself: ``launch`` hands a trial to
+``torch.distributed.run`` (its argument parser and ``elastic_launch``), whose agent
+starts ``rank_main`` once per rank. ``trial`` is the parent side that turns the ranks'
+event files into one ``TrialResult`` with a ``ranks`` list.
+"""

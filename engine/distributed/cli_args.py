@@ -1,0 +1,30 @@
+"""The ``profile`` options for distributed trials, kept here so engine/cli.py only calls in."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.config import STRATEGIES, TORCHRUN_FLAGS
+
+
+def add_distributed_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "distributed (torchrun)",
+        "each trial runs under torchrun: gloo on the CPU, NCCL on CUDA (one GPU per rank). "
+        "--batch-size is per rank. A precision may end in @bf16/@fp16/@fp32: the dtype "
+        "gradients are reduced in (e.g. fp32@bf16, bf16-amp@bf16)")
+    g.add_argument("--strategy", default="none", choices=STRATEGIES,
+                   help="none: one process (default); ddp; fsdp2 (fully_shard)")
+    g.add_argument("--nproc-per-node", type=int, default=1, help="ranks on this machine")
+    for flag in TORCHRUN_FLAGS:
+        g.add_argument(flag, dest="torchrun_" + flag[2:].replace("-", "_"), metavar="VALUE",
+                       help="passed to torchrun unchanged (multi-node)")
+
+
+def distributed_config(args: argparse.Namespace) -> dict:
+    """RunConfig keywords from the parsed options."""
+    passthrough = tuple(f"{flag}={getattr(args, 'torchrun_' + flag[2:].replace('-', '_'))}"
+                        for flag in TORCHRUN_FLAGS
+                        if getattr(args, "torchrun_" + flag[2:].replace("-", "_")) is not None)
+    return {"strategy": args.strategy, "nproc_per_node": args.nproc_per_node,
+            "torchrun_args": passthrough}

@@ -1,0 +1,362 @@
+"""One rank of a distributed trial, started by torchrun: ``-m engine.distributed.rank_main DIR``.
+
+It reads ``DIR/spec.json``, trains its slice of each global batch under DDP or FSDP2,
+and appends its events as JSON lines to ``DIR/rank<RANK>.jsonl`` as it goes (steps
+first, the rank's result last), so the parent sees progress and keeps what was
+measured if the trial ends early. A failure is written as a ``failed`` line and the
+rank exits 1, which makes torchrun's agent stop the other ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from engine.config import RunConfig
+from engine.device import nvml_handle_of
+from engine.distributed.comm import CommCounter, expected_bytes
+from engine.distributed.memory import errors_pct, predict_rank_memory
+from engine.distributed.recipes import DistRecipe, dist_recipe
+from engine.events import CommVolume, MonitorSample, RankMemory, StepSample, to_dict
+from engine.memory_model import predict_memory
+from engine.memory_model import shape_of as memory_shape
+from engine.models import dims, load_model, make_batches
+from engine.monitor import Monitor
+from engine.quiet import quiet_libraries
+from engine.recipes import set_fp32_precision
+from engine.trackers import AllocatorTracker, HostTracker, NvmlTracker, StepTimer
+from engine.trial import BATCH_POOL, adam_eps, make_optimizer
+
+
+class _Journal:
+    def __init__(self, path: Path):
+        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the rank's life
+
+    def write(self, kind: str, data: dict) -> None:
+        self._fh.write(json.dumps({"type": kind, **data}) + "\n")
+        self._fh.flush()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _bytes(tensors) -> int:
+    """Bytes of distinct tensors: a tied weight counts once, views into one flat
+    buffer (FSDP2's sharded gradients) count each."""
+    seen, total = set(), 0
+    for t in tensors:
+        t = _local(t)
+        key = (t.data_ptr(), t.numel(), t.dtype)
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The transformer layers: the longest ModuleList in the model."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    if not lists:
+        raise ValueError("no list of transformer blocks found to shard: FSDP2 needs one")
+    return max(lists, key=len)
+
+
+class _Activations:
+    """Saved-for-backward bytes (saved-tensor hooks), parameters (sharded or all-gathered)
+    excluded."""
+
+    def __init__(self):
+        self._seen: set[int] = set()
+        self.bytes = 0
+
+    def pack(self, tensor: torch.Tensor):
+        if isinstance(tensor, torch.nn.Parameter) or hasattr(tensor, "to_local"):
+            return tensor
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr and ptr not in self._seen:
+            self._seen.add(ptr)
+            self.bytes += storage.nbytes()
+        return tensor
+
+    @staticmethod
+    def unpack(tensor):
+        return tensor
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+class _Unsharded:
+    """Peak bytes of all-gathered (plain, non-DTensor) parameters seen at unit pre-forward."""
+
+    def __init__(self, model: torch.nn.Module, units: list[torch.nn.Module]):
+        self.model = model
+        self.peak = 0
+        for unit in units:  # registered after fully_shard: runs after FSDP2 has unsharded
+            unit.register_forward_pre_hook(self._sample)
+
+    def _sample(self, module, args) -> None:
+        plain = [p for p in self.model.parameters() if not hasattr(p, "to_local")]
+        self.peak = max(self.peak, _bytes(plain))
+
+
+def _wrap(model, rec: DistRecipe, device: torch.device):
+    """DDP or FSDP2 around ``model``; returns (wrapped, unit sizes, unsharded tracker)."""
+    if rec.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not None
+                                      else None)
+        if rec.hook:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = getattr(default_hooks, rec.hook)
+            if device.type == "cpu":
+                hook = _gloo_hook(hook)
+            ddp.register_comm_hook(None, hook)
+        return ddp, [], None
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(*rec.mp_policy) if rec.mp_policy else MixedPrecisionPolicy()
+    blocks = list(_blocks(model))
+    units = []
+    for block in blocks:
+        units.append((sum(p.numel() for p in block.parameters()), True))
+        fully_shard(block, mp_policy=policy)
+    root_own = sum(p.numel() for p in model.parameters()) - sum(n for n, _ in units)
+    fully_shard(model, mp_policy=policy)  # the root stays gathered from forward to backward
+    units.append((root_own, False))
+    return model, units, _Unsharded(model, [model, *blocks])
+
+
+def _gloo_hook(hook):
+    # DDP refuses hooks *named* bf16_compress_hook unless NCCL runs them; gloo reduces
+    # bf16 on the CPU, so the same hook is registered under another name there.
+    def compress_hook_on_gloo(state, bucket):  # no annotations: DDP checks them as objects
+        return hook(state, bucket)
+
+    return compress_hook_on_gloo
+
+
+def _scaler(rec: DistRecipe, device: torch.device, config: RunConfig):
+    if not rec.use_scaler:
+        return None
+    kwargs = dict(init_scale=config.init_scale, growth_interval=config.growth_interval)
+    if rec.strategy == "fsdp2":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device.type, **kwargs)
+    return torch.amp.GradScaler(device.type, **kwargs)
+
+
+def _autocast(rec: DistRecipe, device: torch.device):
+    from contextlib import nullcontext
+
+    if rec.autocast_dtype is None:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=rec.autocast_dtype)
+
+
+def _sync_off(model, rec: DistRecipe, last: bool):
+    """Gradients synchronise on the last micro-batch only."""
+    from contextlib import nullcontext
+
+    if rec.strategy == "ddp":
+        return nullcontext() if last else model.no_sync()
+    model.set_requires_gradient_sync(last)
+    return nullcontext()
+
+
+def run_rank(out_dir: Path) -> int:
+    spec = json.loads((out_dir / "spec.json").read_text(encoding="utf-8"))
+    config = RunConfig.from_dict(spec["config"])
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    journal = _Journal(out_dir / f"rank{rank}.jsonl")
+    journal.write("start", {"rank": rank, "local_rank": local_rank, "world_size": world,
+                            "host": socket.gethostname(), "pid": os.getpid()})
+    cuda = spec["device_kind"] == "cuda"
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        _train(config, dist_recipe(spec["precision"], config.strategy), device, rank, world,
+               journal)
+    except torch.OutOfMemoryError as exc:
+        journal.write("failed", {"status": "oom", "reason": f"rank {rank} ran out of GPU memory: "
+                                 f"{str(exc).splitlines()[0]}"})
+        return 1
+    except MemoryError:
+        journal.write("failed", {"status": "oom", "reason": f"rank {rank} ran out of host memory"})
+        return 1
+    except Exception as exc:
+        journal.write("failed", {"status": "error",
+                                 "reason": f"rank {rank}: {type(exc).__name__}: {exc}"})
+        return 1
+    dist.destroy_process_group()
+    return 0
+
+
+def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, world: int,
+           journal: _Journal) -> None:
+    base = rec.base
+    if device.type == "cuda":  # the rank's own process: set for good, through the new API only
+        set_fp32_precision(base)
+    torch.manual_seed(config.seed)
+    loaded = load_model(config.model, base, device, config.seed, config.trust_remote_code,
+                        config.lora_r, config.grad_checkpointing)
+    model = loaded.model
+    n_params = sum(p.numel() for p in model.parameters())
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
+    model, units, unsharded = _wrap(model, rec, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(config.optimizer, params, config.lr, adam_eps(base))
+    scaler = _scaler(rec, device, config)
+    # every rank draws the same global batches and takes its own rows of them, so the
+    # run trains on exactly what one process with batch x world would
+    total = config.warmup + config.steps
+    batches = [{k: v[rank * config.batch_size:(rank + 1) * config.batch_size].to(device)
+                for k, v in b.items()}
+               for b in make_batches(loaded.config, loaded.task, config.batch_size * world,
+                                     config.seq_len, min(BATCH_POOL, total * config.grad_accum),
+                                     config.seed, "cpu")]
+    tracker = NvmlTracker(nvml_handle_of(device.index)) if device.type == "cuda" else HostTracker()
+    samples: list[MonitorSample] = []
+    monitor = Monitor(tracker, samples.append, config.monitor_hz)
+    monitor.start()
+    counter, alloc, timer = CommCounter(), AllocatorTracker(device), StepTimer(device)
+    saved = _Activations()
+    grads_bytes = 0
+    steps: list[StepSample] = []
+    tokens = config.tokens_per_step  # this rank's
+    try:
+        for i in range(total):
+            warm = i < config.warmup
+            if i == config.warmup:
+                counter.bytes.clear()
+                counter.calls.clear()
+                alloc.start()
+            timer.start()
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(config.grad_accum):
+                batch = batches[(i * config.grad_accum + micro) % len(batches)]
+                last = micro == config.grad_accum - 1
+                hooks = saved.hooks() if (i == config.warmup and micro == 0) else _null()
+                with counter, _sync_off(model, rec, last), hooks, _autocast(rec, device):
+                    loss = model(**batch).loss / config.grad_accum
+                    (scaler.scale(loss) if scaler else loss).backward()
+                loss_sum += loss.detach().float()
+            if i == config.warmup:
+                grads_bytes = _bytes(p.grad for p in params if p.grad is not None)
+            scale = None
+            if scaler:
+                with counter:
+                    scaler.unscale_(optimizer)  # the sharded scaler all-reduces found-inf
+                scale = scaler._get_scale_async().clone()  # read after the step: no sync now
+            # not counted: ours; the norm only (clip_grad_norm_ would rewrite every gradient)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            with counter:
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            mark = timer.stop()
+            allocated, reserved = alloc.sample() if not warm else (None, None)
+            dist.all_reduce(loss_sum)  # the global batch's loss, as one process would see it
+            step_ms = timer.sample(mark)
+            after = float(scaler.get_scale()) if scaler else None
+            before = float(scale.item()) if scaler else None
+            sample = StepSample(
+                precision=rec.label, step=i, warmup=warm, loss=float(loss_sum.item()) / world,
+                step_ms=step_ms, tokens_per_s=tokens / (step_ms / 1e3) if step_ms > 0 else 0.0,
+                tflops=None, mfu=None, allocated_bytes=allocated, reserved_bytes=reserved,
+                loss_scale=after, skipped=bool(after is not None and after < before),
+                grad_norm=float(_local_norm(norm)), time_s=time.time())
+            steps.append(sample)
+            journal.write("step", to_dict(sample))
+    finally:
+        monitor.stop()
+    measured = max(1, config.steps)
+    memory = _measured_memory(model, optimizer, grads_bytes, saved.bytes, unsharded, rec, alloc,
+                              buffers)
+    activations = predict_memory(
+        base, config.optimizer, shape, config.batch_size, config.seq_len,
+        config.grad_checkpointing, device.type).activations_bytes
+    root = next((n for n, again in units if not again), 0)
+    largest = max((n for n, again in units if again), default=0)
+    predicted = predict_rank_memory(rec, config.optimizer, n_params, n_trainable, buffers, world,
+                                    root, largest, activations)
+    expected, formula = expected_bytes(rec, n_trainable, units, config.grad_accum)
+    comm = []
+    for key in sorted(set(counter.bytes) | set(expected)):
+        kind, dtype = key.split(":")
+        comm.append(CommVolume(kind, dtype, int(counter.bytes[key] / measured),
+                               expected.get(key), counter.calls[key] / measured))
+    timed = [s.step_ms for s in steps if not s.warmup]
+    median = statistics.median(timed) if timed else None
+    journal.write("result", {
+        "param_count": n_params, "trainable_params": n_trainable,
+        "memory": to_dict(memory), "predicted_memory": to_dict(predicted),
+        "memory_error_pct": errors_pct(predicted, memory),
+        "comm": [to_dict(c) for c in comm], "comm_formula": formula,
+        "monitor_samples": [to_dict(s) for s in samples],
+        "median_step_ms": median, "tokens_per_s": tokens / (median / 1e3) if median else None,
+    })
+
+
+def _null():
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+def _local_norm(norm: torch.Tensor) -> torch.Tensor:
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+def _measured_memory(model, optimizer, grads_bytes: int, activations: int, unsharded,
+                     rec: DistRecipe, alloc: AllocatorTracker, buffers: int) -> RankMemory:
+    params = _bytes(model.parameters()) + buffers
+    opt = _bytes(t for s in optimizer.state.values() for t in s.values()
+                 if isinstance(t, torch.Tensor))
+    buckets = None
+    if rec.strategy == "ddp":
+        sizes = model._get_ddp_logging_data().get("bucket_sizes", "")
+        buckets = sum(int(x) for x in str(sizes).split(",") if x.strip())
+    parts = dict(sharded_params_bytes=params,
+                 unsharded_params_bytes=unsharded.peak if unsharded else None,
+                 grads_bytes=grads_bytes, optimizer_bytes=opt, activations_bytes=activations,
+                 comm_buffers_bytes=buckets)
+    peak, _, _ = alloc.stop()
+    if peak is None:
+        return RankMemory(**parts, total_bytes=sum(v for v in parts.values() if v),
+                          total_method="sum of exact tensor bytes (no allocator peak on the CPU)",
+                          notes="parameters, gradients and optimizer state are this rank's local "
+                                "tensors (shards under FSDP2); unsharded is the peak of "
+                                "all-gathered parameters alive at a unit's forward")
+    return RankMemory(**parts, peak_allocated_bytes=peak, total_bytes=peak,
+                      total_method="torch.cuda.max_memory_allocated over the measured steps")
+
+
+def main() -> int:
+    quiet_libraries()
+    return run_rank(Path(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

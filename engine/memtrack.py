@@ -1,0 +1,270 @@
+"""Peak memory of a training step, measured the same way on any device.
+
+``MemoryWatcher`` is a ``TorchDispatchMode``: it sees every tensor an aten op returns,
+forward, backward (the autograd engine's threads inherit the mode) and in the optimiser,
+and keeps a weak reference to each new storage, whose callback fires when the storage is
+freed. Live bytes rise and fall with the real allocations, so the peak is a peak, not a
+sum of categories, and the storages alive at that moment give the categories at the peak.
+
+The categories: tensors that existed before the step (parameters, buffers, quantisation
+state, optimiser state, the input batch) by what holds them; new storages by who made
+them: a cast or dequantised copy of a weight (autocast's low-precision weight copies,
+bitsandbytes' dequantised weights) is a *weight copy*; one made inside a module's forward,
+including the forward that gradient checkpointing reruns in backward, is an *activation*;
+anything else (backward's intermediates, the optimiser's scratch) a *temporary*. A storage
+that becomes a ``.grad`` or optimiser state is relabelled when it does.
+
+What it cannot see: scratch memory a kernel allocates and frees inside one op (cuBLAS
+workspaces, attention's tiles) and the caching allocator's rounding beyond 512-byte
+blocks; on a GPU the allocator's own peak stands beside this figure for that reason.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
+
+CATEGORIES = ("params", "buffers", "quant_state", "optimizer", "inputs", "grads",
+              "weight_copies", "activations", "temporaries")
+_CUDA_BLOCK = 512  # the caching allocator's smallest block: a storage costs at least this
+_aten = torch.ops.aten
+_COPY_OPS = {_aten._to_copy.default, _aten.clone.default, _aten.to.dtype,
+             _aten.to.dtype_layout, _aten.to.device}
+_DEQUANT_OPS = ("dequantize_4bit", "dequantize_blockwise", "int8_vectorwise_dequant")
+
+
+def storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages behind a tensor; a wrapper subclass (torchao's float8) holds several."""
+    if is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()
+        return [s for n in names for s in storages(getattr(tensor, n))]
+    try:
+        return [tensor.untyped_storage()]
+    except (NotImplementedError, RuntimeError):  # sparse, or a subclass without storage
+        return []
+
+
+def unique_bytes(tensors: Iterable) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (shared ones, such as the 8-bit
+    optimiser's quantisation maps, once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            for st in storages(t):
+                seen[st.data_ptr() or id(st)] = st.nbytes()
+    return sum(seen.values())
+
+
+def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """bitsandbytes' quantisation state beside the packed weights: 4-bit absmax (and the
+    nested state's), the NF4 code book, int8's per-row scales (SCB)."""
+    found = []
+    for p in model.parameters():
+        qs = getattr(p, "quant_state", None)
+        if qs is not None:
+            found += [qs.absmax, qs.code]
+            if getattr(qs, "state2", None) is not None:
+                found += [qs.state2.absmax, qs.state2.code]
+            if getattr(qs, "offset", None) is not None:
+                found.append(qs.offset)
+        scb = getattr(p, "SCB", None)
+        if isinstance(scb, torch.Tensor):
+            found.append(scb)
+    return [t for t in found if isinstance(t, torch.Tensor)]
+
+
+def optimizer_tensors(optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in tree_leaves(state)
+            if isinstance(v, torch.Tensor)]
+
+
+class _Record:
+    __slots__ = ("nbytes", "category", "ref")
+
+    def __init__(self, nbytes: int, category: str):
+        self.nbytes, self.category, self.ref = nbytes, category, None
+
+
+@dataclass(frozen=True)
+class MeasuredPeak:
+    """The most bytes the step's tensors held at once, and who held them at that moment."""
+
+    peak_bytes: int
+    at_peak: dict = field(default_factory=dict)  # category -> bytes, summing to peak_bytes
+    phase: str = ""  # "forward", "backward" or "optimizer": when the peak happened
+    start_bytes: int = 0  # held before the step began (weights, state, batch)
+    # phase -> category -> bytes held when that phase first began: at "backward", what the
+    # forward saved for backward; at "optimizer", every gradient
+    at_phase_start: dict = field(default_factory=dict)
+
+
+class MemoryWatcher(TorchDispatchMode):
+    """Watch one step on ``device``. Use as a context; ``phase`` is set by the caller."""
+
+    def __init__(self, device: torch.device | str):
+        super().__init__()
+        self.device = torch.device(device)
+        self._phase = "forward"
+        self._at_phase: dict = {}
+        self._records: dict[int, _Record] = {}
+        self._lock = threading.RLock()
+        self._live = 0
+        self._peak = 0
+        self._peak_records: list[_Record] = []
+        self._peak_phase = ""
+        self._start = 0
+        self._depth = 0
+        self._hooks: list = []
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        if value != "forward" and value not in self._at_phase:
+            self._at_phase[value] = self.live()
+        self._phase = value
+
+    # --- what existed before the step ------------------------------------------
+
+    def track(self, tensors: Iterable, category: str) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._add(t, category)
+
+    def track_training(self, model: nn.Module, optimizer=None, batch: dict | None = None) -> None:
+        """Parameters, buffers, quantisation state, optimiser state and the batch, as held now."""
+        self.track(model.parameters(), "params")
+        self.track(model.buffers(), "buffers")
+        self.track(quant_state_tensors(model), "quant_state")
+        self.track((p.grad for p in model.parameters() if p.grad is not None), "grads")
+        if optimizer is not None:
+            self.track(optimizer_tensors(optimizer), "optimizer")
+        if batch:
+            self.track(batch.values(), "inputs")
+        for p in model.parameters():
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        self._start = self._live
+
+    def mark_optimizer_state(self, optimizer) -> None:
+        """Relabel storages the optimiser now holds as its state (the first step makes them)."""
+        self._relabel(optimizer_tensors(optimizer), "optimizer")
+
+    # --- bookkeeping -----------------------------------------------------------
+
+    def _on_device(self, t: torch.Tensor) -> bool:
+        dev = t.device
+        return dev.type == self.device.type and (
+            self.device.index is None or dev.index in (None, self.device.index))
+
+    def _add(self, tensor: torch.Tensor, category: str) -> None:
+        if not self._on_device(tensor):
+            return
+        for st in storages(tensor):
+            key = id(st)
+            nbytes = st.nbytes()
+            if key in self._records or nbytes == 0:
+                continue
+            if self.device.type == "cuda":
+                nbytes = -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
+            record = _Record(nbytes, category)
+            record.ref = weakref.ref(st, lambda _, k=key: self._free(k))
+            with self._lock:
+                self._records[key] = record
+                self._live += nbytes
+                if self._live > self._peak:
+                    self._peak = self._live
+                    self._peak_records = list(self._records.values())
+                    self._peak_phase = self.phase
+
+    def _free(self, key: int) -> None:
+        with self._lock:
+            record = self._records.pop(key, None)
+            if record is not None:
+                self._live -= record.nbytes
+
+    def _relabel(self, tensors: Iterable, category: str) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                for st in storages(t):
+                    record = self._records.get(id(st))
+                    if record is not None:
+                        record.category = category
+
+    def _grad_ready(self, param: torch.Tensor) -> None:
+        if param.grad is not None:
+            self._relabel([param.grad], "grads")
+
+    def _creator(self, func, args) -> str:
+        name = func.name() if hasattr(func, "name") else str(func)
+        cast = func in _COPY_OPS or (name.startswith("bitsandbytes::")
+                                     and name.split("::")[1].split(".")[0] in _DEQUANT_OPS)
+        if cast:
+            first = next((a for a in tree_leaves(args) if isinstance(a, torch.Tensor)), None)
+            if first is not None:
+                held = [self._records.get(id(st)) for st in storages(first)]
+                if any(r is not None and r.category in ("params", "quant_state") for r in held):
+                    return "weight_copies"
+        if self._depth > 0 or self.phase == "forward":
+            return "activations"
+        return "temporaries"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        category = self._creator(func, args)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._add(t, category)
+        return out
+
+    # --- module forward depth (checkpointing reruns forwards inside backward) -----
+
+    def _enter_forward(self, module, args):
+        self._depth += 1
+
+    def _leave_forward(self, module, args, output):
+        self._depth -= 1
+
+    def __enter__(self):
+        hooks = nn.modules.module
+        self._hooks.append(hooks.register_module_forward_pre_hook(self._enter_forward))
+        self._hooks.append(hooks.register_module_forward_hook(self._leave_forward,
+                                                              always_call=True))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        return super().__exit__(*exc)
+
+    def live(self) -> dict:
+        """Bytes held now, by category."""
+        with self._lock:
+            held = Counter()
+            for record in self._records.values():
+                held[record.category] += record.nbytes
+            return {c: held.get(c, 0) for c in CATEGORIES}
+
+    def result(self) -> MeasuredPeak:
+        with self._lock:
+            at_peak = Counter()
+            for record in self._peak_records:
+                at_peak[record.category] += record.nbytes
+            return MeasuredPeak(
+                peak_bytes=self._peak,
+                at_peak={c: at_peak.get(c, 0) for c in CATEGORIES},
+                phase=self._peak_phase,
+                start_bytes=self._start,
+                at_phase_start=dict(self._at_phase),
+            )

@@ -1,0 +1,166 @@
+"""Calibrate the per-layer activation model (engine.memory_model) against the tracker.
+
+For each architecture family, activation mode (fp32; half autocast; pure half) and attention
+implementation (eager; sdpa), builds tiny models of several shapes, runs one forward
+under engine.memtrack and records the bytes the forward saved for backward (the
+activations alive when backward begins). A least-squares fit over those shapes gives
+bytes per token for each piece of a layer (hidden, heads x head_dim, key/value width,
+MLP width, attention scores, per-head statistics) and of the outer model (embeddings,
+final norm, logits and loss). Layer and outer parts are told apart by running each
+shape at two depths.
+
+    python3 scripts/calibrate_activations.py   # a few minutes on 2 CPU cores
+
+writes resources/activation_calibration.json, with the torch and transformers versions it
+was measured with and the fit's worst residual per family.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.memory_model import LAYER_BASIS, OUTER_BASIS, basis_values  # noqa: E402
+from engine.memtrack import MemoryWatcher  # noqa: E402
+from engine.models import dims, make_batches, model_class, task_of  # noqa: E402
+
+OUT = ROOT / "resources" / "activation_calibration.json"
+FAMILIES = ("llama", "qwen2", "mistral", "bert", "gpt2", "opt", "gpt_neox", "t5", "bart")
+# mode -> (weight dtype, autocast dtype)
+MODES = {"fp32": (torch.float32, None), "amp": (torch.float32, torch.bfloat16),
+         "half": (torch.bfloat16, None)}
+ATTENTION = ("eager", "sdpa")
+
+
+def build(family: str, h: int, heads: int, head_dim: int, kv: int, f: int, layers: tuple,
+          vocab: int):
+    """A dropout-free config of ``family`` (``layers``: (encoder, decoder) or (n,))."""
+    import transformers as tf
+
+    n = layers[0]
+    common = dict(vocab_size=vocab, max_position_embeddings=256)
+    if family in ("llama", "qwen2", "mistral"):
+        cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}
+        kw = dict(hidden_size=h, intermediate_size=f, num_hidden_layers=n,
+                  num_attention_heads=heads, num_key_value_heads=kv, **common)
+        if family != "qwen2":
+            kw["head_dim"] = head_dim
+        return cls[family](**kw)
+    if family == "bert":
+        return tf.BertConfig(hidden_size=h, intermediate_size=f, num_hidden_layers=n,
+                             num_attention_heads=heads, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0, **common)
+    if family == "gpt2":
+        return tf.GPT2Config(n_embd=h, n_layer=n, n_head=heads, n_inner=f, vocab_size=vocab,
+                             n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    if family == "opt":
+        return tf.OPTConfig(hidden_size=h, ffn_dim=f, num_hidden_layers=n,
+                            num_attention_heads=heads, word_embed_proj_dim=h, dropout=0.0,
+                            attention_dropout=0.0, **common)
+    if family == "gpt_neox":
+        return tf.GPTNeoXConfig(hidden_size=h, intermediate_size=f, num_hidden_layers=n,
+                                num_attention_heads=heads, hidden_dropout=0.0,
+                                attention_dropout=0.0, **common)
+    if family == "t5":
+        return tf.T5Config(d_model=h, d_ff=f, num_layers=n, num_decoder_layers=layers[1],
+                           num_heads=heads, d_kv=head_dim, vocab_size=vocab, dropout_rate=0.0)
+    if family == "bart":
+        return tf.BartConfig(d_model=h, encoder_ffn_dim=f, decoder_ffn_dim=f, encoder_layers=n,
+                             decoder_layers=layers[1], encoder_attention_heads=heads,
+                             decoder_attention_heads=heads, dropout=0.0, attention_dropout=0.0,
+                             activation_dropout=0.0, **common)
+    raise ValueError(family)
+
+
+def saved_bytes(config, attention: str, mode: str, batch: int, seq: int) -> int:
+    weights, half = MODES[mode]
+    task = task_of(config)
+    torch.manual_seed(0)
+    model = model_class(task).from_config(config, attn_implementation=attention, dtype=weights)
+    model.train()
+    data = make_batches(config, task, batch, seq, 1, 0, "cpu")[0]
+    watcher = MemoryWatcher("cpu")
+    watcher.track_training(model, None, data)
+    with watcher, torch.autocast("cpu", dtype=half or torch.float32, enabled=half is not None):
+        # as a training step holds it: the loss (and through it what the graph saved);
+        # the model's other outputs, the logits among them, are dropped
+        loss = model(**data).loss
+        held = watcher.live()["activations"]
+    del loss
+    return held
+
+
+def shapes(family: str, rng: random.Random) -> list[dict]:
+    out = []
+    explicit = family in ("llama", "mistral", "t5")  # head_dim set apart from hidden / heads
+    for _ in range(14):
+        heads = rng.choice((2, 4, 8))
+        head_dim = rng.choice((8, 16, 32))
+        h = heads * rng.choice((8, 16, 32)) if explicit else heads * head_dim
+        kv = rng.choice([k for k in (1, 2, heads) if heads % k == 0]) \
+            if family in ("llama", "qwen2", "mistral") else heads
+        out.append(dict(h=h, heads=heads, head_dim=head_dim if explicit else h // heads, kv=kv,
+                        f=rng.choice((64, 128, 256, 384)), vocab=rng.choice((128, 512, 1024)),
+                        batch=rng.choice((1, 2, 3)), seq=rng.choice((16, 32, 64))))
+    return out
+
+
+def fit(family: str, mode: str, attention: str, rng: random.Random) -> dict:
+    enc_dec = family in ("t5", "bart")
+    depths = [(1, 1), (2, 1), (1, 2)] if enc_dec else [(1,), (2,)]
+    rows, targets = [], []
+    for shp in shapes(family, rng):
+        for layers in depths:
+            config = build(family, shp["h"], shp["heads"], shp["head_dim"], shp["kv"], shp["f"],
+                           layers, shp["vocab"])
+            d = dims(config)
+            tokens = shp["batch"] * shp["seq"]
+            x = basis_values(d, shp["seq"])
+            layer_cols = [v * n for n in layers for v in x["layer"]]
+            rows.append(layer_cols + x["outer"])
+            targets.append(saved_bytes(config, attention, mode, shp["batch"], shp["seq"])
+                           / tokens)
+    a, b = np.array(rows, dtype=float), np.array(targets)
+    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    worst = float(np.max(np.abs(a @ coef - b) / b))
+    k = len(LAYER_BASIS)
+    stacks = ("encoder_layer", "decoder_layer") if enc_dec else ("layer",)
+    result = {name: [round(float(c), 3) for c in coef[i * k:(i + 1) * k]]
+              for i, name in enumerate(stacks)}
+    result["outer"] = [round(float(c), 3) for c in coef[len(stacks) * k:]]
+    result["worst_residual"] = round(worst, 4)
+    return result
+
+
+def main() -> None:
+    import transformers
+
+    rng = random.Random(0)
+    torch.set_num_threads(1)
+    table = {}
+    for family in FAMILIES:
+        for mode in MODES:
+            for attention in ATTENTION:
+                table.setdefault(family, {}).setdefault(mode, {})[attention] = fit(
+                    family, mode, attention, rng)
+                print(family, mode, attention, table[family][mode][attention]["worst_residual"],
+                      flush=True)
+    OUT.write_text(json.dumps({
+        "_note": "bytes per token of the activations one forward saves for backward, per "
+                 "layer and outside the layers; written by scripts/calibrate_activations.py",
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "layer_basis": list(LAYER_BASIS), "outer_basis": list(OUTER_BASIS),
+        "families": table,
+    }, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

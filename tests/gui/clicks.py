@@ -1,0 +1,106 @@
+"""Driving the window as a person does: mouse clicks, typing, menu actions.
+
+Dialogs are answered by the tests (monkeypatched ``QFileDialog`` / ``QMessageBox``
+static calls); everything else goes through the widgets' own event handling.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import (
+    QAbstractButton,
+    QCheckBox,
+    QComboBox,
+    QListWidget,
+    QTreeWidget,
+    QWidget,
+)
+
+from engine.config import RunConfig
+
+RUN_TIMEOUT_MS = 300_000  # generous: these wait for a real run, they do not time it
+
+
+def click(widget: QAbstractButton) -> None:
+    assert widget.isVisible() and widget.isEnabled(), f"{widget.text()!r} cannot be clicked"
+    if isinstance(widget, QCheckBox):  # on its box: a stretched check box is blank on the right
+        middle = widget.height() // 2
+        QTest.mouseClick(widget, Qt.MouseButton.LeftButton, pos=QPoint(middle, middle))
+    else:
+        QTest.mouseClick(widget, Qt.MouseButton.LeftButton)
+
+
+def type_into(widget: QWidget, text: str) -> None:
+    """Select what the field holds and type ``text`` over it."""
+    widget.setFocus()
+    QTest.keyClick(widget, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
+    QTest.keyClicks(widget, text)
+
+
+def choose(combo: QComboBox, text: str) -> None:
+    """Pick the entry ``text`` with the keyboard: Home, then Down until it is reached."""
+    index = combo.findText(text)
+    assert index >= 0, f"{text!r} is not offered"
+    combo.setFocus()
+    QTest.keyClick(combo, Qt.Key.Key_Home)
+    for _ in range(index):
+        QTest.keyClick(combo, Qt.Key.Key_Down)
+    assert combo.currentText() == text, (combo.currentText(), text)
+
+
+def tick(items: QListWidget, name: str, checked: bool = True) -> None:
+    """Click a list entry, then press Space to toggle its check box when needed."""
+    (item,) = items.findItems(name, Qt.MatchFlag.MatchExactly)
+    items.scrollToItem(item)
+    QTest.mouseClick(items.viewport(), Qt.MouseButton.LeftButton,
+                     pos=items.visualItemRect(item).center())
+    if (item.checkState() == Qt.CheckState.Checked) != checked:
+        QTest.keyClick(items, Qt.Key.Key_Space)
+    assert (item.checkState() == Qt.CheckState.Checked) == checked, name
+
+
+def click_tree_item(tree: QTreeWidget, item, double: bool = False) -> None:
+    tree.scrollToItem(item)
+    rect = tree.visualItemRect(item)  # on its first characters: the row may be wider than the view
+    pos = QPoint(rect.left() + min(rect.width() // 2, 30), rect.center().y())
+    QTest.mouseClick(tree.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    if double:  # the press of a double click's second half, then the double click
+        QTest.mouseDClick(tree.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+
+
+def menu_action(window, *path: str):
+    """The action at ``path`` in the menu bar, e.g. ("File", "Export run as", "JSON report…");
+    matched without the ``&`` mnemonics."""
+    def plain(text: str) -> str:
+        return text.replace("&", "")
+
+    actions = window.menuBar().actions()
+    for depth, name in enumerate(path):
+        action = next((a for a in actions if plain(a.text()) == name), None)
+        assert action is not None, f"no menu entry {name!r} in {[a.text() for a in actions]}"
+        if depth == len(path) - 1:
+            return action
+        actions = action.menu().actions()
+    raise AssertionError(path)
+
+
+def fill_form(window, config: RunConfig) -> None:
+    """Configure a run in the form through its widgets (preset models only)."""
+    panel = window.config_panel
+    choose(panel.source, "Preset")
+    choose(panel.preset, config.model)
+    for name in ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", "int8", "nf4", "fp8"):
+        (item,) = panel.precisions.findItems(name, Qt.MatchFlag.MatchExactly)
+        if item.flags() & Qt.ItemFlag.ItemIsEnabled:
+            tick(panel.precisions, name, name in config.precisions)
+    type_into(panel.batch_size, str(config.batch_size))
+    type_into(panel.seq_len, str(config.seq_len))
+    type_into(panel.steps, str(config.steps))
+    type_into(panel.warmup, str(config.warmup))
+    choose(panel.device, config.device)
+    choose(panel.isolation, config.isolation)
+    made = panel.config()
+    for key in ("model", "precisions", "batch_size", "seq_len", "steps", "warmup", "device",
+                "isolation"):
+        assert getattr(made, key) == getattr(config, key), key
