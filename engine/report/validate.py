@@ -233,17 +233,18 @@ def _dataclass_checker(cls, numerics: bool, skip: frozenset = frozenset()):
 def _lab_fields() -> dict:
     """The keys of the numerics lab's dict and the dataclasses their values come from."""
     # imported only when a report carries numerics: these modules load torch
+    from engine.flops import BlendedPeak
     from engine.numerics.advisor import Advice
     from engine.numerics.demos import DemoResult
     from engine.numerics.formats import FormatInfo
     from engine.numerics.gradients import ActivationStats, GradientStats
-    from engine.numerics.optrace import MixedPeak, OpTrace
+    from engine.numerics.optrace import OpTrace
 
     return {"model": str, "precision": str, "device": str, "batch_size": int, "seq_len": int,
             "seed": int, "capabilities": dict, "model_dims": dict,
             "formats": list[FormatInfo], "demos": list[DemoResult],
             "gradients": GradientStats | None, "activations": ActivationStats | None,
-            "op_trace": OpTrace | None, "mfu_dtype_mix": MixedPeak | None,
+            "op_trace": OpTrace | None, "mfu_dtype_mix": BlendedPeak | None,
             "advice": Advice | None}
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import engine.trial as trial_mod
-from engine import nvml
+from engine import memtrack, nvml
 from engine.config import RunConfig
 from engine.device import DeviceInfo, probe
 from engine.models import load_model, make_batches
@@ -227,13 +227,16 @@ def test_memory_reads_nvml_and_reserved_at_the_same_moment(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(nvml, "process_memory", lambda h, pids, base: (9_500, "by pid"))
-    model = torch.nn.Linear(4, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    categories = ("params", "buffers", "quant_state", "grads", "optimizer", "inputs",
+                  "weight_copies", "activations", "temporaries")
+    measured = memtrack.MeasuredPeak(peak_bytes=7_000, at_peak=dict.fromkeys(categories, 0),
+                                     phase="backward")
     info = dataclasses.replace(CPU, kind="cuda", index=0)
-    mem = trial_mod._memory(model, opt, 80, 0, Alloc(), info, 0)
+    mem = trial_mod._memory(measured, Alloc(), info, False, 0)
     assert mem.context_gap_bytes == 9_500 - 8_000  # not 9_500 - the 12_000 peak reserved
     assert mem.reserved_at_nvml_read_bytes == 8_000 and mem.nvml_method == "by pid"
-    assert "over the 3 measured steps" in mem.total_method
+    assert mem.peak_allocated_bytes == 10_000 and mem.total_bytes == 7_000
+    assert "over the 3 measured steps" in mem.notes
 
 
 def test_energy_per_step_and_token_come_from_the_counter_delta(monkeypatch, fake_nvml):
