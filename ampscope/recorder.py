@@ -194,8 +194,8 @@ class Recorder:
         self._monitor = Monitor.for_device(self.device_info, self._emit, self._monitor_hz)
         self._monitor.start()
         # hardware FLOPs: everything torch runs up to the end of the first step
-        self._counter = flops_mod.FlopCounterMode(display=False,
-                                                  custom_mapping=flops_mod.CPU_ATTENTION_FLOPS)
+        tf32 = self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+        self._counter, self._by_dtype = flops_mod.counting_mode(tf32)
         self._counter.__enter__()
         self._timer.start()
         self._alloc.start()
@@ -265,7 +265,7 @@ class Recorder:
         if tokens is None:
             tokens = self._forward_tokens
         self._forward_tokens = []
-        allocated, reserved = self._alloc.sample()
+        allocated, reserved = self._alloc.sample(measured=self._index > 0)  # step 0: warm-up
         before, after = self._scales()
         if isinstance(loss, torch.Tensor):
             loss = loss.detach()
@@ -295,9 +295,7 @@ class Recorder:
     def _count_flops(self) -> None:
         counter, self._counter = self._counter, None
         counter.__exit__(None, None, None)
-        counted = int(counter.get_total_flops())
-        by_op = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
-        self._counted = (counted, by_op)
+        self._counted = flops_mod.counted(counter, self._by_dtype)
 
     def _model_flops(self, tokens: int | None, seq_len: int | None) -> tuple[int | None, str]:
         if self._dims is None:
@@ -305,9 +303,9 @@ class Recorder:
         if not tokens or not seq_len:
             return None, "no training forward with input ids or an attention mask was seen"
         total, trainable = self._matmul
-        return flops_mod.analytic_flops(
-            n_layers=self._dims["n_layers"], hidden=self._dims["hidden"], seq_len=seq_len,
-            tokens=tokens, matmul_params=total, trainable_matmul_params=trainable)
+        return flops_mod.model_flops(
+            tokens=tokens, matmul_params=total, trainable_matmul_params=trainable,
+            attention=flops_mod.attention_stacks(self._dims, seq_len))
 
     def flush(self, keep: int = 0) -> None:
         """Write the recorded steps, all but the last ``keep``."""
@@ -330,14 +328,17 @@ class Recorder:
                          for t in tokens) if tokens else None
         model_flops, formula = self._model_flops(tokens, p.seq_len)
         if self._flops is None:
-            counted, by_op = self._counted
+            counted = self._counted
             self._flops = FlopsInfo(
-                counted_per_step=counted or None,
+                counted_per_step=counted.total or None,
                 counted_method=("torch.utils.flop_counter.FlopCounterMode over the first "
                                 "optimiser step of the user's run (hardware FLOPs)"),
                 analytic_per_step=model_flops,
                 analytic_formula=formula if model_flops else f"n/a: {formula}",
-                by_op=by_op,
+                by_op=counted.by_op,
+                by_peak_dtype=counted.by_peak_dtype,
+                model_convention=flops_mod.MODEL_FLOPS_CONVENTION,
+                hardware_convention=flops_mod.HARDWARE_FLOPS_CONVENTION,
             )
         seconds = step_ms / 1e3
         tflops = model_flops / seconds / 1e12 if model_flops and seconds > 0 else None
@@ -441,7 +442,7 @@ class Recorder:
         if self._monitor is not None:
             self._monitor.stop()
         if not hasattr(self, "_counted"):
-            self._counted = (0, {})
+            self._counted = flops_mod.Counted(0)
         try:
             self.flush()
         finally:
@@ -494,7 +495,7 @@ class Recorder:
         opt = (sum(_tensor_bytes(s) for s in self.optimizer.state.values())
                if self.optimizer is not None else 0)
         known = params_bytes + grads + opt
-        peak_alloc, peak_res = self._alloc.stop()
+        peak_alloc, peak_res, covers = self._alloc.stop()
         common = dict(
             params_bytes=params_bytes, grads_bytes=grads, optimizer_bytes=opt,
             activations_bytes=None,
@@ -510,7 +511,7 @@ class Recorder:
         return MemoryBreakdown(
             **common, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_res,
             temporaries_bytes=None, total_bytes=peak_alloc,
-            total_method="torch.cuda.max_memory_allocated over the recorded steps")
+            total_method=f"torch.cuda.max_memory_allocated {covers}")
 
     def _summary(self) -> TrialSummary:
         measured = [s for s in self.steps if not s.warmup]
