@@ -1,19 +1,11 @@
-"""AmpScope: with no arguments opens the window; subcommands run headless."""
+"""AmpScope: with no arguments opens the window; subcommands run headless.
 
-import multiprocessing
-import sys
+Installed with pip, the ``ampscope`` command does the same (ampscope/cli.py).
+"""
 
+from ampscope.cli import main, run
 
-def main(argv: list[str]) -> int:
-    if not argv:
-        from gui.app import main as gui_main
-
-        return gui_main()
-    from engine.cli import main as cli_main
-
-    return cli_main(argv)
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
-    multiprocessing.freeze_support()  # trials run in child processes, also when bundled
-    sys.exit(main(sys.argv[1:]))
+    run()

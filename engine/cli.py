@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("source", help="a run journal (runs/<run id>.jsonl in the data folder) "
                                     "or a JSON report")
     rep.add_argument("--out", required=True, help="report file: .json, .csv or .html")
+
+    wat = sub.add_parser("watch", help="follow a run journal live in the terminal (Ctrl-C ends)")
+    wat.add_argument("journal", help="a run journal (runs/<run id>.jsonl), local or mounted")
+    wat.add_argument("--interval", type=float, default=0.5, help="seconds between reads")
     return parser
 
 
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
-                   "numerics": _numerics, "report": _report, "fit": _fit}[args.command]
+                   "numerics": _numerics, "report": _report, "fit": _fit,
+                   "watch": _watch}[args.command]
         return handler(args)
     except ValueError as exc:
         _say(f"ampscope: error: {exc}", err=True)
@@ -578,3 +583,17 @@ def _fit(args) -> int:
     else:
         print(format_fit(budget, results))
     return 0
+# --- watch -------------------------------------------------------------------------
+
+
+def _watch(args) -> int:
+    """A live view of a journal; Ctrl-C ends the view, never the run it watches."""
+    from engine.watch import watch
+
+    if not args.interval > 0:
+        raise ValueError(f"--interval must be above 0 seconds (got {args.interval})")
+    try:
+        return watch(args.journal, _say, args.interval)
+    except KeyboardInterrupt:
+        _say("ampscope: stopped watching (the run itself goes on)", err=True)
+        return 0

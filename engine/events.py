@@ -98,6 +98,8 @@ class StepSample:
     time_s: float
     round: int = 0  # which round of an interleaved run measured it (engine/rounds.py)
     hfu: float | None = None  # hardware FLOPs (counted, recompute included) / time / peak
+    tokens: int | None = None  # tokens this step trained on (user runs: padding excluded)
+    learning_rate: float | None = None  # user runs: the optimiser's lr at this step
 
 
 @dataclass(frozen=True)
@@ -453,6 +455,9 @@ class TrialResult:
     gpm: GpmMetrics | None = None
     ranks: list[RankResult] = field(default_factory=list)  # distributed trials only
     distributed: DistributedSummary | None = None
+    # "profile" (AmpScope trained it), or a user's own training recorded through the
+    # public API: "user-loop" (ampscope.Recorder), "user-trainer" (ampscope.AmpScopeCallback)
+    source: str = "profile"
 
 
 @dataclass(frozen=True)

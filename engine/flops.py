@@ -144,10 +144,19 @@ class Counted:
 
 
 def count_flops(fn: Callable[[], None], tf32: bool = False) -> Counted:
-    """Run ``fn`` (one forward + backward) under FlopCounterMode; hardware FLOPs.
+    """Run ``fn`` (one forward + backward) under FlopCounterMode; hardware FLOPs."""
+    counter, by_dtype = counting_mode(tf32)
+    with counter:
+        fn()
+    return counted(counter, by_dtype)
+
+
+def counting_mode(tf32: bool = False) -> tuple[FlopCounterMode, Counter]:
+    """A FlopCounterMode and the per-dtype tally its formulas fill (``counted`` reads both).
 
     Every formula is wrapped to also note the dtype its op ran in, so the per-dtype split
     adds up to FlopCounterMode's own total. ``tf32`` files fp32 matmuls under "tf32".
+    ampscope.Recorder enters it around a user's first step, which no function wraps.
     """
     by_dtype: Counter = Counter()
 
@@ -161,9 +170,10 @@ def count_flops(fn: Callable[[], None], tf32: bool = False) -> Counted:
         return count
 
     mapping = {op: attributed(op, f) for op, f in flop_formulas().items()}
-    counter = FlopCounterMode(display=False, custom_mapping=mapping)
-    with counter:
-        fn()
+    return FlopCounterMode(display=False, custom_mapping=mapping), by_dtype
+
+
+def counted(counter: FlopCounterMode, by_dtype: Counter) -> Counted:
     by_op = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
     return Counted(int(counter.get_total_flops()), by_op,
                    {k: v for k, v in sorted(by_dtype.items()) if v})

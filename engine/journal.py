@@ -311,6 +311,7 @@ def _mark_interrupted(record: RunRecord, started: list[str]) -> None:
             steps=list(steps),
             summary=summary_from_steps(steps, tokens),
             finished_s=last,
+            source=record.config.get("source", "profile"),  # a user's run says so in its config
         ))
 
 

@@ -13,9 +13,10 @@ import json
 import re
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
-TABLE = Path(__file__).resolve().parent.parent / "resources" / "peak_flops.json"
+from engine.resources import RESOURCES
+
+TABLE = RESOURCES / "peak_flops.json"
 _TABLE_NAME = "resources/peak_flops.json"
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
-RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+from engine.resources import RESOURCES
 
 
 @dataclass(frozen=True)

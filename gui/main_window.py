@@ -48,6 +48,7 @@ from gui.device_status import DeviceStatus
 from gui.fit_view import FitView
 from gui.history import HistoryError, HistoryStore
 from gui.history_view import HistoryView
+from gui.journal_watcher import JournalWatcher
 from gui.kernel_view import KernelView
 from gui.live_charts import CHARTS, LiveCharts
 from gui.model_view import ModelView
@@ -84,6 +85,10 @@ class MainWindow(QMainWindow):
         self.report_loader.progress.connect(self._on_open_progress)
         self.report_loader.loaded.connect(self._on_report_loaded)
         self.report_loader.failed.connect(self._on_open_failed)
+        self.watcher = JournalWatcher(self)  # File > Watch run: a journal another process writes
+        self.watcher.event.connect(self._on_watch_event)
+        self.watcher.errored.connect(self._on_watch_errored)
+        self.watcher.finished.connect(self._on_watch_finished)
 
         self.config_panel = ConfigPanel()
         self.run_button = QPushButton("Run")
@@ -185,6 +190,12 @@ class MainWindow(QMainWindow):
         open_action.setShortcut(QKeySequence.StandardKey.Open)
         open_action.triggered.connect(self._ask_open_report)
         file_menu.addAction(open_action)
+        watch_action = QAction("&Watch run…", self)
+        watch_action.setStatusTip("Follow a run journal live (a run recorded with the "
+                                  "ampscope module, or any AmpScope run)")
+        watch_action.triggered.connect(self._ask_watch_run)
+        file_menu.addAction(watch_action)
+        self.watch_action = watch_action
         export_menu = file_menu.addMenu("&Export run as")
         for kind, label in REPORT_FILTERS.items():
             action = QAction(label.split(" (")[0] + "…", self)
@@ -234,6 +245,7 @@ class MainWindow(QMainWindow):
         """Start a run of ``config`` (the form's when None); False if it cannot start."""
         if self.worker.is_running() or self.lab_worker.is_running():
             return False
+        self.watcher.stop()
         if config is None:
             try:
                 config = self.config_panel.config()
@@ -445,6 +457,58 @@ class MainWindow(QMainWindow):
         where = f"[{precision}] " if precision else ""
         self.log.appendPlainText(f"{level.upper():7} {where}{message}")
 
+    # --- watching a journal ------------------------------------------------------------
+
+    def watch_run(self, path: str | Path) -> bool:
+        """Follow a run journal as it grows, with the live views of a run started here."""
+        if self.worker.is_running():
+            self.statusBar().showMessage("Stop the current run before watching another one.")
+            return False
+        try:
+            self.watcher.start(path)
+        except ValueError as exc:
+            self._log("error", f"could not watch {path}: {exc}")
+            self.statusBar().showMessage(f"Could not watch {path}: {exc}")
+            return False
+        self.record = RunRecord()
+        self.charts.clear()
+        self.trial_table.reset([], 1)
+        self.log.clear()
+        self._latest_steps.clear()
+        self._progress_timer.start()  # the trial table follows at the redraw rate
+        self.tabs.setCurrentIndex(0)
+        self.statusBar().showMessage(f"Watching {self.watcher.path}…")
+        return True
+
+    def _on_watch_event(self, generation: int, event) -> None:
+        if self.record is None or generation != self.watcher.generation:
+            return  # queued by a watch that has been stopped since
+        if isinstance(event, RunStarted):
+            config = event.config
+            steps = config.get("warmup", 0) + config.get("steps", 0)
+            self.trial_table.reset(list(config.get("precisions", [])), steps)
+            self.run_progress.setRange(0, max(1, steps * len(config.get("precisions", []))))
+            self.run_progress.setValue(0)
+            self.setWindowTitle(f"AmpScope — watching run {event.run_id}")
+        self._on_event(event)
+
+    def _on_watch_errored(self, message: str) -> None:
+        self._progress_timer.stop()
+        self._log("error", f"stopped watching: {message}")
+        self.statusBar().showMessage(f"Stopped watching: {message}")
+
+    def _on_watch_finished(self, generation: int) -> None:
+        record = self.record
+        if record is None or not record.run_id or generation != self.watcher.generation:
+            return
+        self._progress_timer.stop()
+        self._show_progress()
+        self.charts.finish()
+        self._show_results(record)
+        if record.finished_s is not None:
+            self._keep_in_history(record)
+        self.record_shown.emit(record)
+
     # --- showing records -----------------------------------------------------------------
 
     def _show_results(self, record: RunRecord, only_shown: bool = False) -> None:
@@ -469,6 +533,7 @@ class MainWindow(QMainWindow):
         if self.worker.is_running():
             self.statusBar().showMessage("Stop the current run before opening another one.")
             return
+        self.watcher.stop()
         self.record = record
         config = record.config
         precisions = record_precisions(record)
@@ -575,6 +640,14 @@ class MainWindow(QMainWindow):
         if path:
             self.open_report(path)
 
+    def _ask_watch_run(self) -> None:
+        from engine.journal import runs_dir
+
+        path, _ = QFileDialog.getOpenFileName(self, "Watch run", str(runs_dir()),
+                                              "Run journals (*.jsonl);;All files (*)")
+        if path:
+            self.watch_run(path)
+
     def _ask_export_run(self, kind: str) -> None:
         name = f"ampscope-{self.record.run_id if self.record else 'run'}.{kind}"
         path, _ = QFileDialog.getSaveFileName(self, "Export run", name, REPORT_FILTERS[kind])
@@ -610,6 +683,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:
         # a run in progress is stopped and its thread joined: nothing outlives the window
+        self.watcher.stop()
         if self.worker.is_running():
             self.worker.abort()  # a trial still loading its model must not hold the window
             self.worker.join()

@@ -30,6 +30,8 @@ STEP_COLUMNS = (
     "skipped",
     "grad_norm",
     "round",
+    "tokens",
+    "learning_rate",
 )
 
 

@@ -29,8 +29,9 @@ from engine.events import TrialResult
 from engine.record import SCHEMA_VERSION, RunRecord
 from engine.report.atomic import atomic_write
 from engine.report.charts import Chart, report_charts
+from engine.resources import RESOURCES
 
-TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "resources" / "report_template.html"
+TEMPLATE_PATH = RESOURCES / "report_template.html"
 NA = '<span class="na">n/a</span>'
 
 

@@ -1,0 +1,165 @@
+"""``AmpScopeCallback``: the Recorder inside a ``transformers.Trainer``.
+
+    trainer = Trainer(..., callbacks=[ampscope.AmpScopeCallback(out="run.html")])
+
+How each figure reaches a callback that never sees a batch or a loss:
+- tokens and the batch's sequence length: the Recorder's forward pre-hook on the model
+  reads each training forward's ``attention_mask`` (padding excluded);
+- loss: a forward hook keeps each training micro-batch's ``outputs.loss`` and sums them
+  the way ``Trainer.training_step`` does (a loss the model normalised by
+  ``num_items_in_batch`` is summed, any other is averaged over the micro-batches), so
+  it is the value the Trainer logs;
+- gradient norm: the Trainer's own (pre-clipping) norm, from its log of that step
+  (``logging_steps=1`` gives every step one; otherwise n/a);
+- learning rate: read between the optimiser step and the scheduler step
+  (``on_optimizer_step``), the one the Trainer logs;
+- loss scale and skipped steps: the GradScaler accelerate keeps on the optimizer.
+A step is written once its log is in, or when the next step begins.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import TrainerCallback
+
+from ampscope.recorder import SOURCE_TRAINER, Recorder
+
+
+def _quantisation(model) -> str | None:
+    """'nf4' or 'int8' when the model was loaded quantised by bitsandbytes."""
+    config = getattr(getattr(model, "config", None), "quantization_config", None)
+    if config is None:
+        return None
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    if get("load_in_4bit"):
+        return "nf4"
+    if get("load_in_8bit"):
+        return "int8"
+    return str(get("quant_method", "quantised"))
+
+
+def _lora(model) -> str | None:
+    peft = getattr(model, "peft_config", None)
+    if not peft:
+        return None
+    parts = []
+    for name, cfg in peft.items():
+        targets = getattr(cfg, "target_modules", None)
+        shown = ",".join(sorted(targets)) if isinstance(targets, (set, list, tuple)) else targets
+        parts.append(f"{name}: {getattr(cfg, 'peft_type', 'adapter')} r={getattr(cfg, 'r', '?')}"
+                     f" on {shown}")
+    return "; ".join(parts)
+
+
+def trainer_recipe(args, model) -> tuple[str, str]:
+    """(AmpScope precision name, a description) of what ``TrainingArguments`` ask for."""
+    param = next(iter(model.parameters()), None)
+    weights = param.dtype if param is not None else torch.float32
+    quant = _quantisation(model)
+    tf32 = bool(getattr(args, "tf32", None))
+    if quant in ("nf4", "int8"):
+        precision = quant
+    elif weights == torch.float16:
+        precision = "fp16"
+    elif weights == torch.bfloat16:
+        precision = "bf16"
+    elif args.fp16:
+        precision = "fp16-amp"
+    elif args.bf16:
+        precision = "bf16-amp"
+    elif tf32:
+        precision = "tf32"
+    else:
+        precision = "fp32"
+    amp = ("fp16 autocast + GradScaler" if args.fp16 else
+           "bf16 autocast" if args.bf16 else "no autocast")
+    optim = getattr(args.optim, "value", args.optim)
+    parts = [f"Trainer: {str(weights).removeprefix('torch.')} weights", amp,
+             f"tf32 {'on' if tf32 else 'off'}",
+             f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}",
+             f"optimizer {optim}",
+             f"quantisation {quant}" if quant else "no quantisation",
+             f"LoRA {_lora(model)}" if _lora(model) else "no adapters"]
+    if args.gradient_accumulation_steps > 1:
+        parts.append(f"gradient accumulation {args.gradient_accumulation_steps}")
+    return precision, ", ".join(parts)
+
+
+class AmpScopeCallback(TrainerCallback):
+    """Records every optimiser step of a ``Trainer`` (``out``: report at the end)."""
+
+    def __init__(self, out=None, name=None, *, journal=None, monitor_hz: float = 5.0) -> None:
+        if out is not None:
+            from engine.report.writer import check_writable
+
+            check_writable(out)  # a bad path fails now, not after hours of training
+        self.out, self.name, self.journal, self.monitor_hz = out, name, journal, monitor_hz
+        self.recorder: Recorder | None = None
+        self._losses: list[tuple[torch.Tensor, bool]] = []
+        self._hook = None
+        self._lr: float | None = None
+
+    # --- Trainer events ------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        precision, recipe = trainer_recipe(args, model)
+        scaler = getattr(optimizer, "scaler", None)  # accelerate's AcceleratedOptimizer
+        name = self.name or f"{type(model).__name__} ({precision}, Trainer)"
+        self.recorder = Recorder(model, optimizer, scaler, self.out, name, precision=precision,
+                                 journal=self.journal, monitor_hz=self.monitor_hz,
+                                 source=SOURCE_TRAINER, recipe=recipe)
+        self.recorder.hold = True
+        self._hook = model.register_forward_hook(self._on_output, with_kwargs=True)
+        self.recorder.start()
+
+    def _on_output(self, module, args, kwargs, output):
+        loss = getattr(output, "loss", None)
+        if loss is None and isinstance(output, dict):
+            loss = output.get("loss")
+        if module.training and isinstance(loss, torch.Tensor):
+            self._losses.append((loss.detach(), kwargs.get("num_items_in_batch") is not None))
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.recorder.flush()
+        self._losses = []
+        self.recorder.begin_step()
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        groups = getattr(optimizer, "param_groups", None)
+        self._lr = float(groups[0]["lr"]) if groups else None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.recorder.end_step(self._step_loss(), lr=self._lr)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        rec = self.recorder
+        if rec is None or not logs or "loss" not in logs:
+            return
+        index = state.global_step - 1
+        previous = [h.get("step") for h in state.log_history[:-1] if "loss" in h]
+        covers_one_step = (previous[-1] if previous else 0) == state.global_step - 1
+        if covers_one_step and "grad_norm" in logs:  # the Trainer's norm of exactly this step
+            rec.patch_pending(index, grad_norm=logs["grad_norm"])
+        rec.flush()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._end(None)
+
+    def _end(self, exc) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.recorder is not None:
+            self.recorder.finish(exc)
+
+    def _step_loss(self) -> torch.Tensor | None:
+        if not self._losses:
+            return None
+        scaled = [loss for loss, normalised in self._losses if normalised]
+        plain = [loss for loss, normalised in self._losses if not normalised]
+        total = torch.zeros((), dtype=torch.float32, device=self._losses[0][0].device)
+        for loss in scaled:
+            total = total + loss.float()
+        if plain:
+            total = total + torch.stack([x.float() for x in plain]).sum() / len(plain)
+        return total

@@ -1,0 +1,22 @@
+"""The ``ampscope`` console script: the same as ``python main.py``."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+
+
+def main(argv: list[str]) -> int:
+    """No arguments open the window; subcommands run headless."""
+    if not argv:
+        from gui.app import main as gui_main
+
+        return gui_main()
+    from engine.cli import main as cli_main
+
+    return cli_main(argv)
+
+
+def run() -> None:
+    multiprocessing.freeze_support()  # trials run in child processes, also when bundled
+    sys.exit(main(sys.argv[1:]))

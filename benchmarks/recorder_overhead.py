@@ -1,0 +1,80 @@
+"""Step-time cost of ampscope.Recorder: a loop with it against the same loop without.
+
+Trains the same GPT-2-shaped model (4 layers, 256 wide, batch 4 x 128 tokens) in
+alternating blocks with and without a Recorder (ABBA, so drift in the machine's
+speed hits both), drops each block's first steps (the Recorder's step 0 counts FLOPs), and
+prints the ratio of the median step times. Goal: <= 1.02.
+
+    python benchmarks/recorder_overhead.py [--device cuda] [--blocks 6] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("AMPSCOPE_DATA_DIR", tempfile.mkdtemp(prefix="ampscope-bench-"))
+
+import torch  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+import ampscope  # noqa: E402
+
+SKIP = 2  # first steps of each block: warm-up (and the Recorder's FLOP-counting step)
+
+
+def block(model, opt, batch, steps: int, device, recorder: bool) -> list[float]:
+    times = []
+    rec = ampscope.Recorder(model, opt) if recorder else None
+    if rec:
+        rec.start()
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if rec:
+            rec.step(loss=loss)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    if rec:
+        rec.finish()
+    return times[SKIP:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8192,
+                                       n_positions=128)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 8192, (4, 128), device=device)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    plain, recorded = [], []
+    for i in range(args.blocks):  # ABBA: each order equally often, so drift cancels
+        for recorder in ((False, True) if i % 2 == 0 else (True, False)):
+            times = block(model, opt, batch, args.steps, device, recorder)
+            (recorded if recorder else plain).extend(times)
+    a, b = statistics.median(plain), statistics.median(recorded)
+    print(f"device {device}, {len(plain)} steps each, median step: without {a * 1e3:.2f} ms, "
+          f"with Recorder {b * 1e3:.2f} ms")
+    print(f"step-time ratio (with / without): {b / a:.3f}  (goal <= 1.02)")
+
+
+if __name__ == "__main__":
+    main()

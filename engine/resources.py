@@ -1,0 +1,11 @@
+"""Where the data files of ``resources/`` are: beside the packages in a checkout or a
+bundle, inside the ``ampscope`` package when installed with pip (pyproject.toml maps
+``resources/`` to ``ampscope/resources``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+RESOURCES = next((p for p in (_ROOT / "resources", _ROOT / "ampscope" / "resources")
+                  if p.is_dir()), _ROOT / "resources")

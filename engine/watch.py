@@ -1,0 +1,83 @@
+"""``main.py watch``: a live terminal view of a run journal, for servers without a desktop.
+
+One line per optimiser step (step, loss, loss scale, tokens/s, MFU, memory) as the
+journal grows; it ends when the run ends (exit 0) or on Ctrl-C (exit 0, one line).
+Memory is the allocator's (GPU) when the step has it, else the monitor's latest reading
+(the GPU's used memory from NVML, or the host's resident memory).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from engine.events import (
+    ErrorEvent,
+    LogEvent,
+    MonitorSample,
+    RunFinished,
+    RunStarted,
+    StepSample,
+    TrialFinished,
+    TrialStarted,
+)
+from engine.follow import JournalFollower
+
+HEADER = (f"{'precision':<10} {'step':>6} {'loss':>10} {'scale':>10} {'tokens/s':>10} "
+          f"{'MFU':>7} {'memory':>16}")
+
+
+def _mib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**20:,.1f} MiB"
+
+
+def _memory(step: StepSample, monitor: MonitorSample | None) -> str:
+    if step.allocated_bytes is not None:
+        return f"alloc {_mib(step.allocated_bytes)}"
+    if monitor is not None and monitor.gpu_mem_used_bytes is not None:
+        return f"gpu {_mib(monitor.gpu_mem_used_bytes)}"
+    if monitor is not None and monitor.host_rss_bytes is not None:
+        return f"rss {_mib(monitor.host_rss_bytes)}"
+    return "n/a"
+
+
+def step_line(step: StepSample, monitor: MonitorSample | None) -> str:
+    loss = "n/a" if step.loss is None else f"{step.loss:.4f}"
+    scale = "n/a" if step.loss_scale is None else f"{step.loss_scale:.4g}"
+    tps = "n/a" if step.tokens_per_s is None else f"{step.tokens_per_s:,.0f}"
+    mfu = "n/a" if step.mfu is None else f"{100 * step.mfu:.1f}%"
+    notes = (" warm-up" if step.warmup else "") + (" SKIPPED" if step.skipped else "")
+    return (f"{step.precision:<10} {step.step:>6} {loss:>10} {scale:>10} {tps:>10} {mfu:>7} "
+            f"{_memory(step, monitor):>16}{notes}")
+
+
+def watch(path, say: Callable[[str], None], interval_s: float = 0.5) -> int:
+    """Print the journal's steps as they arrive until the run ends; returns the exit code."""
+    follower = JournalFollower(path)
+    monitor: MonitorSample | None = None
+    steps = 0
+    while True:
+        for event in follower.poll():
+            if isinstance(event, RunStarted):
+                cfg = event.config
+                say(f"run {event.run_id}: {cfg.get('model', '?')} "
+                    f"({cfg.get('source', 'profile')}), journal {follower.path}")
+                say(HEADER)
+            elif isinstance(event, TrialStarted) and event.round == 0:
+                say(f"-- {event.precision} started")
+            elif isinstance(event, MonitorSample):
+                monitor = event
+            elif isinstance(event, StepSample):
+                steps += 1
+                say(step_line(event, monitor))
+            elif isinstance(event, LogEvent) and event.level in ("warning", "error"):
+                say(f"{event.level}: {event.message}")
+            elif isinstance(event, ErrorEvent):
+                say(f"error: {event.message}")
+            elif isinstance(event, TrialFinished):
+                r = event.result
+                say(f"-- {r.precision} {r.status}" + (f": {r.reason}" if r.reason else ""))
+            elif isinstance(event, RunFinished):
+                say(f"run ended: {event.status}, {steps} steps")
+                return 0
+        time.sleep(interval_s)

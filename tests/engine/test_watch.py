@@ -1,0 +1,133 @@
+"""``main.py watch``: the real process follows a journal this test appends to."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.events import (
+    MonitorSample,
+    RunFinished,
+    RunStarted,
+    StepSample,
+    TrialFinished,
+    TrialResult,
+    TrialStarted,
+)
+from engine.follow import JournalFollower
+from engine.journal import JournalWriter
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def step(i: int, skipped: bool = False) -> StepSample:
+    return StepSample(precision="fp16-amp", step=i, warmup=i == 0, loss=4.0 - i / 8,
+                      step_ms=20.0, tokens_per_s=1600.0 + i, tflops=None, mfu=None,
+                      allocated_bytes=None, reserved_bytes=None,
+                      loss_scale=32768.0 / (2 if skipped else 1), skipped=skipped,
+                      grad_norm=None, time_s=time.time(), tokens=32)
+
+
+def start(writer: JournalWriter) -> None:
+    writer.write(RunStarted("watched01", {"model": "mine", "precisions": ["fp16-amp"],
+                                          "source": "user-loop"}, {}, time.time()))
+    writer.write(TrialStarted("fp16-amp", 0, 1, time.time()))
+    writer.write(MonitorSample(time.time(), "host", host_rss_bytes=300 * 2**20))
+
+
+def spawn(journal: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "main.py"), "watch", str(journal),
+                             "--interval", "0.05"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def read_until(proc: subprocess.Popen, step_index: int) -> list[str]:
+    """Lines printed up to the one of step ``step_index``."""
+    lines = []
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"watch ended before step {step_index}: {lines} {proc.stderr.read()}"
+        lines.append(line.rstrip("\n"))
+        if line.split()[:2] == ["fp16-amp", str(step_index)]:
+            return lines
+
+
+def test_watch_follows_a_growing_journal_until_the_run_ends(tmp_path):
+    journal = tmp_path / "run.jsonl"
+    writer = JournalWriter(journal)
+    start(writer)
+    writer.write(step(0))
+    proc = spawn(journal)
+    try:
+        first = read_until(proc, 0)
+        assert "run watched01: mine (user-loop)" in first[0]
+        # appended while watch runs: a skipped step, then a half-written line it must wait for
+        writer.write(step(1, skipped=True))
+        later = read_until(proc, 1)
+        writer._fh.write('{"e":"step","precision":"fp16-amp","st')
+        writer._fh.flush()
+        time.sleep(0.3)
+        writer._fh.write('ep":2,"warmup":false,"loss":3.5,"step_ms":20.0,"tokens_per_s":1602.0,'
+                         '"skipped":false,"time_s":1.0}\n')
+        writer._fh.flush()
+        later += read_until(proc, 2)
+        writer.write(TrialFinished(TrialResult("fp16-amp", "ok"), time.time()))
+        writer.write(RunFinished("ok", time.time()))
+        writer.close()
+        rest = proc.stdout.read().splitlines()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    step0 = first[-1].split()
+    assert step0[:4] == ["fp16-amp", "0", "4.0000", "3.277e+04"]
+    assert "1,600" in first[-1] and "rss 300.0 MiB" in first[-1] and "warm-up" in first[-1]
+    assert "SKIPPED" in later[0] and "1.638e+04" in later[0]
+    assert later[-1].split()[2] == "3.5000"
+    assert rest[-1] == "run ended: ok, 3 steps"
+
+
+def test_ctrl_c_ends_the_view_with_one_line(tmp_path):
+    journal = tmp_path / "run.jsonl"
+    writer = JournalWriter(journal)
+    start(writer)
+    writer.write(step(0))
+    proc = spawn(journal)
+    try:
+        read_until(proc, 0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    writer.close()
+    assert proc.returncode == 0
+    assert err.strip().splitlines() == ["ampscope: stopped watching (the run itself goes on)"]
+
+
+def test_bad_journal_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "notes.jsonl"
+    bad.write_text('{"hello": 1}\n')
+    for target, message in ((bad, "not an AmpScope run journal"),
+                            (tmp_path / "missing.jsonl", "journal not found"),
+                            (tmp_path, "is a folder")):
+        done = subprocess.run([sys.executable, str(ROOT / "main.py"), "watch", str(target)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr
+
+
+def test_follower_returns_only_complete_new_lines(tmp_path):
+    journal = tmp_path / "run.jsonl"
+    writer = JournalWriter(journal)
+    follower = JournalFollower(journal)
+    assert follower.poll() == []
+    start(writer)
+    kinds = [type(e).__name__ for e in follower.poll()]
+    assert kinds == ["RunStarted", "TrialStarted", "MonitorSample"]
+    writer._fh.write('{"e":"end","status":"ok",')
+    writer._fh.flush()
+    assert follower.poll() == [] and not follower.finished
+    writer._fh.write('"time_s":2.0}\n')
+    writer._fh.flush()
+    assert follower.poll() == [RunFinished("ok", 2.0)] and follower.finished
+    writer.close()
