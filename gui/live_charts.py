@@ -182,6 +182,9 @@ class LiveCharts(QWidget):
         super().__init__(parent)
         self.capacity = capacity
         self.layout_widget = pg.GraphicsLayoutWidget()
+        # four rows of charts: tight gaps keep each plot readable at 1366x768
+        self.layout_widget.ci.setSpacing(0)
+        self.layout_widget.ci.setContentsMargins(0, 0, 0, 0)
         QVBoxLayout(self).addWidget(self.layout_widget)
         # precisions keep one colour everywhere, so one legend above the plots names them
         self.legend = pg.LegendItem(colCount=len(CHARTS), labelTextSize="9pt", frame=False)

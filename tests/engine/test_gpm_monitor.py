@@ -184,3 +184,22 @@ def test_journal_keeps_gpm_fields_and_reads_samples_without_them():
     assert decode(json.loads(json.dumps(encode(na))), {}) == na
     old = decode({"e": "mon", "t": 1.0, "src": "nvml", "gu": 50.0}, {})
     assert old.gpm_tensor_any_util_pct is None and old.gpm_reason is None
+
+
+@pytest.mark.gpu
+def test_monitor_gpm_on_this_gpu():
+    import torch
+
+    info = probe("cuda")
+    samples = []
+    mon = monitor.Monitor.for_device(info, samples.append, hz=10)
+    mon.start()
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    for _ in range(400):
+        a @ a
+    torch.cuda.synchronize()
+    mon.stop()
+    if info.compute_capability >= (9, 0) and samples[0].gpm_reason is None:
+        assert max(s.gpm_tensor_any_util_pct or 0.0 for s in samples) > 0
+    else:
+        assert samples[0].gpm_reason.startswith(gpm.NEEDS)
