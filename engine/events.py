@@ -121,6 +121,14 @@ class MonitorSample:
     cpu_pct: float | None = None
     host_rss_bytes: int | None = None
     host_mem_used_bytes: int | None = None
+    # NVML GPM (Hopper and newer) since the previous poll: tensor pipes, SMs, DRAM
+    gpm_tensor_any_util_pct: float | None = None
+    gpm_tensor_hmma_util_pct: float | None = None
+    gpm_tensor_imma_util_pct: float | None = None
+    gpm_sm_util_pct: float | None = None
+    gpm_sm_occupancy_pct: float | None = None
+    gpm_dram_bw_util_pct: float | None = None
+    gpm_reason: str | None = None  # why GPM is n/a: on the first poll that meets it only
 
 
 @dataclass(frozen=True)

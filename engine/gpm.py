@@ -1,7 +1,8 @@
 """Tensor Core activity from NVML's GPU Performance Monitoring (GPM), Hopper and newer.
 
 GPM metrics are rates between two samples: one taken when a trial's measured steps
-begin, one when they end. The metrics say how busy the tensor pipes (any, HMMA, IMMA),
+begin, one when they end (``GpmWindow``), or the previous monitor poll's and this one's
+(``GpmPoller``). The metrics say how busy the tensor pipes (any, HMMA, IMMA),
 the SMs and DRAM were over that window. Where GPM cannot answer (the CPU, no NVML, a
 GPU before Hopper, or a driver that does not permit it) every value is ``None`` and
 ``reason`` says why.
@@ -34,6 +35,28 @@ def _lib():
     return pynvml
 
 
+def metrics_between(first, second) -> dict[str, float | None]:
+    """``METRICS`` over two GPM samples; a metric the driver does not report is ``None``."""
+    lib = _lib()
+    request = lib.c_nvmlGpmMetricsGet_t()
+    request.version = lib.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(METRICS)
+    request.sample1, request.sample2 = first, second
+    for i, name in enumerate(METRICS.values()):
+        request.metrics[i].metricId = getattr(lib, name)
+    lib.nvmlGpmMetricsGet(request)
+    return {field: (float(request.metrics[i].value)
+                    if request.metrics[i].nvmlReturn == lib.NVML_SUCCESS else None)
+            for i, field in enumerate(METRICS)}
+
+
+def _free(sample) -> None:
+    try:
+        _lib().nvmlGpmSampleFree(sample)
+    except Exception:  # freeing is best effort: the sample is gone either way
+        pass
+
+
 class GpmWindow:
     """``start()`` and ``stop()`` around a window; ``stop`` returns the metrics over it."""
 
@@ -47,7 +70,7 @@ class GpmWindow:
     def _support_reason(self) -> str | None:
         info = self.info
         if info.kind != "cuda":
-            return f"{NEEDS}: this trial ran on the CPU, which has no NVML GPM"
+            return f"{NEEDS}: the run is on the CPU, which has no NVML GPM"
         if not nvml.available():
             return f"{NEEDS}: NVML is not available ({nvml.unavailable_reason()})"
         cc = info.compute_capability
@@ -65,7 +88,8 @@ class GpmWindow:
             return f"{NEEDS}: NVML reports no GPM support on {info.name}"
         return None
 
-    def _sample(self):
+    def sample(self):
+        """A new GPM sample of this GPU (the caller frees it)."""
         lib = _lib()
         sample = lib.nvmlGpmSampleAlloc()
         try:
@@ -78,7 +102,7 @@ class GpmWindow:
         if self.reason is not None:
             return
         try:
-            self._first = self._sample()
+            self._first = self.sample()
             self._started_s = time.monotonic()
         except Exception as exc:
             self.reason = f"{NEEDS}: nvmlGpmSampleGet failed: {exc}"
@@ -87,32 +111,68 @@ class GpmWindow:
         if self.reason is not None or self._first is None:
             return GpmMetrics(reason=self.reason or f"{NEEDS}: no measured step ran",
                               window=WINDOW)
-        lib = _lib()
         second = None
         try:
-            second = self._sample()
+            second = self.sample()
             seconds = time.monotonic() - self._started_s
-            request = lib.c_nvmlGpmMetricsGet_t()
-            request.version = lib.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(METRICS)
-            request.sample1, request.sample2 = self._first, second
-            for i, name in enumerate(METRICS.values()):
-                request.metrics[i].metricId = getattr(lib, name)
-            lib.nvmlGpmMetricsGet(request)
-            values = {field: (float(request.metrics[i].value)
-                              if request.metrics[i].nvmlReturn == lib.NVML_SUCCESS else None)
-                      for i, field in enumerate(METRICS)}
-            return GpmMetrics(**values, window_s=seconds, window=WINDOW)
+            return GpmMetrics(**metrics_between(self._first, second), window_s=seconds,
+                              window=WINDOW)
         except Exception as exc:
             return GpmMetrics(reason=f"{NEEDS}: nvmlGpmMetricsGet failed: {exc}", window=WINDOW)
         finally:
             for sample in (self._first, second):
                 if sample is not None:
-                    try:
-                        lib.nvmlGpmSampleFree(sample)
-                    except Exception:
-                        pass
+                    _free(sample)
             self._first = None
+
+
+class GpmPoller:
+    """GPM for the device monitor: each ``poll`` gives the metrics since the previous one.
+
+    A poll returns ``MonitorSample``'s ``gpm_*`` fields. The reason GPM cannot answer is
+    given once, on the first poll that meets it (a run's journal holds it once, not at
+    every poll); the first poll of a supported GPU has no earlier sample and gives nothing.
+    """
+
+    def __init__(self, info: DeviceInfo):
+        self._window = GpmWindow(info)  # its support checks and NVML handle
+        self._previous = None
+        self._reported: str | None = None
+
+    def _unavailable(self) -> dict:
+        reason = self._window.reason
+        if reason == self._reported:
+            return {}
+        self._reported = reason
+        return {"gpm_reason": reason}
+
+    def poll(self) -> dict:
+        if self._window.reason is not None:
+            return self._unavailable()
+        try:
+            current = self._window.sample()
+        except Exception as exc:
+            self._window.reason = f"{NEEDS}: nvmlGpmSampleGet failed: {exc}"
+            self.close()
+            return self._unavailable()
+        previous, self._previous = self._previous, current
+        if previous is None:
+            return {}
+        try:
+            return {f"gpm_{field}": value
+                    for field, value in metrics_between(previous, current).items()}
+        except Exception as exc:
+            self._window.reason = f"{NEEDS}: nvmlGpmMetricsGet failed: {exc}"
+            self.close()
+            return self._unavailable()
+        finally:
+            _free(previous)
+
+    def close(self) -> None:
+        """Free the sample kept for the next poll."""
+        if self._previous is not None:
+            _free(self._previous)
+            self._previous = None
 
 
 def format_gpm(trials) -> str:

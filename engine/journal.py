@@ -58,7 +58,9 @@ _MONITOR_KEYS = {
     "gpu_mem_used_bytes": "gm", "gpu_mem_total_bytes": "gt", "power_w": "pw",
     "temperature_c": "tc", "sm_clock_mhz": "sm", "energy_j": "ej",
     "process_mem_bytes": "pm", "cpu_pct": "cpu", "host_rss_bytes": "rss",
-    "host_mem_used_bytes": "hm",
+    "host_mem_used_bytes": "hm", "gpm_tensor_any_util_pct": "ta",
+    "gpm_tensor_hmma_util_pct": "th", "gpm_tensor_imma_util_pct": "ti", "gpm_sm_util_pct": "sa",
+    "gpm_sm_occupancy_pct": "so", "gpm_dram_bw_util_pct": "db", "gpm_reason": "gr",
 }
 _MONITOR_FIELDS = {short: name for name, short in _MONITOR_KEYS.items()}
 STEPS_JOURNALED = "journal"  # a finished trial's steps are the "step" lines above it

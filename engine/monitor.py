@@ -1,6 +1,8 @@
 """The device monitor: a thread that polls one tracker at a fixed rate without drifting.
 
-NVML when the run is on a GPU and NVML answers; the host (psutil) otherwise.
+NVML when the run is on a GPU and NVML answers; the host (psutil) otherwise. With a
+``GpmPoller`` each sample also carries NVML GPM's tensor-pipe, SM and DRAM activity since
+the previous poll (Hopper and newer), or once the reason GPM is n/a.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ import time
 from collections.abc import Callable
 
 from engine.events import MonitorSample
+from engine.gpm import GpmPoller
 from engine.trackers import HostTracker, NvmlTracker
 
 
 class Monitor:
-    def __init__(self, tracker, emit: Callable[[MonitorSample], None], hz: float = 10.0):
+    def __init__(self, tracker, emit: Callable[[MonitorSample], None], hz: float = 10.0,
+                 gpm: GpmPoller | None = None):
         self.tracker = tracker
+        self.gpm = gpm
         self.emit = emit
         self.interval_s = 1.0 / hz
         self._stop = threading.Event()
@@ -24,9 +29,8 @@ class Monitor:
     @classmethod
     def for_device(cls, device_info, emit, hz: float = 10.0) -> Monitor:
         handle = device_info.nvml_handle() if device_info.nvml_available else None
-        if handle is not None:
-            return cls(NvmlTracker(handle), emit, hz)
-        return cls(HostTracker(), emit, hz)
+        tracker = NvmlTracker(handle) if handle is not None else HostTracker()
+        return cls(tracker, emit, hz, GpmPoller(device_info))
 
     def watch_pid(self, pid: int) -> None:
         """Count a trial child's GPU memory as ours (NVML only).
@@ -47,6 +51,8 @@ class Monitor:
         next_t = time.monotonic()
         while not self._stop.is_set():
             fields = self.tracker.sample()
+            if self.gpm is not None:
+                fields.update(self.gpm.poll())
             self.emit(MonitorSample(time_s=time.time(), source=self.tracker.source, **fields))
             next_t += self.interval_s  # schedule from the plan, not from now: no drift
             delay = next_t - time.monotonic()
@@ -59,4 +65,6 @@ class Monitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self.gpm is not None:
+            self.gpm.close()
         self.tracker.stop()

@@ -48,16 +48,25 @@ CHARTS: dict[str, tuple[str, str, str | None]] = {
     "monitor_util": ("GPU utilisation", "utilisation (%)", None),
     "monitor_memory": ("GPU memory", "memory (MiB)", None),
     "monitor_power": ("GPU power", "power", "W"),
+    "monitor_gpm": ("Tensor pipe / SM activity (GPM)", "activity (%)", None),
 }
 HOST_TITLES = {
     "monitor_util": ("Host CPU", "CPU (%)", None),
     "monitor_memory": ("Host memory (process RSS)", "RSS (MiB)", None),
     "monitor_power": ("Host memory used", "used (MiB)", None),
 }
-MONITOR_CHARTS = ("monitor_util", "monitor_memory", "monitor_power")
+MONITOR_CHARTS = ("monitor_util", "monitor_memory", "monitor_power", "monitor_gpm")
 STEP_AXIS_LABEL = "step (□ = warm-up)"
 MIB = 2**20  # memory axes in MiB, the binary unit the tables and reports use
 MONITOR_COLORS = ("#333333", "#0072B2", "#999999")
+# GPM curve -> (MonitorSample field, colour): colour-blind-safe, distinct from the above
+GPM_CURVES = {
+    "tensor (any)": ("gpm_tensor_any_util_pct", "#333333"),
+    "HMMA": ("gpm_tensor_hmma_util_pct", "#0072B2"),
+    "IMMA": ("gpm_tensor_imma_util_pct", "#E69F00"),
+    "SM active": ("gpm_sm_util_pct", "#009E73"),
+    "DRAM bandwidth": ("gpm_dram_bw_util_pct", "#999999"),
+}
 # the HTML report draws warm-up steps as hollow markers on the curve: so do these charts
 WARMUP_CHARTS = ("loss", "step_time", "throughput", "mfu", "memory")
 
@@ -107,6 +116,8 @@ def monitor_points(m: MonitorSample, t0: float) -> Iterator[Point]:
     """The points one monitor sample adds, ``t0`` seconds being the run's start."""
     t = m.time_s - t0
     c0, c1 = MONITOR_COLORS[0], MONITOR_COLORS[1]
+    for name, (field, color) in GPM_CURVES.items():
+        yield Point("monitor_gpm", name, t, getattr(m, field), color)
     if m.source == "host":
         yield Point("monitor_util", "CPU %", t, m.cpu_pct, c0)
         yield Point("monitor_memory", "process RSS", t, _mib(m.host_rss_bytes), c0)
@@ -171,6 +182,9 @@ class LiveCharts(QWidget):
         super().__init__(parent)
         self.capacity = capacity
         self.layout_widget = pg.GraphicsLayoutWidget()
+        # four rows of charts: tight gaps keep each plot readable at 1366x768
+        self.layout_widget.ci.setSpacing(0)
+        self.layout_widget.ci.setContentsMargins(0, 0, 0, 0)
         QVBoxLayout(self).addWidget(self.layout_widget)
         # precisions keep one colour everywhere, so one legend above the plots names them
         self.legend = pg.LegendItem(colCount=len(CHARTS), labelTextSize="9pt", frame=False)
@@ -260,6 +274,13 @@ class LiveCharts(QWidget):
             self._use_host_titles()
         for point in monitor_points(m, self._t0):
             self._add(point)
+        if m.gpm_reason:
+            self._note_gpm(m.gpm_reason)
+
+    def _note_gpm(self, reason: str) -> None:
+        """GPM n/a (CPU, before Hopper, not permitted): say why on its chart at once."""
+        self._reasons.setdefault("monitor_gpm", reason)
+        self._set_note("monitor_gpm", reason)
 
     def begin(self, time_s: float) -> None:
         """The run's start: monitor charts count seconds from here."""
@@ -361,6 +382,9 @@ class LiveCharts(QWidget):
             self._notes[data.style.chart].setVisible(False)
         for trial in record.trials:
             self.note_trial(trial)
+        for sample in record.monitor_samples:
+            if sample.gpm_reason:
+                self._note_gpm(sample.gpm_reason)
         self.finish()
 
     def show_record(self, record: RunRecord, precisions: list[str]) -> None:
