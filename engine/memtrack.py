@@ -156,6 +156,15 @@ class MemoryWatcher(TorchDispatchMode):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
         self._start = self._live
 
+    def held_at_rest(self, model: nn.Module, optimizer=None, batch: dict | None = None) -> dict:
+        """Bytes by category that training holds between steps, with no step watched (what
+        is known of a trial stopped before its watched step)."""
+        self.track_training(model, optimizer, batch)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        return self.live()
+
     def mark_optimizer_state(self, optimizer) -> None:
         """Relabel storages the optimiser now holds as its state (the first step makes them)."""
         self._relabel(optimizer_tensors(optimizer), "optimizer")

@@ -328,6 +328,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
                            cancelled, gpm)
     state.gpm = gpm.stop()
     if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
+        state.memory = _memory_at_rest(model, optimizer, batches[0], device)
         return True
     measured = _tracked_step(state, model, optimizer, scaler, batches)
     state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
@@ -593,6 +594,21 @@ def _tracked_step(state: _State, model, optimizer, scaler, batches) -> memtrack.
         watcher.mark_optimizer_state(optimizer)
         optimizer.zero_grad(set_to_none=True)
     return watcher.result()
+
+
+def _memory_at_rest(model, optimizer, batch, device) -> MemoryBreakdown:
+    """What a stopped trial held between steps: exact bytes, but not a peak."""
+    held = memtrack.MemoryWatcher(device).held_at_rest(model, optimizer, batch)
+    return MemoryBreakdown(
+        params_bytes=held["params"], buffers_bytes=held["buffers"],
+        quant_state_bytes=held["quant_state"], grads_bytes=held["grads"],
+        optimizer_bytes=held["optimizer"], inputs_bytes=held["inputs"],
+        activations_bytes=None,
+        activations_method="not measured: the run was stopped before the watched step",
+        total_bytes=sum(held.values()),
+        total_method="held at rest when the run was stopped (weights, optimiser state, "
+                     "batch); no step was watched, so this is not the peak",
+        notes="a stopped trial: its peak (activations, gradients in flight) was not measured")
 
 
 def _memory(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: DeviceInfo,

@@ -204,6 +204,9 @@ def run_rank(out_dir: Path) -> int:
         journal.write("failed", {"status": "error",
                                  "reason": f"rank {rank}: {type(exc).__name__}: {exc}"})
         return 1
+    # every rank past its last collective before any leaves: a gloo peer that exits while
+    # another still talks to it aborts that one (SIGABRT)
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

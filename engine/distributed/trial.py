@@ -197,6 +197,20 @@ def _combined(samples: list[StepSample], config: RunConfig, ranks: dict) -> Step
         time_s=slowest.time_s)
 
 
+def _last_words(log: Path) -> str | None:
+    """The last error line the ranks printed (a C++ abort says why only there)."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for marks in (("what():", "terminate called"), ("Error", "error:", "Exception")):
+        said = [ln.strip() for ln in lines if any(m in ln for m in marks)
+                and "torch.distributed.elastic" not in ln]
+        if said:
+            return said[-1][:400]
+    return None
+
+
 def _failure(out_dir: Path, ranks: dict) -> tuple[int | None, str, str]:
     """(failed rank, status, reason): torchrun's first failure, in that rank's own words
     where it wrote them (the others often fail after it, on a broken collective)."""
@@ -211,8 +225,10 @@ def _failure(out_dir: Path, ranks: dict) -> tuple[int | None, str, str]:
         if code == -signal.SIGKILL:
             return rank, "oom", (f"rank {rank} was killed (SIGKILL), most likely by the system's "
                                  "out-of-memory killer; torchrun stopped the other ranks")
+        said = _last_words(out_dir / "torchrun.log")
         return rank, "error", (f"rank {rank} exited with code {code} ({fail['message']}); "
-                               "torchrun stopped the other ranks")
+                               "torchrun stopped the other ranks"
+                               + (f"; its log ends: {said}" if said else ""))
     log = (out_dir / "torchrun.log").read_text(encoding="utf-8", errors="replace")
     tail = " | ".join(log.strip().splitlines()[-3:])
     return None, "error", f"torchrun ended before any rank reported: {tail or 'no output'}"

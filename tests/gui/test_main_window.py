@@ -299,14 +299,21 @@ def test_app_main_opens_the_window_and_returns_when_it_closes(qapp):
     shown = []
 
     def close_windows():
-        shown.extend(w for w in qapp.topLevelWidgets()
-                     if isinstance(w, MainWindow) and w.isVisible())
-        for w in shown:
-            w.close()
+        for w in qapp.topLevelWidgets():
+            if isinstance(w, MainWindow) and w.isVisible():
+                shown.append(w)
+                w.close()
         qapp.quit()  # ends the loop even if no window opened, so the test cannot hang
 
-    QTimer.singleShot(0, close_windows)
-    assert main([]) == 0
+    # repeats: show() itself waits for the device probe (conftest), and a quit() before
+    # main's event loop starts would be lost
+    closer = QTimer()
+    closer.timeout.connect(close_windows)
+    closer.start(50)
+    try:
+        assert main([]) == 0
+    finally:
+        closer.stop()
     assert len(shown) == 1
 
 
