@@ -2,8 +2,10 @@
 
 Spawns a fresh Python process that starts the real ``gui.app.main`` (the same code as
 ``python3 main.py``) with an application-wide event filter: the first paint of the
-main window is "window shown", and the first ``device_changed`` with an answer is
-"device probed" (the probe runs in a thread, so the window does not wait for torch).
+main window is "window shown", the window's ``ready`` signal is "charts built" (the
+views that need pyqtgraph are built after the first paint), and the first
+``device_changed`` with an answer is "device probed" (the probe runs in a thread, so
+the window does not wait for torch).
 Times count from just before the process is spawned, interpreter start-up included;
 the CPU time the process had used when its window appeared is printed beside them, as
 a figure that a machine busy with other work inflates far less than wall-clock time.
@@ -27,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_S = 1.5
 
-# run in the child: prints "shown <epoch s>" and "probed <epoch s>", then quits
+# run in the child: prints "shown", "ready" (every chart view built after the first
+# paint) and "probed", each with its epoch time, then quits
 CHILD = r"""
 import sys, time
 from pathlib import Path
@@ -46,6 +49,8 @@ class Watch(QObject):
             self.window = obj
             print("shown", time.time(), flush=True)
             print("cpu", time.process_time(), flush=True)
+            self.marks = set()
+            obj.ready.connect(lambda: self.mark("ready"))
             panel = obj.config_panel
             if not panel.device_pending():
                 self.probed(panel.device_info)
@@ -53,7 +58,12 @@ class Watch(QObject):
         return False
     def probed(self, info):
         if info is not None or not self.window.config_panel.device_pending():
-            print("probed", time.time(), flush=True)
+            self.mark("probed")
+    def mark(self, name):
+        if name not in self.marks:
+            self.marks.add(name)
+            print(name, time.time(), flush=True)
+        if self.marks == {"ready", "probed"}:
             app.quit()
 
 watch = Watch()
@@ -72,22 +82,25 @@ def launch_once() -> tuple[float, float, float | None]:
             [sys.executable, "-c", CHILD, str(ROOT), str(Path(folder) / "cfg")],
             env=env, capture_output=True, text=True, timeout=300, check=False)
     marks = dict(line.split() for line in out.stdout.splitlines()
-                 if line.startswith(("shown ", "probed ", "cpu ")))
+                 if line.startswith(("shown ", "ready ", "probed ", "cpu ")))
     if "shown" not in marks:
         raise SystemExit(f"the window was never shown:\n{out.stderr[-2000:]}")
     probed = float(marks["probed"]) - start if "probed" in marks else None
-    return float(marks["shown"]) - start, float(marks["cpu"]), probed
+    ready = float(marks["ready"]) - start if "ready" in marks else None
+    return float(marks["shown"]) - start, float(marks["cpu"]), ready, probed
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="launches to time")
     args = parser.parse_args()
-    shown, cpu, probed = [], [], []
+    shown, cpu, ready, probed = [], [], [], []
     for _ in range(args.repeat):
-        s, c, p = launch_once()
+        s, c, r, p = launch_once()
         shown.append(s)
         cpu.append(c)
+        if r is not None:
+            ready.append(r)
         if p is not None:
             probed.append(p)
     print(f"machine: {os.cpu_count()} CPU cores, QT_QPA_PLATFORM="
@@ -97,6 +110,10 @@ def main() -> int:
     # CPU seconds the process had used by then: what a busy machine does not inflate
     print("CPU time used until shown:  "
           + ", ".join(f"{c:.2f} s" for c in cpu) + f" (median {statistics.median(cpu):.2f} s)")
+    if ready:  # pyqtgraph and the chart views load after the window is on screen
+        print("charts built:              "
+              + ", ".join(f"{r:.2f} s" for r in ready)
+              + f" (median {statistics.median(ready):.2f} s)")
     if probed:
         print("device probe answered:     "
               + ", ".join(f"{p:.2f} s" for p in probed)

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import zlib
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy loads on first use: the window's start-up does not need it
+    import numpy as np
 
 from engine.events import StepSample, StepTimeSpread
 
@@ -40,6 +42,8 @@ METHOD = (f"percentile bootstrap of the median step time over the measured steps
 
 
 def _interval(values: np.ndarray) -> tuple[float, float]:
+    import numpy as np
+
     tail = (1.0 - CI_LEVEL) / 2.0
     low, high = np.quantile(values, [tail, 1.0 - tail])
     return float(low), float(high)
@@ -47,6 +51,8 @@ def _interval(values: np.ndarray) -> tuple[float, float]:
 
 @lru_cache(maxsize=256)
 def _cached_medians(data: bytes) -> np.ndarray:
+    import numpy as np
+
     x = np.frombuffer(data, dtype=np.float64)
     rng = np.random.default_rng([SEED, zlib.crc32(data)])
     picks = rng.integers(0, len(x), size=(RESAMPLES, len(x)))
@@ -57,6 +63,8 @@ def _cached_medians(data: bytes) -> np.ndarray:
 
 def bootstrap_medians(step_ms) -> np.ndarray:
     """``RESAMPLES`` medians of resamples of ``step_ms`` (read-only, cached by value)."""
+    import numpy as np
+
     return _cached_medians(np.ascontiguousarray(step_ms, dtype=np.float64).tobytes())
 
 
@@ -86,6 +94,8 @@ def measured_step_ms(steps: list[StepSample]) -> list[float]:
 
 def step_spread(steps: list[StepSample], tokens_per_step: int) -> StepTimeSpread | None:
     """The spread of a trial's measured steps (all rounds), or None without any."""
+    import numpy as np
+
     x = np.asarray(measured_step_ms(steps), dtype=float)
     if len(x) == 0:
         return None

@@ -37,6 +37,7 @@ from engine.compare import (
 from engine.events import TrialResult
 from engine.record import RunRecord
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
+from gui.chart_specs import COMPARE_CHARTS
 from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
 from gui.plain_text import plain_label
@@ -83,14 +84,7 @@ class CompareView(QWidget):
         self.speed_note.setToolTip(f"Rule: {NOISY_RULE}.\nSpread: {spread.METHOD}.")
         self.charts = pg.GraphicsLayoutWidget()
         self.plots: dict[str, pg.PlotItem] = {}
-        titles = {
-            "memory": ("Memory by category (left: measured, right: predicted)", "MiB", None),
-            "throughput": ("Throughput (whiskers: 95% CI; label: speed-up vs fp32)", "tokens/s",
-                           None),
-            "mfu": ("MFU (model FLOPs, no recompute; peak blended by dtype)", "MFU", "%"),
-            "peak_memory": ("Peak memory", "MiB", None),
-        }
-        for i, (key, (title, label, units)) in enumerate(titles.items()):
+        for i, (key, (title, label, units)) in enumerate(COMPARE_CHARTS.items()):
             plot = self.charts.addPlot(row=i // 2, col=i % 2)
             plot.setTitle(title, size="10pt")
             plot.setLabel("left", label, units=units)

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from engine.fit import CARDS_GIB, FitConfig, FitProbe, FitResult, parse_bytes
 from gui.palette import precision_color
+from gui.plain_text import plain_label
 
 RESULT_HEADERS = ("Precision", "Batch", "Memory", "Predicted", "Tokens/s", "Probes", "Note")
 CARD_HEADERS = ("Precision", *[f"{g} GiB" for g in CARDS_GIB])
@@ -113,13 +114,12 @@ class FitView(QWidget):
         self.max_batch.setValue(1024)
         self.find_button = QPushButton("Find largest batch")
         self.find_button.clicked.connect(self.start_fit)
-        self.error_label = QLabel()
+        # errors and statuses quote model names and precisions: never read as markup
+        self.error_label = plain_label()
         self.error_label.setStyleSheet("color: #B00020")
-        self.error_label.setWordWrap(True)
         self.error_label.hide()
-        self.status = QLabel("Uses the Run tab's model, precisions, sequence length and device."
-                             " Each probe is a real training trial.")
-        self.status.setWordWrap(True)
+        self.status = plain_label("Uses the Run tab's model, precisions, sequence length and "
+                                  "device. Each probe is a real training trial.")
         self.results = QTableWidget(0, len(RESULT_HEADERS))
         self.results.setHorizontalHeaderLabels(RESULT_HEADERS)
         self.cards = QTableWidget(0, len(CARD_HEADERS))

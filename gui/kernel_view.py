@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 from engine.events import TrialResult
 from engine.record import RunRecord
 from gui.palette import precision_color
+from gui.plain_text import plain_label
 
 SUMMARY_HEADERS = ("Precision", "Profiled step", "Matmul by dtype", "Elementwise/norm",
                    "Copy/cast", "Optimizer", "GradScaler", "Idle gaps", "Matmul on Tensor Cores",
@@ -89,8 +90,8 @@ class KernelView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.record: RunRecord | None = None
-        self.note = QLabel("Run a trial: each precision gets one extra profiled step.")
-        self.note.setWordWrap(True)
+        # notes quote precisions and reasons from reports: never read as markup
+        self.note = plain_label("Run a trial: each precision gets one extra profiled step.")
         self.summary = QTableWidget(0, len(SUMMARY_HEADERS))
         self.summary.setHorizontalHeaderLabels(SUMMARY_HEADERS)
         self.summary.verticalHeader().setVisible(False)
@@ -105,8 +106,7 @@ class KernelView(QWidget):
         self.kernels = QTableWidget(0, len(KERNEL_HEADERS))
         self.kernels.setHorizontalHeaderLabels(KERNEL_HEADERS)
         self.kernels.verticalHeader().setVisible(False)
-        self.detail_note = QLabel()
-        self.detail_note.setWordWrap(True)
+        self.detail_note = plain_label()
         for table in (self.ops, self.kernels):
             table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
             table.horizontalHeader().setStretchLastSection(True)

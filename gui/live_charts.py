@@ -27,6 +27,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 from engine.events import MonitorSample, StepSample, TrialResult
 from engine.record import RunRecord
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
+from gui.chart_specs import LIVE_CHARTS
 from gui.palette import precision_color
 from gui.ringbuffer import RingBuffer
 
@@ -37,19 +38,7 @@ LEFT_AXIS_PX = 62  # fixed, so that new tick labels never re-lay out the whole g
 MONITOR_PAGE_S = 30.0  # first x page of the monitor charts; doubled when time runs past it
 STEP_PAGE = 16  # first x page of the step charts when the run's length is not known
 
-# chart key -> (title, left-axis label, units pyqtgraph may prefix: only for s and W)
-CHARTS: dict[str, tuple[str, str, str | None]] = {
-    "loss": ("Loss", "loss", None),
-    "loss_scale": ("Loss scale (○ = skipped step)", "log2(scale)", None),
-    "step_time": ("Step time", "step time", "s"),
-    "throughput": ("Throughput", "tokens/s", None),
-    "mfu": ("MFU (model FLOPs, no recompute)", "MFU (%)", None),
-    "memory": ("Allocated (solid) / reserved (dashed)", "memory (MiB)", None),
-    "monitor_util": ("GPU utilisation", "utilisation (%)", None),
-    "monitor_memory": ("GPU memory", "memory (MiB)", None),
-    "monitor_power": ("GPU power", "power", "W"),
-    "monitor_gpm": ("Tensor pipe / SM activity (GPM)", "activity (%)", None),
-}
+CHARTS = LIVE_CHARTS
 HOST_TITLES = {
     "monitor_util": ("Host CPU", "CPU (%)", None),
     "monitor_memory": ("Host memory (process RSS)", "RSS (MiB)", None),

@@ -42,7 +42,7 @@ from engine.events import (
 )
 from engine.record import RunRecord
 from gui import settings
-from gui.compare_view import CompareView
+from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS
 from gui.config_panel import ConfigPanel
 from gui.device_status import DeviceStatus
 from gui.fit_view import FitView
@@ -50,26 +50,44 @@ from gui.history import HistoryError, HistoryStore
 from gui.history_view import HistoryView
 from gui.journal_watcher import JournalWatcher
 from gui.kernel_view import KernelView
-from gui.live_charts import CHARTS, LiveCharts
 from gui.model_view import ModelView
-from gui.numerics_view import NumericsView
 from gui.plain_text import as_html
 from gui.trial_table import TrialTable
 from gui.worker import LabWorker, ReportLoader, RunWorker
 
 LOADING = "loading model…"
+CLOSE_GRACE_S = 3.0  # closing waits this long for a cancelled trial before ending it
 REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)",
                   "csv": "CSV table (*.csv)"}
 OPEN_FILTER = "JSON report or run journal (*.json *.jsonl)"
 
 
+class _Deferred:
+    """A view that needs pyqtgraph (its import and plots take about a second): built after
+    the window's first paint, or at once when something uses it before then."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, window, owner=None):
+        if window is None:
+            return self
+        return window._built.get(self.name) or window._build(self.name)
+
+
 class MainWindow(QMainWindow):
+    charts = _Deferred()  # the Run tab's live charts
+    compare_view = _Deferred()
+    numerics_view = _Deferred()
+    ready = Signal()  # every deferred view is built
     record_shown = Signal(object)  # the RunRecord every view now shows
     open_failed = Signal(str)  # a report could not be opened: why
 
     def __init__(self, history: HistoryStore | None = None) -> None:
         super().__init__()
         self.setWindowTitle("AmpScope")
+        self._built: dict[str, QWidget] = {}
+        self._holders: dict[str, QWidget] = {}  # deferred view name -> its stand-in
         self.record: RunRecord | None = None
         self._run_error: str | None = None  # why the current run failed, once it has
         self.worker = RunWorker(self)
@@ -115,7 +133,6 @@ class MainWindow(QMainWindow):
         left_layout.addWidget(self.config_panel.error_label)
         left_layout.addLayout(buttons)
 
-        self.charts = LiveCharts()
         self.trial_table = TrialTable()
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
@@ -125,7 +142,7 @@ class MainWindow(QMainWindow):
         lower.addTab(self.log, "Log")
         self.lower_tabs = lower
         right = QSplitter(Qt.Orientation.Vertical)
-        right.addWidget(self.charts)
+        right.addWidget(self._holder("charts"))
         right.addWidget(lower)
         right.setStretchFactor(0, 3)
         right.setStretchFactor(1, 1)
@@ -136,8 +153,8 @@ class MainWindow(QMainWindow):
         run_tab.setStretchFactor(1, 1)
         run_tab.setCollapsible(0, False)
         self.run_tab = run_tab
+        self._run_right = right
 
-        self.compare_view = CompareView()
         self.model_view = ModelView()
         self.history_view = HistoryView(self.history)
         self.history_view.open_requested.connect(self.show_record)
@@ -145,21 +162,19 @@ class MainWindow(QMainWindow):
         self.history_view.problem.connect(self._say_problem)
         self.tabs = QTabWidget()
         self.tabs.addTab(run_tab, "Run")
-        self.tabs.addTab(self.compare_view, "Compare")
+        self.tabs.addTab(self._holder("compare_view"), "Compare")
         self.tabs.addTab(self.model_view, "Model")
         self.tabs.addTab(self.history_view, "History")
-        self.numerics_view = NumericsView()
-        self.numerics_view.run_requested.connect(self.start_lab)
         self.lab_worker = LabWorker(self)
         self.lab_worker.finished.connect(self._on_lab_finished)
         self.lab_worker.errored.connect(self._on_lab_errored)
-        self.tabs.addTab(self.numerics_view, "Numerics")
+        self.tabs.addTab(self._holder("numerics_view"), "Numerics")
         self.kernel_view = KernelView()
         self.tabs.addTab(self.kernel_view, "Kernels")
         self.fit_view = FitView(self.config_panel.form_values)
         self.tabs.addTab(self.fit_view, "Fit")
         self._stale_views: set[QWidget] = set()  # views not yet showing self.record
-        self.tabs.currentChanged.connect(lambda _i: self._refresh_view(self.tabs.currentWidget()))
+        self.tabs.currentChanged.connect(self._tab_changed)
         self.setCentralWidget(self.tabs)
 
         self.run_progress = QProgressBar()
@@ -181,6 +196,64 @@ class MainWindow(QMainWindow):
         self._update_buttons()
         if self.history.notice:
             self._say_problem(self.history.notice)
+
+    # --- views built after the first paint ----------------------------------------------
+
+    def _holder(self, name: str) -> QWidget:
+        holder = QWidget()
+        self._holders[name] = holder
+        return holder
+
+    def _build(self, name: str) -> QWidget:
+        if name == "charts":
+            from gui.live_charts import LiveCharts
+
+            view = LiveCharts()
+            self._run_right.replaceWidget(0, view)
+        else:
+            if name == "compare_view":
+                from gui.compare_view import CompareView
+
+                view = CompareView()
+            else:
+                from gui.numerics_view import NumericsView
+
+                view = NumericsView()
+                view.run_requested.connect(self.start_lab)
+                if self.worker.is_running() or self.lab_worker.is_running():
+                    view.set_busy(True)
+            holder = self._holders[name]
+            index, current = self.tabs.indexOf(holder), self.tabs.currentIndex()
+            blocked = self.tabs.blockSignals(True)  # the swap is not the user changing tab
+            self.tabs.insertTab(index, view, self.tabs.tabText(index))
+            self.tabs.removeTab(index + 1)
+            self.tabs.setCurrentIndex(current)
+            self.tabs.blockSignals(blocked)
+        self._built[name] = view
+        self._holders.pop(name).deleteLater()
+        return view
+
+    def paintEvent(self, event) -> None:
+        super().paintEvent(event)
+        if self._holders and not getattr(self, "_building", False):
+            self._building = True
+            QTimer.singleShot(0, self._build_next)
+
+    def _build_next(self) -> None:
+        """One deferred view per turn of the event loop, so input is handled between."""
+        if self._holders:
+            getattr(self, next(iter(self._holders)))
+        if self._holders:
+            QTimer.singleShot(0, self._build_next)
+        else:
+            self.ready.emit()
+
+    def _tab_changed(self, _index: int) -> None:
+        widget = self.tabs.currentWidget()
+        for name, holder in list(self._holders.items()):
+            if holder is widget:
+                widget = getattr(self, name)
+        self._refresh_view(widget)
 
     # --- menus -------------------------------------------------------------------------
 
@@ -230,7 +303,7 @@ class MainWindow(QMainWindow):
         self.run_button.setEnabled(not running and not lab and self.config_panel.error() is None)
         self.run_button.setToolTip("Waiting for the numerics lab to finish" if lab else "")
         self.stop_button.setEnabled(running)
-        if not lab:
+        if not lab and "numerics_view" in self._built:  # a new one starts as it should
             self.numerics_view.set_busy(running)
 
     def _run_clicked(self) -> None:
@@ -617,9 +690,9 @@ class MainWindow(QMainWindow):
         return written
 
     def chart_titles(self) -> dict[str, str]:
-        titles = {f"live/{k}": f"Live: {title}" for k, (title, _, _) in CHARTS.items()}
+        titles = {f"live/{k}": f"Live: {title}" for k, (title, _, _) in LIVE_CHARTS.items()}
         titles.update({f"compare/{k}": f"Compare: {k.replace('_', ' ')}"
-                       for k in self.compare_view.plots})
+                       for k in COMPARE_CHARTS})
         titles["numerics/histogram"] = "Numerics: gradient histogram"
         return titles
 
@@ -685,8 +758,12 @@ class MainWindow(QMainWindow):
         # a run in progress is stopped and its thread joined: nothing outlives the window
         self.watcher.stop()
         if self.worker.is_running():
-            self.worker.abort()  # a trial still loading its model must not hold the window
-            self.worker.join()
+            # a cancel lets the trial end at its next step, keeping what it held; one still
+            # loading its model would not see it for seconds: its process is ended then
+            self.worker.stop()
+            if not self.worker.join(CLOSE_GRACE_S):
+                self.worker.abort()
+                self.worker.join()
         self.lab_worker.stop()  # its process is ended
         self.lab_worker.join()
         self.fit_view.worker.stop()  # ends the running probe's process

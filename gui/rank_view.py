@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from engine.events import TrialResult
 from engine.record import RunRecord
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
+from gui.plain_text import plain_label
 
 MIB = 2**20
 BAR = 0.36
@@ -38,8 +39,7 @@ def rank_slots(record: RunRecord) -> list[tuple[TrialResult, int]]:
 class RankView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.title = QLabel()
-        self.title.setWordWrap(True)
+        self.title = plain_label()  # quotes precisions from reports
         self.charts = pg.GraphicsLayoutWidget()
         self.memory = self.charts.addPlot(row=0, col=0)
         self.memory.setTitle("Memory per rank (left: measured, right: predicted total)",

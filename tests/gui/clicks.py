@@ -60,6 +60,13 @@ def tick(items: QListWidget, name: str, checked: bool = True) -> None:
     assert (item.checkState() == Qt.CheckState.Checked) == checked, name
 
 
+def click_tab(tabs, title: str) -> None:
+    """Click a tab of a QTabWidget by its title, on its tab bar."""
+    bar = tabs.tabBar()
+    index = next(i for i in range(tabs.count()) if tabs.tabText(i).replace("&", "") == title)
+    QTest.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(index).center())
+
+
 def click_tree_item(tree: QTreeWidget, item, double: bool = False) -> None:
     tree.scrollToItem(item)
     rect = tree.visualItemRect(item)  # on its first characters: the row may be wider than the view

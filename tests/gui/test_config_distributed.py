@@ -5,6 +5,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
 from gui.main_window import MainWindow
+from tests.gui.clicks import wait_for_device
 
 
 @pytest.fixture
@@ -52,6 +53,8 @@ def test_strategy_ranks_and_reduce_dtype_make_the_config_and_persist(qtbot, wind
 
     second = MainWindow()
     qtbot.addWidget(second)
+    second.show()  # the saved form comes back once the new window has probed its device
+    wait_for_device(second.config_panel)
     again = second.config_panel.config()
     assert (again.strategy, again.nproc_per_node, again.precisions) == (
         "fsdp2", 4, config.precisions)

@@ -60,7 +60,7 @@ def test_a_hostile_report_shows_its_text_as_text(qtbot, monkeypatch, tmp_path):
     monkeypatch.setattr(QFileDialog, "getOpenFileName",
                         staticmethod(lambda *a, **k: (str(path), "")))
     with qtbot.waitSignal(window.record_shown, timeout=60_000):
-        menu_action(window, "File", "Open JSON report…").trigger()
+        menu_action(window, "File", "Open report or journal…").trigger()
 
     # the text reached the views, as the characters it holds
     assert window.windowTitle() == f"AmpScope — run run{HOSTILE}"
@@ -77,9 +77,8 @@ def test_a_hostile_report_shows_its_text_as_text(qtbot, monkeypatch, tmp_path):
     tips = _tooltips(window)
     assert any("&lt;h1&gt;" in t for t in tips)
     assert not [t for t in tips if any(m in t for m in MARKUP)]
-    # legends of the live charts are HTML labels: escaped too
-    legend_texts = [label.text for plot in window.charts.plots.values() if plot.legend
-                    for _, label in plot.legend.items]
+    # the live charts' legend strip holds HTML labels: escaped too
+    legend_texts = [label.text for _, label in window.charts.legend.items]
     assert any("&lt;h1&gt;" in t for t in legend_texts)
     assert not [t for t in legend_texts if any(m in t for m in MARKUP)]
 

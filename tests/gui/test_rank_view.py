@@ -52,7 +52,7 @@ def window(qtbot):
 def _open_from_menu(qtbot, window, monkeypatch, path) -> None:
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
     action = next(a for m in window.menuBar().actions() for a in m.menu().actions()
-                  if a.text().startswith("&Open JSON report"))
+                  if a.text().startswith("&Open report or journal"))
     with qtbot.waitSignal(window.record_shown, timeout=60_000):
         action.trigger()
 

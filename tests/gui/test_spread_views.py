@@ -11,6 +11,7 @@ from engine.record import RunRecord
 from engine.report.json_io import write_json
 from engine.spread import step_spread
 from gui.main_window import MainWindow
+from tests.gui.clicks import wait_for_device
 
 RUN_TIMEOUT_MS = 300_000  # waits for a real run, does not time it
 TOKENS = 1000
@@ -41,6 +42,7 @@ def test_interleave_checkbox_sets_the_runs_rounds(qtbot):
     panel.preset.setCurrentText("tiny")
     panel.device.setCurrentText("cpu")
     panel.isolation.setCurrentText("inline")
+    wait_for_device(panel)  # Run is enabled once the probe has answered for "cpu"
     for box, value in ((panel.batch_size, 1), (panel.seq_len, 16), (panel.steps, 10),
                        (panel.warmup, 0)):
         box.setValue(value)
@@ -80,7 +82,8 @@ def test_a_noisy_report_says_so_in_the_compare_view(qtbot, tmp_path, monkeypatch
     win = MainWindow()
     qtbot.addWidget(win)
     win.show()
-    _menu_action(win, "File", "Open report or journal…").trigger()
+    with qtbot.waitSignal(win.record_shown, timeout=60_000):  # read off the GUI thread
+        _menu_action(win, "File", "Open report or journal…").trigger()
     note = win.compare_view.speed_note
     assert note.text().startswith("Speed: noisy: speed-ups not significant")
     assert "idle machine" in note.text() and "C00000" in note.styleSheet()

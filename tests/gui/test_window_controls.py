@@ -140,7 +140,7 @@ def test_file_menu_exports_each_format_and_opens_a_report(qtbot, window, monkeyp
     monkeypatch.setattr(QFileDialog, "getOpenFileName",
                         staticmethod(lambda *a, **k: (str(tmp_path / "run-json.json"), "")))
     with qtbot.waitSignal(other.record_shown, timeout=RUN_TIMEOUT_MS):
-        menu_action(other, "File", "Open JSON report…").trigger()
+        menu_action(other, "File", "Open report or journal…").trigger()
     assert other.record.run_id == record.run_id
     assert other.compare_view.table_tsv() == window.compare_view.table_tsv()
     assert other.windowTitle() == f"AmpScope — run {record.run_id}"
@@ -157,7 +157,8 @@ def test_a_malformed_report_is_refused_and_the_previous_run_stays(qtbot, window,
     bad.write_text(json.dumps(data))
     monkeypatch.setattr(QFileDialog, "getOpenFileName",
                         staticmethod(lambda *a, **k: (str(bad), "")))
-    menu_action(window, "File", "Open JSON report…").trigger()
+    with qtbot.waitSignal(window.open_failed, timeout=60_000):  # read off the GUI thread
+        menu_action(window, "File", "Open report or journal…").trigger()
     message = window.statusBar().currentMessage()
     assert str(bad) in message and "trials[0].steps[0].step_ms: expected a number" in message
     assert window.record is record

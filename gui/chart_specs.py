@@ -1,0 +1,27 @@
+"""The charts the window draws, by key: titles and axes, without pyqtgraph.
+
+The File > Export chart menu is built from these at start-up, before the chart views
+(which load pyqtgraph) exist.
+"""
+
+# live chart key -> (title, left-axis label, units pyqtgraph may prefix: only for s and W)
+LIVE_CHARTS: dict[str, tuple[str, str, str | None]] = {
+    "loss": ("Loss", "loss", None),
+    "loss_scale": ("Loss scale (○ = skipped step)", "log2(scale)", None),
+    "step_time": ("Step time", "step time", "s"),
+    "throughput": ("Throughput", "tokens/s", None),
+    "mfu": ("MFU (model FLOPs, no recompute)", "MFU (%)", None),
+    "memory": ("Allocated (solid) / reserved (dashed)", "memory (MiB)", None),
+    "monitor_util": ("GPU utilisation", "utilisation (%)", None),
+    "monitor_memory": ("GPU memory", "memory (MiB)", None),
+    "monitor_power": ("GPU power", "power", "W"),
+    "monitor_gpm": ("Tensor pipe / SM activity (GPM)", "activity (%)", None),
+}
+
+# Compare tab chart key -> (title, left-axis label, units)
+COMPARE_CHARTS: dict[str, tuple[str, str, str | None]] = {
+    "memory": ("Memory by category (left: measured, right: predicted)", "MiB", None),
+    "throughput": ("Throughput (whiskers: 95% CI; label: speed-up vs fp32)", "tokens/s", None),
+    "mfu": ("MFU (model FLOPs, no recompute; peak blended by dtype)", "MFU", "%"),
+    "peak_memory": ("Peak memory", "MiB", None),
+}
