@@ -126,9 +126,13 @@ def main() -> int:
 
 
 def wait_for_device(window) -> None:
-    """Wait until the device probe has answered (it runs off the GUI thread)."""
+    """Wait until the device probe has answered and the probe's thread has loaded
+    transformers (engine_loaded): the run then measures streaming, not that import, which
+    a run started sooner overlaps (see docs/results/cpu-gui-latency.md)."""
     panel = window.config_panel
-    while getattr(panel, "device_pending", lambda: False)():
+    loaded = []
+    panel.engine_loaded.connect(lambda: loaded.append(True))
+    while panel.device_pending() or not loaded:
         QTest.qWait(50)
 
 

@@ -108,7 +108,9 @@ def task_of(config) -> str:
 
 def load_config(source: ModelSource, trust_remote_code: bool = False):
     """The transformers config of a source, and its task. Hub ids come from the cache."""
-    from transformers import AutoConfig
+    from engine.hf import auto_config
+
+    AutoConfig = auto_config()  # noqa: N806 (the class, as transformers names it)
 
     if source.kind == "preset":
         preset = get_preset(source.ref)

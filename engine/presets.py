@@ -17,10 +17,10 @@ class Preset:
     config: dict  # kwargs for transformers.AutoConfig.for_model
 
     def build_config(self):
-        from transformers import AutoConfig
+        from engine.hf import auto_config
 
         kwargs = dict(self.config)
-        return AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+        return auto_config().for_model(kwargs.pop("model_type"), **kwargs)
 
 
 @cache

@@ -92,16 +92,19 @@ class ConfigPanel(QWidget):
     changed = Signal()  # any edit
     validity_changed = Signal(bool)
     device_changed = Signal(object)  # DeviceInfo, or None when the device cannot be used
+    engine_loaded = Signal()  # torch and transformers are loaded (in the probe's thread)
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, probe_on_paint: bool = True) -> None:
         super().__init__(parent)
+        self._probe_on_paint = probe_on_paint
         self.device_info: DeviceInfo | None = None
         self.device_error: str | None = None
         self._probing: str | None = None  # the device asked about, until the probe answers
         self._probe = DeviceProbe(self)
         self._probe.answered.connect(self._on_probe_answer)
-        # the probe starts after the first paint (see paintEvent), or after this long
-        # when the form is never painted
+        self._probe.engine_loaded.connect(self.engine_loaded)
+        # the probe starts after the first paint (see paintEvent) or when the owner calls
+        # start_probe, or after this long when neither happens
         QTimer.singleShot(PROBE_FALLBACK_MS, self._probe.start)
         self._error: str | None = None
         defaults = RunConfig()
@@ -377,8 +380,12 @@ class ConfigPanel(QWidget):
 
     def paintEvent(self, event) -> None:
         super().paintEvent(event)
-        # the window is on screen: now torch may load in the probe's thread
-        QTimer.singleShot(0, self._probe.start)
+        if self._probe_on_paint:  # the window is on screen: now torch may load
+            QTimer.singleShot(0, self._probe.start)
+
+    def start_probe(self) -> None:
+        """Let torch load in the probe's thread (it holds the GIL for long stretches)."""
+        self._probe.start()
 
     def device_pending(self) -> bool:
         """True while the device probe has not answered for the chosen device."""

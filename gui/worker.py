@@ -130,6 +130,9 @@ class DeviceProbe(QObject):
     """Answers ``probe(device)`` requests one at a time in a thread; the newest one wins."""
 
     answered = Signal(str, object, object)  # requested device, DeviceInfo | None, error | None
+    # transformers is loaded too, after the first answer: a run checks its model with it
+    # before starting, and importing it then (seconds, holding the GIL) stalled the window
+    engine_loaded = Signal()
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -151,7 +154,17 @@ class DeviceProbe(QObject):
     def _serve(self) -> None:
         from engine.device import probe  # torch loads here, not on the window's start-up path
 
+        warmed = False
         while True:
+            if not warmed and self._requests.empty():
+                import engine.model_health  # noqa: F401 (the run's model check)
+                import engine.runner  # noqa: F401
+                from engine.hf import load_transformers
+
+                load_transformers()
+
+                warmed = True
+                self.engine_loaded.emit()
             device = self._requests.get()
             while not self._requests.empty():  # a newer choice makes older ones moot
                 device = self._requests.get()
