@@ -282,13 +282,18 @@ class LiveCharts(QWidget):
         color = precision_color(precision)
         # the label is a format string to pyqtgraph: braces in a name are literal
         label = precision.replace("{", "{{").replace("}", "}}")
+        # one chart names the trial (the others share its x axis): labels on all four
+        # overprinted each other and the charts' n/a notes; they step down so
+        # neighbouring short trials do not overprint
+        starts = sum(getattr(line, "label", None) is not None for _, line in self._trial_lines)
+        position = 0.95 - 0.12 * (starts % 4)
         for key in MONITOR_CHARTS:
-            # labels step down so neighbouring short trials do not overprint each other
-            position = 0.95 - 0.12 * ((len(self._trial_lines) // 3) % 4)
+            labelled = key == MONITOR_CHARTS[0]
             line = pg.InfiniteLine(
                 pos=time_s - self._t0, angle=90,
                 pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DotLine),
-                label=label, labelOpts={"position": position, "color": color},
+                label=label if labelled else None,
+                labelOpts={"position": position, "color": color},
             )
             self.plots[key].addItem(line)
             self._trial_lines.append((self.plots[key], line))
@@ -298,8 +303,10 @@ class LiveCharts(QWidget):
         summary, memory = trial.summary, trial.memory
         if summary is not None and summary.mfu is None and summary.mfu_reason:
             self._reasons.setdefault("mfu", f"MFU n/a: {summary.mfu_reason}")
-        if memory is not None and memory.peak_allocated_bytes is None and memory.notes:
-            self._reasons.setdefault("memory", f"allocator counters n/a: {memory.notes}")
+        if memory is not None and memory.peak_allocated_bytes is None:
+            self._reasons.setdefault(
+                "memory", "n/a: torch's allocator counters exist on CUDA only; memory by "
+                          "category is in the Compare and Model tabs")
 
     def _set_note(self, chart: str, text: str) -> None:
         if any(key[0] == chart and len(s.x) for key, s in self._series.items()):
