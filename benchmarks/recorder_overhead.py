@@ -5,7 +5,7 @@ alternating blocks with and without a Recorder (ABBA, so drift in the machine's
 speed hits both), drops each block's first steps (the Recorder's step 0 counts FLOPs), and
 prints the ratio of the median step times. Goal: <= 1.02.
 
-    python benchmarks/recorder_overhead.py [--device cuda] [--blocks 6] [--steps 20]
+    python benchmarks/recorder_overhead.py [--device cuda] [--blocks 12] [--steps 20]
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def block(model, opt, batch, steps: int, device, recorder: bool) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     device = torch.device(args.device)
