@@ -226,7 +226,6 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
 def _finish(record, runner, out, signals, trace: str | None = None) -> int:
     """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
     from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
-    from engine.report.writer import write_report
 
     verdict = speed_verdict(record.trials)
     _say(format_table(comparison_rows(record, verdict)))
@@ -243,13 +242,9 @@ def _finish(record, runner, out, signals, trace: str | None = None) -> int:
     journal = runner.journal_path
     code = 0
     if out is not None:
-        try:
-            write_report(record, out)
+        if _write_report(record, out, _journal_note(runner)):
             _say(f"report written to {out}")
-        except (OSError, ValueError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            _say(f"ampscope: error: could not write the report {out} ({why}); "
-                 f"{_journal_note(runner)}", err=True)
+        else:
             code = EXIT_FAILED
     failed = [t for t in record.trials if t.status not in ("ok", "unsupported")]
     if signals.received:
@@ -500,7 +495,7 @@ def _numerics(args) -> int:
     from engine.environment import collect
     from engine.numerics.lab import format_lab_text, run_lab
     from engine.record import RunRecord
-    from engine.report.writer import check_writable, write_report
+    from engine.report.writer import check_writable
 
     out = None
     if args.out:
@@ -516,10 +511,7 @@ def _numerics(args) -> int:
                            batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed)
         record = RunRecord(config=config.to_dict(), environment=collect(probe(args.device)),
                            numerics=result, status="ok")
-        try:
-            write_report(record, out)
-        except OSError as exc:
-            _say(f"ampscope: error: could not write the report {out} ({exc.strerror})", err=True)
+        if not _write_report(record, out):
             return EXIT_FAILED
         print(f"report written to {out}")
     return 0
@@ -528,18 +520,29 @@ def _numerics(args) -> int:
 # --- report ------------------------------------------------------------------------
 
 
+def _write_report(record, out, note: str = "") -> bool:
+    """Write ``record`` to ``out``; on failure say why in one line (with ``note``)."""
+    from engine.report.writer import write_report
+
+    try:
+        write_report(record, out)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        _say(f"ampscope: error: could not write the report {out} ({why})"
+             + (f"; {note}" if note else ""), err=True)
+        return False
+    return True
+
+
 def _report(args) -> int:
     """Any journal (or JSON report) into any report format."""
-    from engine.report.writer import check_writable, write_report
+    from engine.report.writer import check_writable
 
     out = check_writable(args.out)
     from engine.journal import read_run
 
     record = read_run(args.source)
-    try:
-        write_report(record, out)
-    except OSError as exc:
-        _say(f"ampscope: error: could not write the report {out} ({exc.strerror})", err=True)
+    if not _write_report(record, out):
         return EXIT_FAILED
     _say(f"report of run {record.run_id} ({record.status}) written to {out}")
     return 0

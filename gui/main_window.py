@@ -208,32 +208,37 @@ class MainWindow(QMainWindow):
         return holder
 
     def _build(self, name: str) -> QWidget:
+        view = getattr(self, f"_make_{name}")()
+        holder = self._holders.pop(name)
         if name == "charts":
-            from gui.live_charts import LiveCharts
-
-            view = LiveCharts()
             self._run_right.replaceWidget(0, view)
-        else:
-            if name == "compare_view":
-                from gui.compare_view import CompareView
-
-                view = CompareView()
-            else:
-                from gui.numerics_view import NumericsView
-
-                view = NumericsView()
-                view.run_requested.connect(self.start_lab)
-                if self.worker.is_running() or self.lab_worker.is_running():
-                    view.set_busy(True)
-            holder = self._holders[name]
+        else:  # a tab: the view takes the stand-in's place, the current tab stays
             index, current = self.tabs.indexOf(holder), self.tabs.currentIndex()
             blocked = self.tabs.blockSignals(True)  # the swap is not the user changing tab
             self.tabs.insertTab(index, view, self.tabs.tabText(index))
             self.tabs.removeTab(index + 1)
             self.tabs.setCurrentIndex(current)
             self.tabs.blockSignals(blocked)
+        holder.deleteLater()
         self._built[name] = view
-        self._holders.pop(name).deleteLater()
+        return view
+
+    def _make_charts(self) -> QWidget:
+        from gui.live_charts import LiveCharts
+
+        return LiveCharts()
+
+    def _make_compare_view(self) -> QWidget:
+        from gui.compare_view import CompareView
+
+        return CompareView()
+
+    def _make_numerics_view(self) -> QWidget:
+        from gui.numerics_view import NumericsView
+
+        view = NumericsView()
+        view.run_requested.connect(self.start_lab)
+        view.set_busy(self.worker.is_running() or self.lab_worker.is_running())
         return view
 
     def paintEvent(self, event) -> None:
