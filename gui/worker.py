@@ -156,25 +156,39 @@ class DeviceProbe(QObject):
 
         warmed = False
         while True:
+            device = self._requests.get()
+            while not self._requests.empty():  # a newer choice makes older ones moot
+                device = self._requests.get()
+            if not _tell(self.answered, device, *_answer(probe, device)):
+                return
             if not warmed and self._requests.empty():
                 import engine.model_health  # noqa: F401 (the run's model check)
                 import engine.runner  # noqa: F401
                 from engine.hf import load_transformers
 
                 load_transformers()
-
                 warmed = True
-                self.engine_loaded.emit()
-            device = self._requests.get()
-            while not self._requests.empty():  # a newer choice makes older ones moot
-                device = self._requests.get()
-            try:
-                self.answered.emit(device, probe(device), None)
-            except ValueError as exc:  # e.g. cuda asked for on a machine without it
-                self.answered.emit(device, None, str(exc))
-            except Exception as exc:  # a broken driver must not take the window down
-                self.answered.emit(device, None,
-                                   f"device probe failed: {type(exc).__name__}: {exc}")
+                if not _tell(self.engine_loaded):
+                    return
+
+
+def _answer(probe, device: str) -> tuple:
+    """(DeviceInfo, None) or (None, why it cannot be used)."""
+    try:
+        return probe(device), None
+    except ValueError as exc:  # e.g. cuda asked for on a machine without it
+        return None, str(exc)
+    except Exception as exc:  # a broken driver must not take the window down
+        return None, f"device probe failed: {type(exc).__name__}: {exc}"
+
+
+def _tell(signal, *args) -> bool:
+    """Emit from a worker thread; False once the window that listened is gone."""
+    try:
+        signal.emit(*args)
+    except RuntimeError:  # "Signal source has been deleted": the window was closed
+        return False
+    return True
 
 
 class ReportLoader(QObject):

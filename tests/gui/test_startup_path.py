@@ -52,3 +52,14 @@ def test_a_tab_clicked_before_its_view_is_built_shows_the_view(qtbot):
     assert window.tabs.currentWidget() is window.numerics_view
     assert window.numerics_view.isVisible()
     assert window.numerics_view.run_button.isEnabled()
+
+
+def test_start_up_objects_are_frozen_once_the_engine_has_loaded(qtbot):
+    import gc
+
+    gc.unfreeze()  # an earlier test's window may have frozen this process already
+    window = MainWindow()
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.config_panel.engine_loaded, timeout=300_000):
+        window.show()
+    assert gc.get_freeze_count() > 0  # full collections no longer scan torch/transformers
