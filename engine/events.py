@@ -301,14 +301,17 @@ class OpTime:
 
 @dataclass(frozen=True)
 class KernelTime:
-    """One GPU kernel name launched by one op in the profiled step."""
+    """One GPU kernel name launched by one op in the profiled step (op "unattributed":
+    no CPU op enclosed its launch)."""
 
     name: str
     op: str
     dtype: str
     calls: int
     ms: float
-    tensor_core: bool | None  # None: not a matmul kernel
+    tensor_core: bool | None  # None: not a matmul kernel, or its name cannot tell
+    kind: str = ""  # matmul, attention, matmul helper, elementwise, communication, ...
+    tensor_core_why: str = ""  # what in the name decided the kind and the verdict
 
 
 @dataclass(frozen=True)

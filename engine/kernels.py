@@ -34,6 +34,13 @@ MATMUL, ELEMENTWISE, COPY, OPTIMIZER, SCALER, GRAD_NORM, OTHER = (
 CATEGORIES = (MATMUL, ELEMENTWISE, COPY, OPTIMIZER, SCALER, GRAD_NORM, OTHER)
 # CPU only: step time in no aten op (Python, the autograd engine, the profiler itself)
 OUTSIDE_OPS = "outside aten ops"
+# GPU only: kernels whose launch no CPU op enclosed (only the step range, or nothing)
+UNATTRIBUTED = "unattributed"
+# ranges that are not an op: a kernel launched directly under them has no enclosing op
+_NOT_OPS = (STEP_RANGE, "ProfilerStep#")
+_KIND_CATEGORY = {"matmul": MATMUL, "attention": MATMUL, "matmul helper": MATMUL,
+                  "elementwise": ELEMENTWISE, "reduction/normalisation": ELEMENTWISE,
+                  "optimizer": OPTIMIZER, "copy": COPY, "quantisation": COPY}
 
 _MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "_int_mm",
                "addmv", "mv", "dot", "einsum", "convolution", "_convolution", "conv1d",
@@ -53,18 +60,102 @@ _DTYPE_NAMES = {
 }
 _FLOATING = ("float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 
-# Kernel names that run on Tensor Cores: MMA instruction families (HMMA/IMMA, Hopper's
-# wgmma, Blackwell's tcgen05), cuBLAS's Hopper GEMM family nvjet (warpgroup MMA), tile
-# names such as s16816, or a GEMM/xmma/cutlass/attention kernel whose name carries a
-# half, 8-bit or TF32 input type ("xmma_gemm_f32f32_f32f32" is plain fp32: not TC).
-# SIMT templates and gemv kernels do not. A name is the only evidence a trace has.
+# What a kernel's name says (a name is the only evidence a trace has). Tensor Core
+# families: MMA instructions (HMMA/IMMA, Hopper's wgmma, Blackwell's tcgen05), cuBLAS's
+# Hopper GEMM family nvjet (warpgroup MMA), tile names such as s16816/s1688, or a GEMM/
+# xmma/cutlass kernel whose name carries a half, bfloat16, 8-bit or TF32 input type
+# ("xmma_gemm_f32f32_f32f32" is plain fp32). SIMT templates, sgemm/dgemm and gemv do not.
 _TENSOR_CORE = re.compile(
     r"wgmma|hmma|imma|tcgen05|nvjet|tensorop|s16816|s1688|h16816|h1688|i16832|i8816|"
-    r"(gemm|xmma|cutlass|flash|fmha).*(f16|bf16|fp16|half|e4m3|e5m2|tf32|i8)|"
-    r"(f16|bf16|fp16|half|e4m3|e5m2|tf32).*(gemm|cutlass)", re.IGNORECASE)
-_NOT_TENSOR_CORE = re.compile(r"simt|gemv|dot_kernel|sgemm(?!.*tf32)|dgemm", re.IGNORECASE)
-_MATMUL_KERNEL = re.compile(r"gemm|xmma|wgmma|nvjet|cutlass|matmul|fmha|flash|attention",
-                            re.IGNORECASE)
+    r"(gemm|xmma|cutlass).*(f16|bf16|fp16|half|bfloat16|e4m3|e5m2|tf32|i8)|"
+    r"(f16|bf16|fp16|half|bfloat16|e4m3|e5m2|tf32).*(gemm|cutlass)", re.IGNORECASE)
+_NOT_TENSOR_CORE = re.compile(r"simt|gemv|dot_kernel|sgemm(?!.*tf32)|dgemm|scudnn|"
+                              r"gemm_4bit_inference|_f32f32_f32f32", re.IGNORECASE)
+_COMMUNICATION = re.compile(r"nccl", re.IGNORECASE)
+# Kernels that run beside a matmul but do no multiply-accumulate: cuBLASLt's split-K
+# reduction and epilogue, CUTLASS/cuDNN ReduceSplitK, FlashAttention's split-KV combine
+# and backward pre/post-processing (FlashAttention 2: flash_bwd_{dot_do_o,convert_dq,
+# clear_dkvaccum}_kernel; FlashAttention 3: FlashAttnBwdPreprocess/Postprocess,
+# FlashAttnFwdCombine), cuDNN's offset helpers.
+_MATMUL_HELPER = re.compile(
+    r"splitKreduce|ReduceSplitK|splitkv_combine|FwdCombine|flash_bwd_(dot_do_o|convert|clear)|"
+    r"BwdPreprocess|BwdPostprocess|prepare_varlen|epilogue::impl|compute\w*OffsetsKernel",
+    re.IGNORECASE)
+_TRITON = re.compile(r"\btriton_(poi|red|per|tem)_")
+_ATTENTION = re.compile(r"flash_fwd|flash_bwd|FlashAttn|fmha_cutlass|fmha_|AttentionKernel|"
+                        r"AttentionBackwardKernel", re.IGNORECASE)
+_GEMM = re.compile(r"gemm|gemv|xmma|wgmma|nvjet|cutlass|dot_kernel|scudnn", re.IGNORECASE)
+_QUANT = re.compile(r"quant", re.IGNORECASE)
+_FP32_MEM_EFF = re.compile(r"fmha_cutlass[FB]_f32\w*?_sm(\d+)")
+_OTHER_KINDS = (
+    (re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|AdamFunctor", re.IGNORECASE),
+     "optimizer"),
+    (re.compile(r"reduce_kernel|norm|softmax", re.IGNORECASE), "reduction/normalisation"),
+    (re.compile(r"elementwise", re.IGNORECASE), "elementwise"),
+    (re.compile(r"memcpy|memset|copy", re.IGNORECASE), "copy"),
+)
+MATMUL_KINDS = ("matmul", "attention")
+
+
+@dataclass(frozen=True)
+class KernelClass:
+    """What one kernel name says: its kind, and for matmul kinds whether it ran on
+    Tensor Cores (None: not a matmul kind, or the name cannot tell) and why."""
+
+    kind: str  # matmul, attention, matmul helper, communication, quantisation, ...
+    tensor_core: bool | None
+    why: str
+
+
+def classify_kernel(name: str) -> KernelClass:
+    """The kind and Tensor Core verdict of a kernel, from its name alone."""
+    if _COMMUNICATION.search(name):
+        return KernelClass("communication", None, "NCCL collective")
+    if _MATMUL_HELPER.search(name):
+        return KernelClass("matmul helper", None, "reduction/epilogue beside a matmul, no MMA")
+    triton = _TRITON.search(name)
+    if triton:
+        kind = {"poi": "elementwise", "red": "reduction/normalisation",
+                "per": "reduction/normalisation", "tem": "matmul"}[triton.group(1)]
+        if kind != "matmul":
+            return KernelClass(kind, None, f"Triton {kind} kernel (inductor)")
+        # inductor names templates triton_tem_<fused ops>; tl.dot uses Tensor Cores only
+        # for half/8-bit/TF32 inputs, which the name does not carry
+        return KernelClass("matmul", None, "Triton template: the name does not say the "
+                                           "input dtype, so not whether tl.dot used MMA")
+    if _QUANT.search(name) and not _GEMM.search(name):
+        return KernelClass("quantisation", None, "(de)quantisation, no MMA")
+    if _ATTENTION.search(name):
+        fp32 = _FP32_MEM_EFF.search(name)
+        if fp32:
+            # PyTorch's memory-efficient attention (from xformers) runs fp32 on sm80+ with
+            # TF32 MMA in 3 passes (OpMultiplyAddFastF32), on older GPUs as SIMT FMA
+            # (pytorch/pytorch aten/src/ATen/native/transformers/cuda/mem_eff_attention/
+            # gemm_kernel_utils.h, DefaultGemmType)
+            if int(fp32.group(1)) >= 80:
+                return KernelClass("attention", True, "fp32 memory-efficient attention on "
+                                                      "sm80+: 3xTF32 on Tensor Cores")
+            return KernelClass("attention", False, "fp32 memory-efficient attention before "
+                                                   "sm80: SIMT, no Tensor Cores")
+        if _NOT_TENSOR_CORE.search(name):
+            return KernelClass("attention", False, "SIMT attention kernel")
+        if "fmha_cutlass" in name and not re.search(r"f16|bf16", name):
+            return KernelClass("attention", None, "the name carries no input type")
+        # FlashAttention takes fp16/bf16 (fp8 in version 3) and multiplies with MMA only
+        return KernelClass("attention", True, "half-precision attention on Tensor Cores")
+    if _GEMM.search(name):
+        if _NOT_TENSOR_CORE.search(name):
+            return KernelClass("matmul", False, "SIMT/gemv or plain fp32 GEMM")
+        if re.search(r"nvjet_\w*?sss", name):
+            return KernelClass("matmul", None, "fp32 nvjet: the name does not say whether "
+                                               "TF32 was allowed")
+        if _TENSOR_CORE.search(name):
+            return KernelClass("matmul", True, "MMA family or half/8-bit/TF32 inputs")
+        return KernelClass("matmul", None, "the name carries no input type or MMA family")
+    for pattern, kind in _OTHER_KINDS:
+        if pattern.search(name):
+            return KernelClass(kind, None, kind)
+    return KernelClass("other", None, "other")
 
 
 @dataclass(frozen=True)
@@ -85,6 +176,8 @@ class DeviceSpan:
 
     start_us: float
     end_us: float
+    name: str = ""
+    attributed: bool = True  # False: no CPU op enclosed its launch (the unattributed bucket)
 
 
 def op_dtype(input_dtypes: tuple[str, ...]) -> str:
@@ -134,8 +227,9 @@ def _odd_reason(m: int, n: int, k: int, multiple: int) -> str:
 
 
 def category(call: OpCall) -> str:
-    """The op's category; the innermost optimizer/GradScaler/grad-norm range wins."""
-    for name in call.ancestors:
+    """The op's category; the innermost optimizer/GradScaler/grad-norm range wins (the
+    op itself may be such a range when a kernel was launched directly under it)."""
+    for name in (call.name, *call.ancestors):
         if name.startswith("Optimizer.step") or name.startswith("Optimizer.zero_grad"):
             return OPTIMIZER
         if name == SCALER_RANGE:
@@ -153,10 +247,8 @@ def category(call: OpCall) -> str:
 
 
 def tensor_core_kernel(name: str) -> bool:
-    """True when a matmul kernel's name says it ran on Tensor Cores."""
-    if _NOT_TENSOR_CORE.search(name):
-        return False
-    return bool(_TENSOR_CORE.search(name))
+    """True when a kernel's name says it is a matmul that ran on Tensor Cores."""
+    return classify_kernel(name).tensor_core is True
 
 
 def idle_gaps_us(spans: list[DeviceSpan]) -> tuple[float, float]:
@@ -179,56 +271,91 @@ class _Acc:
     extra: dict = field(default_factory=dict)
 
 
+def _kernel_category(call: OpCall, cat: str, kclass: KernelClass) -> str:
+    """An aten op's or a range's category holds for all its kernels; under another op
+    (inductor's Triton ranges, bitsandbytes' ops, a compiled graph) the kernel's kind
+    decides."""
+    if call.name.startswith("aten::") or cat != OTHER:
+        return cat
+    return _KIND_CATEGORY.get(kclass.kind, OTHER)
+
+
 def analyse(calls: list[OpCall], device_kind: str, step_wall_us: float,
             spans: list[DeviceSpan] | None = None) -> ProfiledStep:
-    """Group the step's op (CPU) or kernel (GPU) time by op, dtype and category."""
+    """Group the step's op (CPU) or kernel (GPU) time by op, dtype and category.
+
+    On a GPU every kernel counts once: under the op that enclosed its launch, or in the
+    unattributed bucket; the category shares and the idle-gap share sum to 1.
+    """
     gpu = device_kind == "cuda"
     ops: dict[tuple[str, str, str], _Acc] = {}
     kernels: dict[tuple[str, str, str], _Acc] = {}
     odd: dict[tuple, _Acc] = {}
+    spans = spans or []
+
+    def add_kernel(kname: str, op: str, dtype: str, dur: float) -> None:
+        k = kernels.setdefault((kname, op, dtype), _Acc())
+        k.calls += 1
+        k.us += dur
+
     for call in calls:
         cat, dtype = category(call), op_dtype(call.input_dtypes)
-        us = sum(d for _, d in call.kernels) if gpu else call.self_cpu_us
-        acc = ops.setdefault((call.name, dtype, cat), _Acc())
-        acc.calls += 1
-        acc.us += us
+        if gpu:
+            by_cat: dict[str, float] = {}
+            for kname, dur in call.kernels:
+                kcat = _kernel_category(call, cat, classify_kernel(kname))
+                by_cat[kcat] = by_cat.get(kcat, 0.0) + dur
+                add_kernel(kname, call.name, dtype, dur)
+        else:
+            by_cat = {cat: call.self_cpu_us}
+        for c, us in (by_cat or {cat: 0.0}).items():
+            acc = ops.setdefault((call.name, dtype, c), _Acc())
+            acc.calls += 1
+            acc.us += us
         dims = odd_gemm(call, dtype) if cat == MATMUL else None
         if dims is not None:
             o = odd.setdefault((call.name, dtype, *dims), _Acc(extra={"tc": True}))
             o.calls += 1
-            o.us += us
+            o.us += sum(by_cat.values())
             if gpu:
-                o.extra["tc"] = o.extra["tc"] and all(tensor_core_kernel(k) for k, _ in
-                                                      call.kernels)
-        for kname, dur in call.kernels if gpu else ():
-            k = kernels.setdefault((kname, call.name, dtype), _Acc())
-            k.calls += 1
-            k.us += dur
-            k.extra["matmul"] = cat == MATMUL or bool(_MATMUL_KERNEL.search(kname))
+                o.extra["tc"] = o.extra["tc"] and all(
+                    classify_kernel(k).tensor_core is not False for k, _ in call.kernels)
+    unattributed_us = 0.0
+    for s in spans:
+        if not s.attributed:
+            unattributed_us += s.end_us - s.start_us
+            add_kernel(s.name, UNATTRIBUTED, "-", s.end_us - s.start_us)
     if gpu:
-        step_us, idle_us = idle_gaps_us(spans or [])
+        span_us, idle_us = idle_gaps_us(spans)
         idle_reason = None if spans else "no kernel ran in the profiled step"
     else:
-        step_us, idle_us = step_wall_us, None
+        span_us, idle_us = step_wall_us, None
         idle_reason = ("CPU run: ops run back to back on the host thread, there is no "
                        "separate device timeline with gaps between kernels")
-    share = (lambda us: us / step_us) if step_us > 0 else (lambda us: None)
     by_cat = dict.fromkeys(CATEGORIES, 0.0)
     by_mm_dtype: dict[str, float] = {}
     for (_, dtype, cat), acc in ops.items():
         by_cat[cat] += acc.us
         if cat == MATMUL:
             by_mm_dtype[dtype] = by_mm_dtype.get(dtype, 0.0) + acc.us
-    if not gpu:
-        by_cat[OUTSIDE_OPS] = max(0.0, step_us - sum(by_cat.values()))
+    if gpu:
+        by_cat[UNATTRIBUTED] = unattributed_us
+        # kernels on several streams may overlap: the shares are of the summed kernel
+        # time plus the idle gaps, which equals the span when they do not
+        total_us = sum(by_cat.values()) + idle_us
+    else:
+        by_cat[OUTSIDE_OPS] = max(0.0, span_us - sum(by_cat.values()))
+        total_us = span_us
+    share = (lambda us: us / total_us) if total_us > 0 else (lambda us: None)
     rows = sorted(ops.items(), key=lambda kv: -kv[1].us)
     op_rows = [OpTime(op=name, dtype=dtype, category=cat, calls=a.calls, self_ms=a.us / 1e3,
                       step_share=share(a.us)) for (name, dtype, cat), a in rows if a.us > 0]
-    kernel_rows = [
-        KernelTime(name=kname, op=op, dtype=dtype, calls=a.calls, ms=a.us / 1e3,
-                   tensor_core=tensor_core_kernel(kname) if a.extra["matmul"] else None)
-        for (kname, op, dtype), a in sorted(kernels.items(), key=lambda kv: -kv[1].us)
-    ]
+    kernel_rows = []
+    for (kname, op, dtype), a in sorted(kernels.items(), key=lambda kv: -kv[1].us):
+        kc = classify_kernel(kname)
+        kernel_rows.append(KernelTime(name=kname, op=op, dtype=dtype, calls=a.calls,
+                                      ms=a.us / 1e3, tensor_core=kc.tensor_core, kind=kc.kind,
+                                      tensor_core_why=kc.why))
     odd_rows = [
         GemmShapeTime(op=name, dtype=dtype, m=m, n=n, k=k, calls=a.calls, ms=a.us / 1e3,
                       tensor_core=a.extra["tc"] if gpu else None,
@@ -237,18 +364,26 @@ def analyse(calls: list[OpCall], device_kind: str, step_wall_us: float,
     ]
     tc_share, tc_reason = None, ("CPU run: no Tensor Cores" if not gpu else None)
     if gpu:
-        mm = [k for k in kernel_rows if k.tensor_core is not None]
-        mm_ms = sum(k.ms for k in mm)
-        if mm_ms > 0:
-            tc_share = sum(k.ms for k in mm if k.tensor_core) / mm_ms
-        else:
+        mm = [k for k in kernel_rows if k.kind in MATMUL_KINDS]
+        judged = [k for k in mm if k.tensor_core is not None]
+        judged_ms = sum(k.ms for k in judged)
+        unknown_ms = sum(k.ms for k in mm) - judged_ms
+        if judged_ms > 0:
+            tc_share = sum(k.ms for k in judged if k.tensor_core) / judged_ms
+        if unknown_ms > 0:
+            tc_reason = (f"{unknown_ms:.3f} ms of matmul kernels left out: their names do "
+                         "not say whether they ran on Tensor Cores (e.g. Triton templates)")
+        elif not mm:
             tc_reason = "no matmul kernel ran in the profiled step"
     return ProfiledStep(
-        time_basis=("device time of the kernels each aten op launched (torch.profiler, CUDA "
-                    "activity); step = first kernel start to last kernel end") if gpu else
+        time_basis=("device time of the kernels each op launched (torch.profiler, CUDA "
+                    "activity; a kernel counts under the innermost CPU op of any namespace "
+                    "that enclosed its launch, else as unattributed); step = first kernel "
+                    "start to last kernel end; shares are of the kernels' summed time plus "
+                    "the idle gaps (the step, unless kernels overlapped)") if gpu else
                    ("self CPU time of each aten op (torch.profiler); step = wall time of "
                     "the profiled step"),
-        step_ms=step_us / 1e3,
+        step_ms=span_us / 1e3,
         category_ms={k: v / 1e3 for k, v in by_cat.items()},
         category_share={k: share(v) for k, v in by_cat.items()},
         matmul_share_by_dtype={k: share(v) for k, v in sorted(by_mm_dtype.items())},
@@ -299,15 +434,26 @@ def _work_dtypes(event) -> tuple[str, ...]:
     return tuple(found.input_dtypes or ())
 
 
+def _is_op(event) -> bool:
+    """A CPU event that can own time: an aten op, or any other op or range (inductor's
+    Triton ranges, bitsandbytes' ops, a compiled graph) that launched kernels itself."""
+    if event.name.startswith("aten::"):
+        return True
+    return bool(event.kernels) and not event.name.startswith(_NOT_OPS)
+
+
 def _calls_from(events) -> tuple[list[OpCall], float, list[DeviceSpan]]:
+    """OpCalls, the step's wall time and the device spans, from torch.profiler's
+    ``FunctionEvent``s or the same built from a Chrome trace (``chrome_trace_events``)."""
     from torch.autograd import DeviceType
 
-    calls, spans, step_us = [], [], 0.0
+    calls, device, owners, step_us = [], [], set(), 0.0
     for e in events:
         if e.device_type == DeviceType.CPU:
             if e.name == STEP_RANGE:
                 step_us = e.time_range.elapsed_us()
-            elif e.name.startswith("aten::"):
+            elif _is_op(e):
+                owners.add(e.id)
                 calls.append(OpCall(
                     name=e.name, ancestors=_ancestors(e),
                     input_dtypes=_work_dtypes(e), self_cpu_us=e.self_cpu_time_total,
@@ -315,8 +461,129 @@ def _calls_from(events) -> tuple[list[OpCall], float, list[DeviceSpan]]:
                     shapes=_shapes(e) if _is_matmul(e.name) else (),
                 ))
         elif e.device_type == DeviceType.CUDA and _device_work(e):
-            spans.append(DeviceSpan(e.time_range.start, e.time_range.end))
+            device.append(e)
+    # the profiler hangs a kernel on the CPU event whose correlation id it links to (the
+    # innermost op or range around the launch); one hung on no op is unattributed
+    spans = [DeviceSpan(e.time_range.start, e.time_range.end, e.name,
+                        attributed=e.linked_correlation_id in owners - {0})
+             for e in device]
     return calls, step_us, spans
+
+
+@dataclass(frozen=True)
+class _Interval:
+    start: float
+    end: float
+
+    def elapsed_us(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    name: str
+    duration: float
+
+
+@dataclass(eq=False)
+class TraceEvent:
+    """One event of a Chrome trace with the ``FunctionEvent`` attributes the analysis
+    reads, so a trace file is analysed exactly as a live profile is."""
+
+    name: str
+    device_type: object
+    id: int
+    time_range: _Interval
+    input_dtypes: list = field(default_factory=list)
+    input_shapes: list = field(default_factory=list)
+    linked_correlation_id: int = 0
+    is_user_annotation: bool = False
+    cpu_parent: TraceEvent | None = None
+    cpu_children: list = field(default_factory=list)
+    kernels: list = field(default_factory=list)
+
+    @property
+    def self_cpu_time_total(self) -> float:
+        return self.time_range.elapsed_us() - sum(c.time_range.elapsed_us()
+                                                   for c in self.cpu_children)
+
+
+_CPU_CATS = ("cpu_op", "user_annotation")
+_RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def chrome_trace_events(path: str) -> list[TraceEvent]:
+    """The events of a Kineto/Chrome trace (``export_chrome_trace``) as the analysis
+    needs them: CPU ops nested by time on each thread, and each kernel hung on its CPU
+    op. A kernel's op is the CPU event with its "External id"; failing that, the
+    innermost CPU event on the launching thread that contains its runtime launch (found
+    by "correlation"); failing that, none (unattributed)."""
+    import json
+
+    from torch.autograd import DeviceType
+
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    items = raw["traceEvents"] if isinstance(raw, dict) else raw
+    complete = [e for e in items if e.get("ph") == "X" and "dur" in e]
+    cpu: list[TraceEvent] = []
+    threads: dict[tuple, list[TraceEvent]] = {}
+    by_external: dict[int, TraceEvent] = {}
+    for e in complete:
+        if e.get("cat") not in _CPU_CATS:
+            continue
+        args = e.get("args", {})
+        # its own id (len + 1): "External id" may be missing or shared by ranges
+        ev = TraceEvent(e["name"], DeviceType.CPU, len(cpu) + 1,
+                        _Interval(float(e["ts"]), float(e["ts"]) + float(e["dur"])),
+                        input_dtypes=list(args.get("Input type", [])),
+                        input_shapes=list(args.get("Input Dims", [])),
+                        is_user_annotation=e.get("cat") == "user_annotation")
+        cpu.append(ev)
+        threads.setdefault((e.get("pid"), e.get("tid")), []).append(ev)
+        external = int(args.get("External id", 0) or 0)
+        if external:
+            by_external.setdefault(external, ev)
+    for evs in threads.values():  # nest by time: a parent starts first and lasts longest
+        evs.sort(key=lambda ev: (ev.time_range.start, -ev.time_range.end))
+        stack: list[TraceEvent] = []
+        for ev in evs:
+            while stack and stack[-1].time_range.end < ev.time_range.end:
+                stack.pop()
+            if stack:
+                ev.cpu_parent = stack[-1]
+                stack[-1].cpu_children.append(ev)
+            stack.append(ev)
+    launches = {e["args"]["correlation"]: e for e in complete
+                if e.get("cat") in _RUNTIME_CATS and "correlation" in e.get("args", {})}
+    device: list[TraceEvent] = []
+    for e in complete:
+        if e.get("cat") not in _DEVICE_CATS:
+            continue
+        args = e.get("args", {})
+        owner = by_external.get(int(args.get("External id", 0) or 0))
+        launch = launches.get(args.get("correlation"))
+        if owner is None and launch is not None:
+            owner = _innermost(threads.get((launch.get("pid"), launch.get("tid")), []),
+                               float(launch["ts"]))
+        start = float(e["ts"])
+        ev = TraceEvent(e["name"], DeviceType.CUDA, 0, _Interval(start, start + float(e["dur"])),
+                        linked_correlation_id=owner.id if owner is not None else 0)
+        if owner is not None:
+            owner.kernels.append(_Kernel(e["name"], float(e["dur"])))
+        device.append(ev)
+    return cpu + device
+
+
+def _innermost(events: list[TraceEvent], ts: float) -> TraceEvent | None:
+    """The innermost of ``events`` (one thread's, nested) whose time contains ``ts``."""
+    found = None
+    for ev in events:
+        if ev.time_range.start <= ts <= ev.time_range.end and (
+                found is None or ev.time_range.elapsed_us() <= found.time_range.elapsed_us()):
+            found = ev
+    return found
 
 
 def _shapes(event) -> tuple[tuple[int, ...], ...]:
@@ -387,7 +654,13 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
     finally:
         if snapshot:
             torch.cuda.memory._record_memory_history(enabled=None)
-    calls, step_us, spans = _calls_from(prof.events())
+    if trace_file:
+        # the analysis is read back from the written trace, so the figures shown are the
+        # ones a reader of that file (or the trace-replay tests) gets
+        prof.export_chrome_trace(trace_file)
+        calls, step_us, spans = _calls_from(chrome_trace_events(trace_file))
+    else:
+        calls, step_us, spans = _calls_from(prof.events())
     result = analyse(calls, device.type, step_us, spans)
     if cuda:
         peak = int(torch.cuda.max_memory_allocated(device))
@@ -397,8 +670,6 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
         method = ("tensor bytes alive before the step (parameters, buffers, optimizer state, "
                   "batches) + the highest net bytes the CPU allocator handed out during the "
                   "step (torch.profiler memory events)")
-    if trace_file:
-        prof.export_chrome_trace(trace_file)
     return dataclasses.replace(
         result, peak_memory_bytes=peak, peak_memory_method=method, trace_file=trace_file,
         memory_snapshot_file=memory_snapshot_file if snapshot else None,
