@@ -40,7 +40,7 @@ UNATTRIBUTED = "unattributed"
 _NOT_OPS = (STEP_RANGE, "ProfilerStep#")
 _KIND_CATEGORY = {"matmul": MATMUL, "attention": MATMUL, "matmul helper": MATMUL,
                   "elementwise": ELEMENTWISE, "reduction/normalisation": ELEMENTWISE,
-                  "optimizer": OPTIMIZER, "copy": COPY, "quantisation": COPY}
+                  "foreach/optimizer": OPTIMIZER, "copy": COPY, "quantisation": COPY}
 
 _MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "_int_mm",
                "addmv", "mv", "dot", "einsum", "convolution", "_convolution", "conv1d",
@@ -69,7 +69,7 @@ _TENSOR_CORE = re.compile(
     r"wgmma|hmma|imma|tcgen05|nvjet|tensorop|s16816|s1688|h16816|h1688|i16832|i8816|"
     r"(gemm|xmma|cutlass).*(f16|bf16|fp16|half|bfloat16|e4m3|e5m2|tf32|i8)|"
     r"(f16|bf16|fp16|half|bfloat16|e4m3|e5m2|tf32).*(gemm|cutlass)", re.IGNORECASE)
-_NOT_TENSOR_CORE = re.compile(r"simt|gemv|dot_kernel|sgemm(?!.*tf32)|dgemm|scudnn|"
+_NOT_TENSOR_CORE = re.compile(r"simt|gemv|dot_kernel|sgemm(?!.*tf32)|dgemm|scudnn|ffma|"
                               r"gemm_4bit_inference|_f32f32_f32f32", re.IGNORECASE)
 _COMMUNICATION = re.compile(r"nccl", re.IGNORECASE)
 # Kernels that run beside a matmul but do no multiply-accumulate: cuBLASLt's split-K
@@ -86,10 +86,10 @@ _ATTENTION = re.compile(r"flash_fwd|flash_bwd|FlashAttn|fmha_cutlass|fmha_|Atten
                         r"AttentionBackwardKernel", re.IGNORECASE)
 _GEMM = re.compile(r"gemm|gemv|xmma|wgmma|nvjet|cutlass|dot_kernel|scudnn", re.IGNORECASE)
 _QUANT = re.compile(r"quant", re.IGNORECASE)
-_FP32_MEM_EFF = re.compile(r"fmha_cutlass[FB]_f32\w*?_sm(\d+)")
+_MEM_EFF = re.compile(r"fmha_cutlass[FB]_(f32|f16|bf16)\w*?_sm(\d+)")
 _OTHER_KINDS = (
     (re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|AdamFunctor", re.IGNORECASE),
-     "optimizer"),
+     "foreach/optimizer"),
     (re.compile(r"reduce_kernel|norm|softmax", re.IGNORECASE), "reduction/normalisation"),
     (re.compile(r"elementwise", re.IGNORECASE), "elementwise"),
     (re.compile(r"memcpy|memset|copy", re.IGNORECASE), "copy"),
@@ -126,21 +126,24 @@ def classify_kernel(name: str) -> KernelClass:
     if _QUANT.search(name) and not _GEMM.search(name):
         return KernelClass("quantisation", None, "(de)quantisation, no MMA")
     if _ATTENTION.search(name):
-        fp32 = _FP32_MEM_EFF.search(name)
-        if fp32:
-            # PyTorch's memory-efficient attention (from xformers) runs fp32 on sm80+ with
-            # TF32 MMA in 3 passes (OpMultiplyAddFastF32), on older GPUs as SIMT FMA
+        mem_eff = _MEM_EFF.search(name)
+        if mem_eff:
+            # PyTorch's memory-efficient attention (from xformers) picks its MMA by input
+            # type and arch: fp32 on sm80+ is TF32 in 3 passes (OpMultiplyAddFastF32),
+            # half types use Tensor Cores from Volta on, anything else is SIMT FMA
             # (pytorch/pytorch aten/src/ATen/native/transformers/cuda/mem_eff_attention/
             # gemm_kernel_utils.h, DefaultGemmType)
-            if int(fp32.group(1)) >= 80:
+            dtype, sm = mem_eff.group(1), int(mem_eff.group(2))
+            if dtype == "f32" and sm >= 80:
                 return KernelClass("attention", True, "fp32 memory-efficient attention on "
                                                       "sm80+: 3xTF32 on Tensor Cores")
-            return KernelClass("attention", False, "fp32 memory-efficient attention before "
-                                                   "sm80: SIMT, no Tensor Cores")
+            if dtype != "f32" and sm >= 70:
+                return KernelClass("attention", True, "half-precision memory-efficient "
+                                                      "attention on Tensor Cores")
+            return KernelClass("attention", False, f"{dtype} memory-efficient attention "
+                                                   f"built for sm{sm}: SIMT, no Tensor Cores")
         if _NOT_TENSOR_CORE.search(name):
             return KernelClass("attention", False, "SIMT attention kernel")
-        if "fmha_cutlass" in name and not re.search(r"f16|bf16", name):
-            return KernelClass("attention", None, "the name carries no input type")
         # FlashAttention takes fp16/bf16 (fp8 in version 3) and multiplies with MMA only
         return KernelClass("attention", True, "half-precision attention on Tensor Cores")
     if _GEMM.search(name):
