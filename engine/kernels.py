@@ -561,6 +561,7 @@ def chrome_trace_events(path: str) -> list[TraceEvent]:
     launches = {e["args"]["correlation"]: e for e in complete
                 if e.get("cat") in _RUNTIME_CATS and "correlation" in e.get("args", {})}
     device: list[TraceEvent] = []
+    owners: list[TraceEvent | None] = []
     for e in complete:
         if e.get("cat") not in _DEVICE_CATS:
             continue
@@ -571,12 +572,41 @@ def chrome_trace_events(path: str) -> list[TraceEvent]:
             owner = _innermost(threads.get((launch.get("pid"), launch.get("tid")), []),
                                float(launch["ts"]))
         start = float(e["ts"])
-        ev = TraceEvent(e["name"], DeviceType.CUDA, 0, _Interval(start, start + float(e["dur"])),
-                        linked_correlation_id=owner.id if owner is not None else 0)
+        device.append(TraceEvent(e["name"], DeviceType.CUDA, 0,
+                                 _Interval(start, start + float(e["dur"]))))
+        owners.append(owner)
         if owner is not None:
             owner.kernels.append(_Kernel(e["name"], float(e["dur"])))
-        device.append(ev)
-    return cpu + device
+    merged = _merge_repeated(cpu)
+    for ev, owner in zip(device, owners, strict=True):
+        while owner in merged:
+            owner = merged[owner]
+        ev.linked_correlation_id = owner.id if owner is not None else 0
+    return [ev for ev in cpu if ev not in merged] + device
+
+
+def _merge_repeated(cpu: list[TraceEvent]) -> dict[TraceEvent, TraceEvent]:
+    """Fold an op into its parent of the same name when it is the parent's only child
+    (``aten::div_`` redispatching to ``aten::div_``), as torch.profiler's event list does
+    (``EventList._remove_dup_nodes``); the parent takes its children and kernels.
+    Returns folded event -> the parent it went into."""
+    merged: dict[TraceEvent, TraceEvent] = {}
+    for ev in sorted(cpu, key=lambda e: (e.time_range.start, -e.time_range.end)):
+        parent = ev.cpu_parent
+        if parent is not None and parent.name == ev.name and len(parent.cpu_children) == 1:
+            parent.cpu_children = ev.cpu_children
+            parent.kernels.extend(ev.kernels)
+            for child in ev.cpu_children:
+                child.cpu_parent = parent
+            merged[ev] = parent
+    return merged
+
+
+def analyse_trace_file(path: str, device_kind: str) -> ProfiledStep:
+    """The analysis of one profiled step's Chrome trace (``export_chrome_trace``), as
+    ``profile_step`` makes it for a step written with ``--trace``."""
+    calls, step_us, spans = _calls_from(chrome_trace_events(path))
+    return analyse(calls, device_kind, step_us, spans)
 
 
 def _innermost(events: list[TraceEvent], ts: float) -> TraceEvent | None:
@@ -661,10 +691,10 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
         # the analysis is read back from the written trace, so the figures shown are the
         # ones a reader of that file (or the trace-replay tests) gets
         prof.export_chrome_trace(trace_file)
-        calls, step_us, spans = _calls_from(chrome_trace_events(trace_file))
+        result = analyse_trace_file(trace_file, device.type)
     else:
         calls, step_us, spans = _calls_from(prof.events())
-    result = analyse(calls, device.type, step_us, spans)
+        result = analyse(calls, device.type, step_us, spans)
     if cuda:
         peak = int(torch.cuda.max_memory_allocated(device))
         method = "torch.cuda.max_memory_allocated over the profiled step"
