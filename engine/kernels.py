@@ -339,8 +339,9 @@ def analyse(calls: list[OpCall], device_kind: str, step_wall_us: float,
     by_mm_dtype: dict[str, float] = {}
     for (_, dtype, cat), acc in ops.items():
         by_cat[cat] += acc.us
-        if cat == MATMUL:
-            by_mm_dtype[dtype] = by_mm_dtype.get(dtype, 0.0) + acc.us
+        if cat == MATMUL:  # an op that recorded no input dtype (a Triton template range)
+            key = "unknown" if dtype == "-" else dtype
+            by_mm_dtype[key] = by_mm_dtype.get(key, 0.0) + acc.us
     if gpu:
         by_cat[UNATTRIBUTED] = unattributed_us
         # kernels on several streams may overlap: the shares are of the summed kernel
@@ -747,10 +748,15 @@ def format_profiled(trials) -> str:
                              f"Core multiple, {_pct(ms / ps.step_ms if ps.step_ms else None)} "
                              f"of the step{tc}; most time: {top.op} {top.m}x{top.n}x{top.k} "
                              f"{top.dtype} ({top.reason})")
+        unattributed = ps.category_share.get(UNATTRIBUTED)
+        if unattributed:
+            odd_lines.append(f"  {t.precision}: {_pct(unattributed)} of the step in kernels "
+                             "no CPU op enclosed (unattributed)")
+        tc_note = ps.tensor_core_reason and (
+            f"on TC (Tensor Core share of matmul time) "
+            f"{'n/a: ' if ps.tensor_core_share is None else ''}{ps.tensor_core_reason}")
         for reason in (ps.idle_gap_reason and f"idle gaps n/a: {ps.idle_gap_reason}",
-                       ps.tensor_core_reason and f"on TC (Tensor Core share of matmul time) "
-                                                 f"n/a: {ps.tensor_core_reason}",
-                       f"time: {ps.time_basis}"):
+                       tc_note, f"time: {ps.time_basis}"):
             if reason:
                 notes[reason] = None
     lines += odd_lines

@@ -80,14 +80,16 @@ def test_triton_kernel_under_a_non_aten_op_keeps_its_time(step):
     events = _events()
     owners = _owner_names(events)
     triton = [e for e in _device(events) if e["name"].startswith("triton_")]
+    assert len(triton) == 2  # a pointwise kernel and a template GEMM
     assert triton
     for e in triton:
         op = owners[e["args"]["External id"]]
         assert not op.startswith("aten::")
         (row,) = [k for k in step.kernels if k.name == e["name"]]
         assert (row.op, row.ms) == (op, pytest.approx(e["dur"] / 1e3))
-    (op_row,) = [o for o in step.ops if o.op.startswith("triton_")]
-    assert op_row.category == "elementwise/normalisation"
+    categories = {o.op: o.category for o in step.ops if o.op.startswith("triton_")}
+    assert categories == {"triton_poi_fused_add_cos_sin_0": "elementwise/normalisation",
+                          "triton_tem_fused_mm_0": MATMUL}
 
 
 def test_tensor_core_share_and_matmul_dtypes(step):
@@ -99,7 +101,7 @@ def test_tensor_core_share_and_matmul_dtypes(step):
     helper = [k for k in step.kernels if any(t in k.name for t in NOT_MATMUL)]
     assert helper and all(k.tensor_core is None for k in helper)
     # matmul time by the dtype of the op that launched it; the split-K reduction belongs to
-    # its bf16 aten::mm
+    # its bf16 aten::mm; the Triton template's range records no dtype
     owners = {e["args"]["External id"]: e for e in events
               if e.get("ph") == "X" and e.get("cat") == "cpu_op"}
     dtype_of = {"c10::BFloat16": "bfloat16", "float": "float32"}
@@ -107,9 +109,9 @@ def test_tensor_core_share_and_matmul_dtypes(step):
     expected: dict[str, float] = {}
     for e in device:
         op = owners.get(e["args"].get("External id"))
-        if op and op["name"] in ("aten::addmm", "aten::mm",
+        if op and op["name"] in ("aten::addmm", "aten::mm", "triton_tem_fused_mm_0",
                                  "aten::_scaled_dot_product_flash_attention"):
-            d = dtype_of[op["args"]["Input type"][0]]
+            d = dtype_of.get(op["args"].get("Input type", ["?"])[0], "unknown")
             expected[d] = expected.get(d, 0.0) + e["dur"] / busy
     assert step.matmul_share_by_dtype == {k: pytest.approx(v) for k, v in expected.items()}
     assert step.category_ms[MATMUL] == pytest.approx(sum(expected.values()) * busy / 1e3)
@@ -161,3 +163,20 @@ def test_a_real_recorded_trace():
     ps = analyse_trace_file(path, "cuda")
     assert sum(ps.category_ms.values()) == pytest.approx(sum(e["dur"] for e in device) / 1e3)
     assert sum(ps.category_share.values()) + ps.idle_gap_share == pytest.approx(1.0)
+
+
+def test_profile_text_names_the_unattributed_time_and_the_left_out_matmuls(step):
+    from types import SimpleNamespace
+
+    from engine.kernels import format_profiled
+
+    trial = SimpleNamespace(precision="bf16-amp", status="ok", profiled_step=step,
+                            profiled_step_reason=None)
+    text = format_profiled([trial])
+    share = step.category_share[UNATTRIBUTED]
+    assert f"{100 * share:.1f}% of the step in kernels no CPU op enclosed" in text
+    # a Triton template GEMM: a matmul whose name cannot say Tensor Core or not
+    template_us = sum(e["dur"] for e in _device(_events()) if e["name"].startswith("triton_tem_"))
+    assert template_us > 0
+    assert f"{template_us / 1e3:.3f} ms of matmul kernels left out" in text
+    assert "on TC (Tensor Core share of matmul time) n/a" not in text
