@@ -247,3 +247,52 @@ def test_cuda_profiled_step_kernels_tensor_cores_and_snapshot(tmp_path):
     snapshot = pickle.loads(Path(ps.memory_snapshot_file).read_bytes())
     assert "segments" in snapshot and "device_traces" in snapshot
     json.loads(Path(ps.trace_file).read_text())
+
+
+def test_live_profiler_events_attribute_kernels_to_any_op_and_keep_the_rest():
+    """The CUDA path of ``_calls_from`` on torch's own FunctionEvent objects, as a GPU
+    profile gives them: kernels hang on the CPU event their correlation id links to."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from engine.kernels import UNATTRIBUTED, _calls_from
+
+    def cpu(i, name, start, end, parent=None, dtypes=None, annotation=False):
+        e = FunctionEvent(i, name, thread=1, start_us=start, end_us=end,
+                          input_dtypes=dtypes or [], is_user_annotation=annotation)
+        if parent is not None:
+            e.set_cpu_parent(parent)
+            parent.append_cpu_child(e)
+        return e
+
+    def gpu(name, start, end, owner):
+        if owner is not None:
+            owner.append_kernel(name, 0, end - start)
+        return FunctionEvent(0, name, thread=7, start_us=start, end_us=end,
+                             device_type=DeviceType.CUDA,
+                             linked_correlation_id=owner.id if owner is not None else 0)
+
+    step = cpu(1, "ampscope:step", 0, 1000, annotation=True)
+    mm = cpu(2, "aten::mm", 10, 20, step, ["c10::BFloat16", "c10::BFloat16"])
+    bnb = cpu(3, "bitsandbytes::int8_linear_matmul", 30, 40, step, ["signed char"] * 2)
+    triton = cpu(4, "triton_poi_fused_add_0", 50, 60, step, annotation=True)
+    device = [gpu("nvjet_tst_96x64_64x10_1x2_h_bz_bias_TNN", 100, 300, mm),
+              gpu("sm80_xmma_gemm_i8f32_i8i32_f32_tn_n_tilesize32x64x64", 300, 350, bnb),
+              gpu("triton_poi_fused_add_0", 350, 370, triton),
+              gpu("void at::native::vectorized_elementwise_kernel<FillFunctor>", 400, 410, step),
+              gpu("Memset (Device)", 410, 415, None)]
+    calls, step_us, spans = _calls_from([step, mm, bnb, triton, *device])
+    assert {c.name for c in calls} == {"aten::mm", "bitsandbytes::int8_linear_matmul",
+                                       "triton_poi_fused_add_0"}
+    ps = analyse(calls, "cuda", step_us, spans)
+    dur = [e.time_range.elapsed_us() for e in device]
+    total = sum(dur) + (device[3].time_range.start - device[2].time_range.end)  # one gap
+    by_op = {k.op: k for k in ps.kernels}
+    assert by_op["bitsandbytes::int8_linear_matmul"].ms == pytest.approx(dur[1] / 1e3)
+    assert ps.category_ms[MATMUL] == pytest.approx((dur[0] + dur[1]) / 1e3)
+    assert ps.matmul_share_by_dtype == {"bfloat16": pytest.approx(dur[0] / total),
+                                        "int8": pytest.approx(dur[1] / total)}
+    assert ps.category_ms["elementwise/normalisation"] == pytest.approx(dur[2] / 1e3)
+    assert ps.category_ms[UNATTRIBUTED] == pytest.approx((dur[3] + dur[4]) / 1e3)
+    assert ps.idle_gap_ms * 1e3 == pytest.approx(total - sum(dur))
+    assert sum(ps.category_share.values()) + ps.idle_gap_share == pytest.approx(1.0)
