@@ -83,6 +83,8 @@ class Recorder:
             return value.decode(errors="replace")
         if isinstance(value, list | tuple):
             return [self.encode(v) for v in value]
+        if isinstance(value, lib.nvmlFriendlyObject):  # pynvml's process-list entries
+            return {k: self.encode(v) for k, v in vars(value).items()}
         if isinstance(value, ctypes.Structure):
             return {f[0]: self.encode(getattr(value, f[0])) for f in value._fields_}
         if isinstance(value, ctypes.Array):

@@ -106,14 +106,15 @@ class NvmlReplay:
         return request
 
 
-def install(monkeypatch, name: str) -> NvmlReplay:
-    """Replay ``tests/data/nvml/<name>.json`` as NVML for engine.nvml and engine.gpm, and
-    give torch the CUDA devices the recording saw (properties only: nothing runs)."""
+def install(monkeypatch, name: str | Path) -> NvmlReplay:
+    """Replay ``tests/data/nvml/<name>.json`` (or the recording at a path) as NVML for
+    engine.nvml and engine.gpm, and give torch the CUDA devices the recording saw
+    (properties only: nothing runs)."""
     import torch
 
     from engine import gpm, nvml
 
-    replay = NvmlReplay(DATA / f"{name}.json")
+    replay = NvmlReplay(name if isinstance(name, Path) else DATA / f"{name}.json")
     monkeypatch.setattr(nvml, "_state", {"tried": True, "ok": True, "error": None,
                                          "lib": replay})
     monkeypatch.setattr(gpm, "_lib", lambda: replay)

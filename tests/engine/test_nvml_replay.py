@@ -112,3 +112,69 @@ def test_recorder_without_nvml_writes_a_file_saying_so(tmp_path):
     assert done.returncode == 0 and len(done.stdout.strip().splitlines()) == 1
     assert "NVML is not available" in done.stdout
     assert json.loads(out.read_text())["reason"]
+
+
+class _DriverLike:
+    """pynvml's own types and errors, answering like a driver would (ctypes structs,
+    device pointers, friendly objects): what the recorder sees on real hardware."""
+
+    def __init__(self):
+        import pynvml
+
+        self._pynvml = pynvml
+        self.device = pynvml.c_nvmlDevice_t(pynvml.struct_c_nvmlDevice_t())
+
+    def __getattr__(self, name):
+        return getattr(self._pynvml, name)
+
+    def nvmlDeviceGetUUID(self, h):
+        return "GPU-feedface-0000-4000-8000-000000000001"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid != self.nvmlDeviceGetUUID(self.device):
+            raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_FOUND)
+        return self.device
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self._pynvml.c_nvmlMemory_t(total=80 * 2**30, free=60 * 2**30, used=20 * 2**30)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1755
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return 50
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 250_500
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        return 123_456_789
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [self._pynvml.nvmlFriendlyObject({"pid": 77, "usedGpuMemory": 5 * 2**30}),
+                self._pynvml.nvmlFriendlyObject({"pid": 78, "usedGpuMemory": None})]
+
+
+def test_a_recording_replays_to_the_same_readings(monkeypatch, tmp_path):
+    """scripts/record_nvml.py's Recorder in front of driver-like answers, then the
+    replayer from its file: the app reads the same through both."""
+    from engine import gpm
+
+    rec = record_nvml.Recorder(_DriverLike())
+    monkeypatch.setattr(nvml, "_state", {"tried": True, "ok": True, "error": None, "lib": rec})
+    monkeypatch.setattr(gpm, "_lib", lambda: rec)
+    uuid = "feedface-0000-4000-8000-000000000001"
+    h = nvml.handle_for(uuid)
+    live = nvml.sample(h, {77}, 2**30), nvml.energy_j(h)
+    path = tmp_path / "recording.json"
+    path.write_text(json.dumps({"format": record_nvml.FORMAT, "source": "recorded by "
+                                "scripts/record_nvml.py on a test double", "calls": rec.calls}))
+    replay = install(monkeypatch, path)
+    h = nvml.handle_for(uuid)
+    assert h == Handle("GPU-" + uuid)
+    assert (nvml.sample(h, {77}, 2**30), nvml.energy_j(h)) == live
+    assert replay.unrecorded == []
+    assert live[0]["process_mem_bytes"] == 5 * 2**30 and live[0]["gpu_util_pct"] is None
