@@ -30,6 +30,9 @@ BNB = "bitsandbytes-foundation/bitsandbytes csrc/kernels.cu (launched from csrc/
 INDUCTOR = ("pytorch/pytorch torch/_inductor/codegen/triton.py: triton_<category[:3]>_<fused "
             "ops>_<n>, category from torch/_inductor/wrapper_benchmark.py")
 NCCL = "NVIDIA/nccl src/device/generate.py (ncclDevKernel_<coll>_<op>_<type>_<algo>_<proto>)"
+CUTLASS_DOC = "NVIDIA/cutlass media/docs/cpp/profiler.md (its CUTLASS 3 kernel-name example)"
+FA2_FP16 = ("the bf16 name above with the element type Dao-AILab/flash-attention "
+            "csrc/flash_attn/src/static_switch.h (FP16_SWITCH) picks for fp16")
 
 # (name, kind, Tensor Core verdict, source)
 ROWS = [
@@ -58,6 +61,13 @@ ROWS = [
      "multi_tensor_adam::AdamFunctor<float, float, float, int>, float, float, float, float, "
      "float, float, transformer_engine::multi_tensor_adam::adamMode_t, float>(long, volatile "
      "int *, T1, T2, T3...)", "foreach/optimizer", None, NSYS_TE_ADAM),
+    ("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<(int)128, (int)128, (int)64, "
+     "(int)4, (bool)0, (bool)0, cutlass::half_t, Flash_kernel_traits<(int)128, (int)128, "
+     "(int)64, (int)4, cutlass::half_t>>, (bool)0, (bool)0, (bool)0, (bool)0, (bool)0, "
+     "(bool)1, (bool)0, (bool)0>(flash::Flash_fwd_params)", "attention", True, FA2_FP16),
+    # CUTLASS 3 Hopper GEMMs (torch.compile's CUTLASS backend, the CUTLASS profiler)
+    ("cutlass3x_sm90_tensorop_gemm_f16_f16_f32_f16_f32_128x128x64_2x1x1_0_ntn_align8",
+     "matmul", True, CUTLASS_DOC),
     # FlashAttention 3 (Hopper): the main kernel is a CUTLASS device_kernel
     ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::"
      "CollectiveMainloopFwdSm90<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1>>, "
