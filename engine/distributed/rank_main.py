@@ -250,9 +250,10 @@ def _step(config: RunConfig, rec: DistRecipe, device: torch.device, model, param
     if scaler:
         scaler.unscale_(optimizer)
         before = scaler._get_scale_async().clone()
-    # the norm only (clip_grad_norm_ would rewrite every gradient); under FSDP2 it is a
-    # partial DTensor: its local part is kept and the ranks' parts combined after the steps
-    norm = _local(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+    # the norm only (clip_grad_norm_ would rewrite every gradient). Under FSDP2, of this
+    # rank's shards: on DTensors the norm would be all-reduced inside the step; the
+    # ranks' parts are combined after the timed steps instead
+    norm = torch.nn.utils.get_total_norm([_local(p.grad) for p in params if p.grad is not None])
     if scaler:
         scaler.step(optimizer)
         scaler.update()

@@ -13,11 +13,14 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from engine.config import RunConfig
 from engine.distributed import rank_main
 from engine.distributed.recipes import dist_recipe
+from engine.trackers import StepTimer
 from tests.engine.test_distributed import ROOT, _unique_params
 
 WORLD = 8
@@ -53,12 +56,42 @@ def tiny_units():
     ("fp16-amp", "float16", "float32", 1, True),  # the sharded GradScaler
 ])
 def test_fsdp2_collective_bytes_at_world_size_8(precision, gathered, reduced, accum, scaler,
-                                                fake_world, tiny_units, tmp_path):
+                                                fake_world, tiny_units, tmp_path, sync_guard,
+                                                monkeypatch):
+    # AmpScope's own reductions (loss, gradient norm) wait until the timed steps are over;
+    # a DTensor reduces a partial result through the functional all-reduce. The sharded
+    # GradScaler's found-inf agreement is the recipe's own and stays in the step.
+    sync_guard.mark_calls(StepTimer, "start", "start")
+    sync_guard.mark_calls(StepTimer, "stop", "stop")
+    in_scaler = []
+    unscale = ShardedGradScaler.unscale_
+
+    def unscale_(self, optimizer):
+        in_scaler.append(True)
+        try:
+            return unscale(self, optimizer)
+        finally:
+            in_scaler.pop()
+
+    monkeypatch.setattr(ShardedGradScaler, "unscale_", unscale_)
+    for owner in (funcol, dist):
+        reduce = owner.all_reduce
+
+        def all_reduce(*args, _reduce=reduce, **kwargs):
+            sync_guard.mark("scaler all_reduce" if in_scaler else "all_reduce")
+            return _reduce(*args, **kwargs)
+
+        monkeypatch.setattr(owner, "all_reduce", all_reduce)
     config = RunConfig(model="tiny", batch_size=1, seq_len=16, steps=1, warmup=0,
                        device="cpu", grad_accum=accum, strategy="fsdp2",
                        nproc_per_node=WORLD)
     rank_main._train(config, dist_recipe(precision, "fsdp2"), torch.device("cpu"), 0, WORLD,
                      rank_main._Journal(tmp_path / "rank0.jsonl"))
+    steps = sync_guard.steps()
+    assert len(steps) == config.steps
+    assert all(e.name != "all_reduce" for step in steps for e in step.inside)
+    assert [e.name for e in steps[-1].after].count("all_reduce") == 1  # after the last
+    assert any(e.name == "scaler all_reduce" for e in steps[0].inside) == scaler
     lines = [json.loads(x) for x in (tmp_path / "rank0.jsonl").read_text().splitlines()]
     comm = {(c["collective"], c["dtype"]): c
             for c in next(x for x in lines if x["type"] == "result")["comm"]}

@@ -52,7 +52,8 @@ def _check_lag_by_one(steps, read_values) -> None:
         assert sorted(e.value for e in reads) == pytest.approx(sorted(read_values[k - 1]))
 
 
-def test_the_trial_reads_each_step_one_step_late(sync_guard):
+@pytest.mark.parametrize("precision", ["fp32", "bf16-amp"])
+def test_the_trial_reads_each_step_one_step_late(precision, sync_guard):
     sync_guard.mark_calls(StepTimer, "start", "start")
     sync_guard.mark_calls(StepTimer, "stop", "stop")
 
@@ -62,7 +63,7 @@ def test_the_trial_reads_each_step_one_step_late(sync_guard):
                                      "grad_norm": event.grad_norm})
 
     config = RunConfig(**SMALL, isolation="inline", profile_step=False)
-    result = run_trial(config, "fp32", probe("cpu"), emit, lambda: False)
+    result = run_trial(config, precision, probe("cpu"), emit, lambda: False)
     assert result.status == "ok", result.reason
     # what the readback holds for a step without a GradScaler: its loss and its norm
     values = [[s.loss, s.grad_norm] for s in result.steps]
