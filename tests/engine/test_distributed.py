@@ -339,3 +339,21 @@ def test_the_rank_optimizer_is_fused_on_cuda(optimizer, strategy, kind, fused):
                            dist_recipe("fp16-amp", strategy), device)
     assert bool(built.defaults["fused"]) is fused
     assert type(built) is {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[optimizer]
+
+
+def test_a_followed_step_has_the_global_loss_only_when_every_rank_is_local():
+    from engine.config import RunConfig
+    from engine.distributed.trial import _combined
+    from engine.events import StepSample
+
+    def sample(loss, ms):
+        return StepSample("fp32", 0, False, loss, ms, 0.0, None, None, None, None, None, False,
+                          None, 0.0)
+
+    config = RunConfig(batch_size=2, seq_len=16)
+    samples = [sample(2.0, 10.0), sample(3.0, 12.0)]
+    for world, loss in ((2, (2.0 + 3.0) / 2), (4, None)):  # two of four ranks on this node
+        ranks = {r: {"start": {"world_size": world}} for r in range(2)}
+        step = _combined(samples, config, ranks)
+        assert step.loss == loss and step.step_ms == 12.0
+        assert step.tokens_per_s == pytest.approx(world * 2 * 16 / 0.012)
