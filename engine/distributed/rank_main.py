@@ -10,11 +10,13 @@ rank exits 1, which makes torchrun's agent stop the other ranks.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import statistics
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -32,7 +34,13 @@ from engine.models import dims, load_model, make_batches
 from engine.monitor import Monitor
 from engine.quiet import quiet_libraries
 from engine.recipes import set_fp32_precision
-from engine.trackers import AllocatorTracker, HostTracker, NvmlTracker, StepTimer
+from engine.trackers import (
+    AllocatorTracker,
+    HostTracker,
+    NvmlTracker,
+    ScalarReadback,
+    StepTimer,
+)
 from engine.trial import BATCH_POOL, adam_eps, make_optimizer
 
 
@@ -97,13 +105,24 @@ class _Activations:
 
 
 class _Unsharded:
-    """Peak bytes of all-gathered (plain, non-DTensor) parameters seen at unit pre-forward."""
+    """Peak bytes of all-gathered (plain, non-DTensor) parameters seen at unit pre-forward,
+    watched in the counting step only: the hook walks every parameter."""
 
     def __init__(self, model: torch.nn.Module, units: list[torch.nn.Module]):
         self.model = model
+        self.units = units
         self.peak = 0
-        for unit in units:  # registered after fully_shard: runs after FSDP2 has unsharded
-            unit.register_forward_pre_hook(self._sample)
+        self._handles: list = []
+
+    def __enter__(self):
+        # registered after fully_shard: runs after FSDP2 has unsharded
+        self._handles = [u.register_forward_pre_hook(self._sample) for u in self.units]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def _sample(self, module, args) -> None:
         plain = [p for p in self.model.parameters() if not hasattr(p, "to_local")]
@@ -177,6 +196,74 @@ def _sync_off(model, rec: DistRecipe, last: bool):
     return nullcontext()
 
 
+def rank_optimizer(config: RunConfig, params: list, rec: DistRecipe, device: torch.device):
+    """The rank's optimizer, fused on CUDA as in the single-process trial: one kernel per
+    step, and a GradScaler hands it found-inf as a tensor instead of reading it with
+    ``.item()`` mid-step (which stalled fp16-amp ranks only). Not fused SGD under FSDP2:
+    torch 2.13 registers DTensor sharding for the fused Adam(W) ops but not for
+    ``aten._fused_sgd_`` (torch/distributed/tensor/_ops/_pointwise_ops.py)."""
+    fused = device.type == "cuda" and not (config.optimizer == "sgd" and rec.strategy == "fsdp2")
+    return make_optimizer(config.optimizer, params, config.lr, adam_eps(rec.base), fused=fused)
+
+
+def _micro_batches(config: RunConfig, batches: list, i: int):
+    for micro in range(config.grad_accum):
+        yield micro, batches[(i * config.grad_accum + micro) % len(batches)], (
+            micro == config.grad_accum - 1)
+
+
+def _counting_step(config: RunConfig, rec: DistRecipe, device: torch.device, model, params,
+                   optimizer, scaler, batches, counter: CommCounter, saved: _Activations,
+                   unsharded: _Unsharded | None) -> int:
+    """One step before the timed ones, on the first step's batches, with the collective
+    counter, the saved-tensor hooks and the unsharded-parameter hooks on: Python code on
+    every op that must not run inside a timed step. Like the single-process trial's FLOP
+    probe it is not applied (the weights and the loss scale are left as they were), so
+    the timed steps train as one process would. Returns the gradient bytes it left."""
+    from contextlib import nullcontext
+
+    with unsharded if unsharded else nullcontext():
+        for micro, batch, last in _micro_batches(config, batches, 0):
+            hooks = saved.hooks() if micro == 0 else nullcontext()
+            with counter, _sync_off(model, rec, last), hooks, _autocast(rec, device):
+                loss = model(**batch).loss / config.grad_accum
+                (scaler.scale(loss) if scaler else loss).backward()
+    grads_bytes = _bytes(p.grad for p in params if p.grad is not None)
+    if scaler:
+        with counter:
+            scaler.unscale_(optimizer)  # the sharded scaler all-reduces found-inf
+        scaler.update(scaler.get_scale())  # forgets this step; the scale stays as it was
+    optimizer.zero_grad(set_to_none=True)
+    return grads_bytes
+
+
+def _step(config: RunConfig, rec: DistRecipe, device: torch.device, model, params, optimizer,
+          scaler, batches, i: int):
+    """One timed optimiser step; returns its scalars as device tensors, read later."""
+    loss_sum = torch.zeros((), device=device)
+    for _, batch, last in _micro_batches(config, batches, i):
+        with _sync_off(model, rec, last), _autocast(rec, device):
+            loss = model(**batch).loss / config.grad_accum
+            (scaler.scale(loss) if scaler else loss).backward()
+        loss_sum += loss.detach().float()
+    before = after = None
+    if scaler:
+        scaler.unscale_(optimizer)
+        before = scaler._get_scale_async().clone()
+    # the norm only (clip_grad_norm_ would rewrite every gradient). Under FSDP2, of this
+    # rank's shards: on DTensors the norm would be all-reduced inside the step; the
+    # ranks' parts are combined after the timed steps instead
+    norm = torch.nn.utils.get_total_norm([_local(p.grad) for p in params if p.grad is not None])
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+        after = scaler._get_scale_async().clone()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, norm, before, after
+
+
 def run_rank(out_dir: Path) -> int:
     spec = json.loads((out_dir / "spec.json").read_text(encoding="utf-8"))
     config = RunConfig.from_dict(spec["config"])
@@ -226,7 +313,7 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
     shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
     model, units, unsharded = _wrap(model, rec, device)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(config.optimizer, params, config.lr, adam_eps(base))
+    optimizer = rank_optimizer(config, params, rec, device)
     scaler = _scaler(rec, device, config)
     # every rank draws the same global batches and takes its own rows of them, so the
     # run trains on exactly what one process with batch x world would
@@ -241,60 +328,50 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
     monitor = Monitor(tracker, samples.append, config.monitor_hz)
     monitor.start()
     counter, alloc, timer = CommCounter(), AllocatorTracker(device), StepTimer(device)
+    readback = ScalarReadback(device, width=4)  # loss, grad norm, scale before and after
     saved = _Activations()
-    grads_bytes = 0
     steps: list[StepSample] = []
+    own: list[tuple[float, float | None]] = []  # (loss, grad norm or its local part)
+    sharded = rec.strategy == "fsdp2"
     tokens = config.tokens_per_step  # this rank's
+    pending: deque = deque()
+
+    def read(item) -> None:
+        i, warm, mark, scalars, allocated, reserved = item
+        step_ms = timer.sample(mark)
+        loss, norm, before, after = readback.read(scalars)
+        skipped = after is not None and after < before
+        norm = None if skipped else norm  # a skipped step's norm is inf/NaN
+        own.append((loss, norm))
+        sample = StepSample(
+            precision=rec.label, step=i, warmup=warm, loss=loss, step_ms=step_ms,
+            tokens_per_s=tokens / (step_ms / 1e3) if step_ms > 0 else 0.0,
+            tflops=None, mfu=None, allocated_bytes=allocated, reserved_bytes=reserved,
+            loss_scale=after, skipped=skipped, grad_norm=None if sharded else norm,
+            time_s=time.time())
+        steps.append(sample)
+        journal.write("step", to_dict(sample))
+
     try:
+        grads_bytes = _counting_step(config, rec, device, model, params, optimizer, scaler,
+                                     batches, counter, saved, unsharded)
         for i in range(total):
             warm = i < config.warmup
             if i == config.warmup:
-                counter.bytes.clear()
-                counter.calls.clear()
                 alloc.start()
             timer.start()
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(config.grad_accum):
-                batch = batches[(i * config.grad_accum + micro) % len(batches)]
-                last = micro == config.grad_accum - 1
-                hooks = saved.hooks() if (i == config.warmup and micro == 0) else _null()
-                with counter, _sync_off(model, rec, last), hooks, _autocast(rec, device):
-                    loss = model(**batch).loss / config.grad_accum
-                    (scaler.scale(loss) if scaler else loss).backward()
-                loss_sum += loss.detach().float()
-            if i == config.warmup:
-                grads_bytes = _bytes(p.grad for p in params if p.grad is not None)
-            scale = None
-            if scaler:
-                with counter:
-                    scaler.unscale_(optimizer)  # the sharded scaler all-reduces found-inf
-                scale = scaler._get_scale_async().clone()  # read after the step: no sync now
-            # not counted: ours; the norm only (clip_grad_norm_ would rewrite every gradient)
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            with counter:
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            scalars = _step(config, rec, device, model, params, optimizer, scaler, batches, i)
             mark = timer.stop()
+            pushed = readback.push(list(scalars))
             allocated, reserved = alloc.sample() if not warm else (None, None)
-            dist.all_reduce(loss_sum)  # the global batch's loss, as one process would see it
-            step_ms = timer.sample(mark)
-            after = float(scaler.get_scale()) if scaler else None
-            before = float(scale.item()) if scaler else None
-            sample = StepSample(
-                precision=rec.label, step=i, warmup=warm, loss=float(loss_sum.item()) / world,
-                step_ms=step_ms, tokens_per_s=tokens / (step_ms / 1e3) if step_ms > 0 else 0.0,
-                tflops=None, mfu=None, allocated_bytes=allocated, reserved_bytes=reserved,
-                loss_scale=after, skipped=bool(after is not None and after < before),
-                grad_norm=float(_local_norm(norm)), time_s=time.time())
-            steps.append(sample)
-            journal.write("step", to_dict(sample))
+            pending.append((i, warm, mark, pushed, allocated, reserved))
+            while len(pending) > 1:  # step i-1 is read while step i runs
+                read(pending.popleft())
+        while pending:
+            read(pending.popleft())
     finally:
         monitor.stop()
-    measured = max(1, config.steps)
+    global_loss, global_norm = _global_figures(own, sharded, device, world)
     memory = _measured_memory(model, optimizer, grads_bytes, saved.bytes, unsharded, rec, alloc,
                               buffers)
     activations = predict_memory(
@@ -305,11 +382,11 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
     predicted = predict_rank_memory(rec, config.optimizer, n_params, n_trainable, buffers, world,
                                     root, largest, activations)
     expected, formula = expected_bytes(rec, n_trainable, units, config.grad_accum)
-    comm = []
+    comm = []  # the counting step is one step: its counts are per step
     for key in sorted(set(counter.bytes) | set(expected)):
         kind, dtype = key.split(":")
-        comm.append(CommVolume(kind, dtype, int(counter.bytes[key] / measured),
-                               expected.get(key), counter.calls[key] / measured))
+        comm.append(CommVolume(kind, dtype, int(counter.bytes[key]), expected.get(key),
+                               float(counter.calls[key])))
     timed = [s.step_ms for s in steps if not s.warmup]
     median = statistics.median(timed) if timed else None
     journal.write("result", {
@@ -319,17 +396,26 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
         "comm": [to_dict(c) for c in comm], "comm_formula": formula,
         "monitor_samples": [to_dict(s) for s in samples],
         "median_step_ms": median, "tokens_per_s": tokens / (median / 1e3) if median else None,
+        "global_loss": global_loss, "global_grad_norm": global_norm,
     })
 
 
-def _null():
-    from contextlib import nullcontext
-
-    return nullcontext()
-
-
-def _local_norm(norm: torch.Tensor) -> torch.Tensor:
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+def _global_figures(own: list[tuple[float, float | None]], sharded: bool,
+                    device: torch.device, world: int) -> tuple[list, list]:
+    """Each step's loss over the global batch and its gradient norm, from the ranks' own
+    figures in one all-reduce after the timed steps (none runs inside them). Each rank's
+    loss is the mean over its equal share of rows; under FSDP2 each rank holds the norm
+    of its shards, so the model's norm is the root of the summed squares."""
+    if not own:
+        return [], []
+    rows = [[loss, (norm or 0.0) ** 2 if sharded else 0.0] for loss, norm in own]
+    summed = torch.tensor(rows, dtype=torch.float64, device=device)
+    dist.all_reduce(summed)
+    totals = summed.tolist()
+    losses = [row[0] / world for row in totals]
+    norms = [None if norm is None else (math.sqrt(row[1]) if sharded else norm)
+             for (_, norm), row in zip(own, totals)]
+    return losses, norms
 
 
 def _measured_memory(model, optimizer, grads_bytes: int, activations: int, unsharded,

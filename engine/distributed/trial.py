@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -183,18 +184,33 @@ def _world(ranks: dict) -> int:
 
 
 def _combined(samples: list[StepSample], config: RunConfig, ranks: dict) -> StepSample:
+    """One step of the trial from the ranks seen here. A rank's loss is over its own rows
+    (equal shares): their mean is the global batch's loss when every rank is local, and
+    unknown until the ranks' closing all-reduce otherwise (``_with_global``)."""
     slowest = max(samples, key=lambda s: s.step_ms)
-    tokens = config.tokens_per_step * _world(ranks)
+    world = _world(ranks)
+    tokens = config.tokens_per_step * world
+    losses = [s.loss for s in samples]
+    loss = (sum(losses) / world if len(samples) == world and None not in losses else None)
     allocated = [s.allocated_bytes for s in samples if s.allocated_bytes is not None]
     reserved = [s.reserved_bytes for s in samples if s.reserved_bytes is not None]
     return StepSample(
         precision=slowest.precision, step=slowest.step, warmup=slowest.warmup,
-        loss=samples[0].loss, step_ms=slowest.step_ms,
+        loss=loss, step_ms=slowest.step_ms,
         tokens_per_s=tokens / (slowest.step_ms / 1e3) if slowest.step_ms > 0 else 0.0,
         tflops=None, mfu=None, allocated_bytes=max(allocated) if allocated else None,
         reserved_bytes=max(reserved) if reserved else None, loss_scale=samples[0].loss_scale,
         skipped=any(s.skipped for s in samples), grad_norm=samples[0].grad_norm,
         time_s=slowest.time_s)
+
+
+def _with_global(steps: list[StepSample], result: dict) -> list[StepSample]:
+    """Steps with the global loss and gradient norm the ranks all-reduced after their
+    timed steps (a rank that ended early sent none: the steps stay as followed)."""
+    losses, norms = result.get("global_loss"), result.get("global_grad_norm")
+    if not losses or len(losses) != len(steps):
+        return steps
+    return [replace(s, loss=loss, grad_norm=norm) for s, loss, norm in zip(steps, losses, norms)]
 
 
 def _last_words(log: Path) -> str | None:
@@ -266,10 +282,11 @@ def _result(config: RunConfig, rec, info: DeviceInfo, label: str, follower: _Fol
             "ok" if status == "ok" else "stopped")
         rank_results.append(_rank_result(rank, ranks[rank], rank_status, own))
     world = _world(ranks) if ranks else config.nproc_per_node
-    steps = [_combined([r["steps"][i] for r in ranks.values()], config, ranks)
-             for i in range(min((len(r["steps"]) for r in ranks.values()), default=0))]
-    done = [r for r in rank_results if r.memory is not None]
     first = ranks[min(ranks)].get("result", {}) if ranks else {}
+    steps = _with_global([_combined([r["steps"][i] for r in ranks.values()], config, ranks)
+                          for i in range(min((len(r["steps"]) for r in ranks.values()),
+                                             default=0))], first)
+    done = [r for r in rank_results if r.memory is not None]
     biggest = max(done, key=lambda r: r.memory.total_bytes, default=None)
     medians = [(r.median_step_ms, r.rank) for r in done if r.median_step_ms]
     tokens = config.tokens_per_step * world
@@ -284,8 +301,9 @@ def _result(config: RunConfig, rec, info: DeviceInfo, label: str, follower: _Fol
         min_memory_bytes=min(r.memory.total_bytes for r in done) if done else None,
         total_tokens_per_s=tokens / (slow[0] / 1e3) if medians else None,
         comm=done[0].comm if done else [],
-        comm_method="payload bytes (largest buffer) of each c10d op dispatched during the "
-                    "measured steps, counted by a TorchDispatchMode, per step; expected: "
+        comm_method="payload bytes (largest buffer) of each c10d op dispatched in one "
+                    "extra untimed step before the timed ones (its counting mode would slow "
+                    "a timed step), counted by a TorchDispatchMode; expected: "
                     + first.get("comm_formula", "n/a"),
         comm_time_reason="not measured: collectives overlap backward, and the dispatch "
                          "count sees their launch, not their completion",

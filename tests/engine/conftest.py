@@ -1,6 +1,7 @@
 import pytest
 
 from engine.quiet import quiet_libraries
+from tests.engine.sync_guard import sync_guard  # noqa: F401 - a fixture for every engine test
 
 quiet_libraries()
 

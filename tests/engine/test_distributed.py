@@ -101,18 +101,34 @@ def test_unsupported_recipe_is_named_not_run(ddp_report):
 
 
 def test_ddp_losses_equal_one_process_on_the_same_global_batch(ddp_report, single_report):
-    expected = [s["loss"] for s in _trial(single_report, "fp32")["steps"]]
-    got = [s["loss"] for s in _trial(ddp_report, "fp32")["steps"]]
-    assert len(got) == len(expected) == 2
-    assert got == pytest.approx(expected, rel=1e-5)
+    one = _trial(single_report, "fp32")["steps"]
+    ddp = _trial(ddp_report, "fp32")
+    got = [s["loss"] for s in ddp["steps"]]
+    assert len(got) == len(one) == 2
+    assert got == pytest.approx([s["loss"] for s in one], rel=1e-5)
+    # averaged gradients: every rank's norm is the model's
+    assert [s["grad_norm"] for s in ddp["steps"]] == pytest.approx(
+        [s["grad_norm"] for s in one], rel=1e-4)
+    # each rank's own steps carry the loss of its own rows, whose mean is the global one
+    own = [[s["loss"] for s in r["steps"]] for r in ddp["ranks"]]
+    assert own[0] != own[1]
+    assert [(a + b) / 2 for a, b in zip(*own)] == pytest.approx(got, rel=1e-5)
 
 
 def test_fsdp2_shards_parameters_and_gathers_in_the_policy_dtype(tmp_path, tiny_model,
                                                                 single_report):
     report = _profile(tmp_path, "fsdp", "--strategy", "fsdp2", "--nproc-per-node", "2",
-                      "--batch-size", "1", "--precision", "fp32,bf16-amp")
+                      "--batch-size", "2", "--precision", "fp32,bf16-amp")
     fp32, amp = _trial(report, "fp32"), _trial(report, "bf16-amp")
     assert fp32["status"] == amp["status"] == "ok", (fp32["reason"], amp["reason"])
+    # the global batch of one process: the same losses, and the norm of the whole model
+    # from the ranks' shards (a rank's own steps carry no norm: its shards' is not it)
+    one = _trial(single_report, "fp32")["steps"]
+    assert [s["loss"] for s in fp32["steps"]] == pytest.approx([s["loss"] for s in one],
+                                                               rel=1e-5)
+    assert [s["grad_norm"] for s in fp32["steps"]] == pytest.approx(
+        [s["grad_norm"] for s in one], rel=1e-4)
+    assert all(s["grad_norm"] is None for r in fp32["ranks"] for s in r["steps"])
     whole = _trial(single_report, "fp32")["memory"]["params_bytes"]
     n = _unique_params(tiny_model)
     for rank in fp32["ranks"]:
@@ -303,3 +319,41 @@ def test_nccl_fsdp2_on_two_gpus(tmp_path):
     assert (_comm(bf16, "reduce_scatter")["measured_bytes"] * 2
             == _comm(amp, "reduce_scatter")["measured_bytes"])
     assert all(r["memory"]["peak_allocated_bytes"] for r in amp["ranks"])
+
+
+@pytest.mark.parametrize(("optimizer", "strategy", "kind", "fused"), [
+    ("adamw", "ddp", "cuda", True), ("adamw", "fsdp2", "cuda", True),
+    ("sgd", "ddp", "cuda", True),
+    # torch has no DTensor sharding rule for aten._fused_sgd_ (test_distributed_at_scale.py)
+    ("sgd", "fsdp2", "cuda", False),
+    ("adamw", "ddp", "cpu", False), ("sgd", "fsdp2", "cpu", False),
+])
+def test_the_rank_optimizer_is_fused_on_cuda(optimizer, strategy, kind, fused):
+    from engine.config import RunConfig
+    from engine.distributed.rank_main import rank_optimizer
+    from engine.distributed.recipes import dist_recipe
+
+    params = [torch.nn.Parameter(torch.zeros(4))]  # fused Adam/SGD also build on the CPU
+    device = torch.device(kind, 0) if kind == "cuda" else torch.device(kind)
+    built = rank_optimizer(RunConfig(optimizer=optimizer), params,
+                           dist_recipe("fp16-amp", strategy), device)
+    assert bool(built.defaults["fused"]) is fused
+    assert type(built) is {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[optimizer]
+
+
+def test_a_followed_step_has_the_global_loss_only_when_every_rank_is_local():
+    from engine.config import RunConfig
+    from engine.distributed.trial import _combined
+    from engine.events import StepSample
+
+    def sample(loss, ms):
+        return StepSample("fp32", 0, False, loss, ms, 0.0, None, None, None, None, None, False,
+                          None, 0.0)
+
+    config = RunConfig(batch_size=2, seq_len=16)
+    samples = [sample(2.0, 10.0), sample(3.0, 12.0)]
+    for world, loss in ((2, (2.0 + 3.0) / 2), (4, None)):  # two of four ranks on this node
+        ranks = {r: {"start": {"world_size": world}} for r in range(2)}
+        step = _combined(samples, config, ranks)
+        assert step.loss == loss and step.step_ms == 12.0
+        assert step.tokens_per_s == pytest.approx(world * 2 * 16 / 0.012)
