@@ -1,0 +1,144 @@
+"""A journal is input: every damaged or absurd event is refused naming the file, the line
+and the field, by the same schema reports pass, so no view is handed what it cannot show."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.config import RunConfig
+from engine.journal import journal_entry, read_journal
+from engine.report.validate import MAX_NAME
+from engine.runner import Runner
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def lines():
+    """The lines of a real run's journal (tiny preset, CPU, inline)."""
+    runner = Runner(RunConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
+                              steps=2, warmup=1, device="cpu", isolation="inline"))
+    runner.run()
+    return [json.loads(x) for x in runner.journal_path.read_text().splitlines()]
+
+
+def _deep(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+def _index(lines, kind: str) -> int:
+    return next(i for i, line in enumerate(lines) if line["e"] == kind)
+
+
+# (what is done to the journal, the field the message must name): the issue's cases
+def _set_run(key, value):
+    def damage(lines):
+        lines[_index(lines, "run")][key] = value
+    return damage
+
+
+def _set_config(key, value):
+    def damage(lines):
+        lines[_index(lines, "run")]["config"][key] = value
+    return damage
+
+
+def _set_first(kind, key, value):
+    def damage(lines):
+        lines[_index(lines, kind)][key] = value
+    return damage
+
+
+def _set_result(path, value):
+    def damage(lines):
+        node = lines[_index(lines, "done")]["result"]
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+    return damage
+
+
+RUN_LINE_CASES = {
+    "time_s is text": (_set_run("time_s", "x"), "time_s"),
+    "time_s is huge": (_set_run("time_s", 1e300), "time_s"),
+    "time_s is NaN": (_set_run("time_s", math.nan), "time_s"),
+    "config is a list": (_set_run("config", []), "config"),
+    "environment is text": (_set_run("environment", "x"), "environment"),
+    "precisions is a number": (_set_config("precisions", 3), "config.precisions"),
+    "environment nested 100 deep": (_set_run("environment", _deep(100)), "environment"),
+    "run id of a million characters": (_set_run("run_id", "r" * 1_000_000), "run_id"),
+    "model name of a million characters": (_set_config("model", "m" * 1_000_000),
+                                           "config.model"),
+}
+LATER_CASES = {
+    "precision of a million characters": (_set_first("trial", "precision", "p" * 1_000_000),
+                                          "precision"),
+    "step time of 1e308": (_set_first("step", "step_ms", 1e308), "step_ms"),
+    "step index that is text": (_set_first("step", "step", "three"), "step"),
+    "module depth of -3": (_set_result(("module_tree", 0, "depth"), -3),
+                           "result.module_tree[0].depth"),
+    "reason of a million characters": (_set_result(("reason",), "x" * 1_000_000),
+                                       "result.reason"),
+    "unknown event": (lambda lines: lines.insert(3, {"e": "bogus"}), "bogus"),
+}
+
+
+def _write(tmp_path, lines, damage) -> Path:
+    lines = json.loads(json.dumps(lines))  # a copy
+    damage(lines)
+    path = tmp_path / "damaged.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("case", list(RUN_LINE_CASES) + list(LATER_CASES))
+def test_a_damaged_event_is_refused_naming_file_line_and_field(lines, tmp_path, case):
+    damage, field = {**RUN_LINE_CASES, **LATER_CASES}[case]
+    path = _write(tmp_path, lines, damage)
+    with pytest.raises(ValueError) as error:
+        read_journal(path)
+    message = str(error.value)
+    assert str(path) in message and "line " in message and field in message
+    assert len(message) < 2000  # the message quotes the value, never all of it
+
+
+@pytest.mark.parametrize("case", list(RUN_LINE_CASES))
+def test_history_lists_a_journal_with_a_damaged_start_as_damaged(lines, tmp_path, case):
+    damage, field = RUN_LINE_CASES[case]
+    entry = journal_entry(_write(tmp_path, lines, damage))
+    assert entry is not None and entry.status == "damaged"
+    assert "line 2" in entry.problem and field in entry.problem
+    assert len(entry.run_id) <= MAX_NAME
+
+
+def test_the_real_journal_still_reads(lines, tmp_path):
+    path = _write(tmp_path, lines, lambda _: None)
+    assert read_journal(path).trials[0].status == "ok"
+    assert journal_entry(path).status == "ok"
+
+
+def test_a_foreign_end_status_is_not_shown(lines, tmp_path):
+    def damage(lines):
+        _set_first("end", "status", "x" * 100_000)(lines)
+        lines[0]["pid"] = 99_999_999  # no such process: the writer is gone
+    path = _write(tmp_path, lines, damage)
+    assert journal_entry(path).status == "interrupted"
+
+
+def test_report_exits_2_on_a_journal_it_cannot_read(lines, tmp_path):
+    path = _write(tmp_path, lines, _set_run("time_s", "x"))
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "main.py", "report", str(path), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert str(path) in done.stderr and "time_s" in done.stderr
+    assert not out.exists()
