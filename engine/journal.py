@@ -233,6 +233,8 @@ def append_numerics(path: Path, numerics: dict) -> None:
 
 def _read_lines(path: Path) -> list[dict]:
     try:
+        if path.exists() and not path.is_dir() and not path.is_file():
+            raise ValueError(f"{path} is not a regular file: pick a run journal (.jsonl)")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise ValueError(f"journal not found: {path}: check the path") from None
@@ -266,7 +268,7 @@ def _read_lines(path: Path) -> list[dict]:
     return out[1:]
 
 
-def _checked_event(path: Path, number: int, line: dict, steps: dict):
+def checked_event(path: Path, number: int, line: dict, steps: dict):
     """The event of one journal line after the report schema's checks; a bad line is
     refused naming the file, the line and the field."""
     kind = line.get("e")
@@ -306,7 +308,7 @@ def read_journal(path: str | os.PathLike) -> RunRecord:
                 raise ValueError(f"{path} line {number}: the numerics lab's results are "
                                  f"damaged ({exc})") from None
             continue
-        event = _checked_event(path, number, line, steps)
+        event = checked_event(path, number, line, steps)
         if isinstance(event, TrialStarted) and event.round == 0:
             steps[event.precision] = []
             started.append(event.precision)
@@ -449,8 +451,7 @@ def journal_entry(path: Path) -> JournalEntry | None:
     except ValueError as exc:
         return _damaged(path, f"line 2: {exc}")
     # no end yet: still running if the process that writes it is alive
-    writer = header.get("pid")
-    status = "running" if isinstance(writer, int) and _alive(writer) else "interrupted"
+    status = "running" if writer_alive(header.get("pid")) else "interrupted"
     for line in reversed(tail):
         try:
             end = json.loads(line)
@@ -472,6 +473,11 @@ def journal_entry(path: Path) -> JournalEntry | None:
                    or config.get("device", ""))[:MAX_NAME],
         status=status,
     )
+
+
+def writer_alive(pid) -> bool:
+    """Whether the process that writes a journal (its header's pid) still runs here."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and _alive(pid)
 
 
 def _alive(pid: int) -> bool:

@@ -142,3 +142,67 @@ def test_report_exits_2_on_a_journal_it_cannot_read(lines, tmp_path):
     assert done.returncode == 2, done.stderr
     assert str(path) in done.stderr and "time_s" in done.stderr
     assert not out.exists()
+
+
+# --- the CLI: watch and profile on hostile input, through the real process ---------------
+
+
+def _main(*args, timeout=300):
+    return subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("case", ["step time of 1e308", "module depth of -3",
+                                  "precision of a million characters", "unknown event"])
+def test_watch_refuses_a_damaged_event_with_one_line(lines, tmp_path, case):
+    damage, field = LATER_CASES[case]
+    done = _main("watch", str(_write(tmp_path, lines, damage)), "--interval", "0.05")
+    assert done.returncode == 2, done.stderr
+    assert field in done.stderr and "line " in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr) < 2000
+
+
+def test_watch_ends_when_the_writer_is_gone_without_an_end(lines, tmp_path):
+    def cut(lines):
+        del lines[_index(lines, "done"):]
+        lines[0]["pid"] = 99_999_999  # no such process
+    done = _main("watch", str(_write(tmp_path, lines, cut)), "--interval", "0.05")
+    assert done.returncode == 1, done.stderr
+    steps = sum(1 for line in lines if line["e"] == "step")
+    assert "run interrupted: the process that wrote it (pid 99999999) is gone" in done.stdout
+    assert f"{steps} steps" in done.stdout
+
+
+def test_watch_notices_a_journal_cut_short(lines, tmp_path):
+    from engine.follow import JournalFollower
+
+    path = _write(tmp_path, lines, lambda _: None)
+    follower = JournalFollower(path)
+    assert follower.poll()
+    path.write_text(path.read_text()[:100])
+    with pytest.raises(ValueError, match="cut short while it was watched"):
+        follower.poll()
+
+
+@pytest.mark.parametrize("interval", ["inf", "nan", "-1", "1e9"])
+def test_watch_refuses_an_interval_it_cannot_sleep(lines, tmp_path, interval):
+    path = _write(tmp_path, lines, lambda _: None)
+    done = _main("watch", str(path), "--interval", interval)
+    assert done.returncode == 2 and "--interval" in done.stderr, done.stderr
+
+
+def test_watch_and_report_refuse_what_is_not_a_file(tmp_path):
+    for command in (("watch", "/dev/zero"), ("report", "/dev/zero",
+                                             "--out", str(tmp_path / "r.json"))):
+        done = _main(*command, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert "/dev/zero" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("flag,value", [("--steps", "3000000000"), ("--warmup", "20000000")])
+def test_profile_refuses_more_steps_than_a_report_holds_up_front(tmp_path, flag, value):
+    out = tmp_path / "r.json"
+    done = _main("profile", "--model", "tiny", "--precision", "fp32", flag, value,
+                 "--device", "cpu", "--out", str(out))
+    assert done.returncode == 2 and flag in done.stderr and "10,000,000" in done.stderr
+    assert not out.exists()
