@@ -206,3 +206,48 @@ def test_profile_refuses_more_steps_than_a_report_holds_up_front(tmp_path, flag,
                  "--device", "cpu", "--out", str(out))
     assert done.returncode == 2 and flag in done.stderr and "10,000,000" in done.stderr
     assert not out.exists()
+
+
+def test_csv_cells_from_names_are_never_formulas(lines, tmp_path):
+    import csv
+
+    evil = "=HYPERLINK(\"http://x\",\"y\")"
+
+    def rename(lines):
+        for line in lines:
+            if line.get("precision") == "fp32":
+                line["precision"] = evil
+            if line["e"] == "done":
+                line["result"]["precision"] = evil
+        lines[_index(lines, "run")]["config"]["precisions"] = [evil]
+    out = tmp_path / "steps.csv"
+    done = _main("report", str(_write(tmp_path, lines, rename)), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    for name in (out, tmp_path / "steps.comparison.csv"):
+        cells = [cell for row in csv.reader(name.open()) for cell in row]
+        assert "'" + evil in cells, name
+        assert not any(cell.startswith(("=", "+", "@")) for cell in cells), name
+        # numbers stay numbers: a negative value is not a formula to a spreadsheet... but a
+        # leading '-' on text is; no text cell here starts with it
+        assert not any(cell.startswith("-") and not _number(cell) for cell in cells), name
+
+
+def _number(cell: str) -> bool:
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
+
+
+def test_out_through_a_symlink_to_a_fifo_is_refused_and_the_fifo_kept(lines, tmp_path):
+    import os
+    import stat
+
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    link = tmp_path / "report.json"
+    link.symlink_to(fifo)
+    done = _main("report", str(_write(tmp_path, lines, lambda _: None)), "--out", str(link))
+    assert done.returncode == 2 and "not a regular file" in done.stderr, done.stderr
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and link.is_symlink()
