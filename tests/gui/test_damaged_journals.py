@@ -113,3 +113,80 @@ def test_delete_removes_the_journal_with_the_database_row(qtbot, monkeypatch):
     assert not runner.journal_path.exists()
     view.refresh()  # the run does not come back from its journal
     assert record.run_id not in view.run_ids()
+
+
+def _report_with(tmp_path, record, name, damage) -> Path:
+    from engine.report.json_io import write_json
+
+    path = write_json(record, tmp_path / f"{name}.json")
+    data = json.loads(path.read_text())
+    damage(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _set_step_ms(data):
+    data["trials"][0]["steps"][0]["step_ms"] = 1e308
+
+
+def _set_depth(data):
+    data["trials"][0]["module_tree"][0]["depth"] = -3
+
+
+def _set_precision(data):
+    data["trials"][0]["precision"] = "p" * 1_000_000
+
+
+def test_absurd_reports_are_refused_and_the_run_on_show_stays(qtbot, monkeypatch, tmp_path):
+    from PySide6.QtWidgets import QFileDialog
+
+    from tests.gui.clicks import menu_action
+
+    record = Runner(RunConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
+                              steps=2, warmup=0, device="cpu", isolation="inline")).run()
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.show()
+    good = _report_with(tmp_path, record, "good", lambda data: None)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        staticmethod(lambda *a, **k: (str(good), "")))
+    with qtbot.waitSignal(window.record_shown, timeout=60_000):
+        menu_action(window, "File", "Open report or journal…").trigger()
+    cases = {"huge_step": (_set_step_ms, "step_ms"), "negative_depth": (_set_depth, "depth"),
+             "long_precision": (_set_precision, "precision")}
+    for name, (damage, field) in cases.items():
+        path = _report_with(tmp_path, record, name, damage)
+        monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                            staticmethod(lambda *a, p=path, **k: (str(p), "")))
+        with qtbot.waitSignal(window.open_failed, timeout=60_000) as failed:
+            menu_action(window, "File", "Open report or journal…").trigger()
+        message = str(failed.args[0])
+        assert str(path) in message and field in message and len(message) < 2000
+        assert window.record.run_id == record.run_id  # still on show
+        assert "showing" not in window.statusBar().currentMessage().lower()
+
+
+def test_watching_a_damaged_journal_stops_and_says_where(qtbot, monkeypatch, tmp_path):
+    from PySide6.QtWidgets import QFileDialog
+
+    from tests.gui.clicks import menu_action
+
+    runner = Runner(RunConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
+                              steps=2, warmup=0, device="cpu", isolation="inline"))
+    runner.run()
+    lines = [json.loads(x) for x in runner.journal_path.read_text().splitlines()]
+    step = next(i for i, line in enumerate(lines) if line["e"] == "step")
+    lines[step]["step_ms"] = 1e308
+    del lines[step + 1:]  # the writer never ended it: without the check, Watching... forever
+    path = tmp_path / "damaged.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.show()
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        staticmethod(lambda *a, **k: (str(path), "")))
+    menu_action(window, "File", "Watch run…").trigger()
+    qtbot.waitUntil(lambda: "Stopped watching" in window.statusBar().currentMessage(),
+                    timeout=60_000)
+    message = window.statusBar().currentMessage()
+    assert f"line {step + 1}" in message and "step_ms" in message
