@@ -231,41 +231,52 @@ def append_numerics(path: Path, numerics: dict) -> None:
 # --- reading ------------------------------------------------------------------------
 
 
-def _read_lines(path: Path) -> list[dict]:
+def _read_lines(path: Path):
+    """``(line number, object)`` for each line after the header, read one line at a time
+    (a journal can be far larger than what its events need in memory)."""
     try:
         if path.exists() and not path.is_dir() and not path.is_file():
             raise ValueError(f"{path} is not a regular file: pick a run journal (.jsonl)")
-        raw = path.read_bytes()
+        fh = open(path, "rb")  # noqa: SIM115 (closed below, after the generator's last line)
     except FileNotFoundError:
         raise ValueError(f"journal not found: {path}: check the path") from None
     except IsADirectoryError:
         raise ValueError(f"{path} is a folder: pick a run journal (.jsonl) inside it") from None
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    lines = raw.split(b"\n")
-    out = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line.decode("utf-8"))
-            if not isinstance(data, dict):
-                raise ValueError("not an object")
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            if number >= len(lines) - 1:  # torn last line: the writer died mid-line
-                break
-            raise ValueError(
-                f"{path} line {number} is damaged: this is not an AmpScope run journal, "
-                "or it was edited"
-            ) from None
-        out.append(data)
-    if not out or out[0].get("e") != "journal":
+    with fh:
+        damaged = None  # a bad line is an error unless it is the last (torn) one
+        header = False
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            if damaged is not None:
+                raise ValueError(
+                    f"{path} line {damaged} is damaged: this is not an AmpScope run journal, "
+                    "or it was edited")
+            try:
+                data = json.loads(line.decode("utf-8"))
+                if not isinstance(data, dict):
+                    raise ValueError("not an object")
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                damaged = number
+                continue
+            if not header:
+                _check_header(path, data)
+                header = True
+                continue
+            yield number, data
+        if not header:
+            raise ValueError(f"{path} is not an AmpScope run journal (no journal header line)")
+
+
+def _check_header(path: Path, data: dict) -> None:
+    if data.get("e") != "journal":
         raise ValueError(f"{path} is not an AmpScope run journal (no journal header line)")
-    version = out[0].get("version")
+    version = data.get("version")
     if not isinstance(version, int) or version > JOURNAL_VERSION:
         raise ValueError(f"journal version {version!r} of {path} is newer than this AmpScope "
                          f"reads ({JOURNAL_VERSION}): update AmpScope to open it")
-    return out[1:]
 
 
 def checked_event(path: Path, number: int, line: dict, steps: dict):
@@ -299,7 +310,7 @@ def read_journal(path: str | os.PathLike) -> RunRecord:
     steps: dict[str, list[StepSample]] = {}
     started: list[str] = []
     numerics = None
-    for number, line in enumerate(_read_lines(path), 2):
+    for number, line in _read_lines(path):
         if line.get("e") == "numerics":
             numerics = line.get("numerics")
             try:

@@ -167,6 +167,15 @@ def _checker(tp, name: str, numerics: bool):
         optional = type(None) in args
         subs = [_checker(a, name, numerics) for a in args if a is not type(None)]
 
+        if len(subs) == 1:  # ``X | None``, most fields: one check, no loop (journals are long)
+            only = subs[0]
+
+            def check_optional(value, depth):
+                if value is None and optional:
+                    return
+                only(value, depth)
+            return check_optional
+
         def check_union(value, depth):
             if value is None and optional:
                 return
@@ -216,6 +225,9 @@ def _checker(tp, name: str, numerics: bool):
         return check_int
     if tp is float:
         def check_float(value, depth):
+            if type(value) is float:  # the common case first
+                number(value)
+                return
             if numerics and isinstance(value, str) and value in NONFINITE_TEXT:
                 return
             if not isinstance(value, int | float) or isinstance(value, bool):
