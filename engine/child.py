@@ -27,14 +27,26 @@ PARENT_POLL_S = 0.5
 STDERR_TAIL_CHARS = 1500
 
 
-def _set_pdeathsig() -> None:
+def _set_pdeathsig(sig: int = signal.SIGKILL) -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):  # no prctl: the watcher thread still ends us
         pass
+
+
+def end_with_parent(sig: int = signal.SIGKILL) -> None:
+    """For a process this one did not start through ``become_child`` (torchrun's launcher
+    and its ranks): the kernel sends ``sig`` when the parent dies, and a thread ends it
+    if the parent was already gone or prctl is missing."""
+    parent = os.getppid()
+    _set_pdeathsig(sig)
+    if os.getppid() != parent or parent == 1:
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="ampscope-parent-watch",
+                     daemon=True).start()
 
 
 def _watch_parent(parent_pid: int) -> None:

@@ -593,8 +593,9 @@ def _watch(args) -> int:
     """A live view of a journal; Ctrl-C ends the view, never the run it watches."""
     from engine.watch import watch
 
-    if not args.interval > 0:
-        raise ValueError(f"--interval must be above 0 seconds (got {args.interval})")
+    if not 0 < args.interval <= 3600:
+        raise ValueError(f"--interval must be above 0 and at most 3600 seconds "
+                         f"(got {args.interval})")
     try:
         return watch(args.journal, _say, args.interval)
     except KeyboardInterrupt:

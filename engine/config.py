@@ -10,6 +10,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from engine.report.validate import MAX_STEPS
+
 PRECISIONS: tuple[str, ...] = (
     "fp32",
     "tf32",
@@ -56,6 +58,14 @@ def _positive_int(name: str, value: int, flag: str) -> None:
         raise ValueError(f"{name} must be a whole number of 1 or more (got {value!r}): set {flag}")
 
 
+def _step_count(name: str, value: int, flag: str, least: int) -> None:
+    """A number of steps a report can hold: a run is refused up front, not its report after
+    hours of training."""
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_STEPS:
+        raise ValueError(f"{name} must be a whole number from {least} to {MAX_STEPS:,} "
+                         f"(got {value!r}): set {flag}")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one run needs. ``model`` is a preset name, a folder path or a hub id."""
@@ -94,12 +104,11 @@ class RunConfig:
         object.__setattr__(self, "precisions", parse_precisions(self.precisions))
         _positive_int("batch size", self.batch_size, "--batch-size")
         _positive_int("sequence length", self.seq_len, "--seq-len")
-        _positive_int("steps", self.steps, "--steps")
+        _step_count("steps", self.steps, "--steps", 1)
         _positive_int("gradient accumulation", self.grad_accum, "--grad-accum")
         _positive_int("growth interval", self.growth_interval, "--growth-interval")
         _positive_int("LoRA rank", self.lora_r, "--lora-r")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warm-up must be 0 or more steps (got {self.warmup!r}): set --warmup")
+        _step_count("warm-up", self.warmup, "--warmup", 0)
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(
                 f"unknown optimizer '{self.optimizer}': choose from {', '.join(OPTIMIZERS)}"

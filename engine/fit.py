@@ -196,8 +196,10 @@ def _probe_in_child(config: RunConfig, info: DeviceInfo, fraction: float | None,
                     out) -> None:
     import signal
 
+    from engine.child import end_with_parent
     from engine.quiet import quiet_libraries
 
+    end_with_parent()  # a probe never outlives fit, even one killed outright
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the search and ends us
     quiet_libraries()
     if fraction is not None:

@@ -13,7 +13,10 @@ import os
 from pathlib import Path
 
 from engine.events import RunFinished, StepSample, TrialStarted
-from engine.journal import JOURNAL_VERSION, decode
+from engine.journal import JOURNAL_VERSION, checked_event, writer_alive
+from engine.report.validate import validate_lab
+
+MAX_POLL_BYTES = 64 * 2**20  # one poll's read: a huge file is followed in pieces
 
 
 class JournalFollower:
@@ -25,22 +28,34 @@ class JournalFollower:
             raise ValueError(f"journal not found: {self.path}: check the path")
         self._offset = 0
         self._partial = b""
+        self.idle = False  # the last poll read nothing
         self._header = False
         self._steps: dict[str, list[StepSample]] = {}
         self.finished = False
         self.line_number = 0
+        self.writer_pid = None  # from the header: the process that writes the journal
 
     def poll(self) -> list:
         """Events added since the last call; raises ``ValueError`` for a file that is not
         an AmpScope journal, or a damaged line."""
         try:
             with open(self.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size < self._offset:
+                    raise ValueError(f"{self.path} was cut short while it was watched (now "
+                                     f"{size:,} bytes, {self._offset:,} were read): it was "
+                                     "replaced or truncated; watch it again")
                 fh.seek(self._offset)
-                data = fh.read()
+                data = fh.read(MAX_POLL_BYTES)
         except OSError as exc:
             raise ValueError(f"cannot read {self.path}: {exc.strerror}") from None
+        self.idle = not data
         self._offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")
+        if len(self._partial) > MAX_POLL_BYTES:
+            raise ValueError(f"{self.path} line {self.line_number + 1} is longer than "
+                             f"{MAX_POLL_BYTES // 2**20} MiB: this is not an AmpScope run "
+                             "journal")
         events = []
         for raw in lines:
             self.line_number += 1
@@ -50,19 +65,20 @@ class JournalFollower:
                 line = json.loads(raw.decode("utf-8"))
                 if not isinstance(line, dict):
                     raise ValueError("not an object")
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 raise ValueError(f"{self.path} line {self.line_number} is damaged: this is "
                                  "not an AmpScope run journal, or it was edited") from None
             if not self._header:
                 self._check_header(line)
                 continue
             if line.get("e") == "numerics":
+                try:
+                    validate_lab(line.get("numerics"))
+                except ValueError as exc:
+                    raise ValueError(f"{self.path} line {self.line_number}: the numerics "
+                                     f"lab's results are damaged ({exc})") from None
                 continue
-            try:
-                event = decode(line, self._steps)
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                raise ValueError(f"{self.path} line {self.line_number}: a journal event is "
-                                 f"damaged ({exc})") from None
+            event = checked_event(self.path, self.line_number, line, self._steps)
             if isinstance(event, TrialStarted) and event.round == 0:
                 self._steps[event.precision] = []
             elif isinstance(event, StepSample):
@@ -81,3 +97,10 @@ class JournalFollower:
             raise ValueError(f"journal version {version!r} of {self.path} is newer than this "
                              f"AmpScope reads ({JOURNAL_VERSION}): update AmpScope to open it")
         self._header = True
+        self.writer_pid = line.get("pid")
+
+    def abandoned(self) -> bool:
+        """The run will never end: its last poll found nothing new, no end was written, and
+        the process that wrote it is gone (the rule History uses for "interrupted")."""
+        return (self._header and not self.finished and self.idle
+                and not writer_alive(self.writer_pid))

@@ -38,6 +38,7 @@ from engine.events import (
     from_dict,
 )
 from engine.record import RunRecord
+from engine.report.validate import MAX_NAME, validate_event, validate_lab
 
 DATA_DIR_ENV = "AMPSCOPE_DATA_DIR"
 JOURNAL_VERSION = 1
@@ -64,6 +65,8 @@ _MONITOR_KEYS = {
 }
 _MONITOR_FIELDS = {short: name for name, short in _MONITOR_KEYS.items()}
 STEPS_JOURNALED = "journal"  # a finished trial's steps are the "step" lines above it
+RUN_STATUSES = ("ok", "cancelled", "error")  # what a RunFinished line may say
+MAX_HEAD_LINE = 8 * 2**20  # the run's start line; a longer one is damaged, not read whole
 
 
 def data_dir() -> Path:
@@ -228,56 +231,95 @@ def append_numerics(path: Path, numerics: dict) -> None:
 # --- reading ------------------------------------------------------------------------
 
 
-def _read_lines(path: Path) -> list[dict]:
+def _read_lines(path: Path):
+    """``(line number, object)`` for each line after the header, read one line at a time
+    (a journal can be far larger than what its events need in memory)."""
     try:
-        raw = path.read_bytes()
+        if path.exists() and not path.is_dir() and not path.is_file():
+            raise ValueError(f"{path} is not a regular file: pick a run journal (.jsonl)")
+        fh = open(path, "rb")  # noqa: SIM115 (closed below, after the generator's last line)
     except FileNotFoundError:
         raise ValueError(f"journal not found: {path}: check the path") from None
     except IsADirectoryError:
         raise ValueError(f"{path} is a folder: pick a run journal (.jsonl) inside it") from None
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    lines = raw.split(b"\n")
-    out = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line.decode("utf-8"))
-            if not isinstance(data, dict):
-                raise ValueError("not an object")
-        except (ValueError, UnicodeDecodeError):
-            if number >= len(lines) - 1:  # torn last line: the writer died mid-line
-                break
-            raise ValueError(
-                f"{path} line {number} is damaged: this is not an AmpScope run journal, "
-                "or it was edited"
-            ) from None
-        out.append(data)
-    if not out or out[0].get("e") != "journal":
+    with fh:
+        damaged = None  # a bad line is an error unless it is the last (torn) one
+        header = False
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            if damaged is not None:
+                raise ValueError(
+                    f"{path} line {damaged} is damaged: this is not an AmpScope run journal, "
+                    "or it was edited")
+            try:
+                data = json.loads(line.decode("utf-8"))
+                if not isinstance(data, dict):
+                    raise ValueError("not an object")
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                damaged = number
+                continue
+            if not header:
+                _check_header(path, data)
+                header = True
+                continue
+            yield number, data
+        if not header:
+            raise ValueError(f"{path} is not an AmpScope run journal (no journal header line)")
+
+
+def _check_header(path: Path, data: dict) -> None:
+    if data.get("e") != "journal":
         raise ValueError(f"{path} is not an AmpScope run journal (no journal header line)")
-    version = out[0].get("version")
+    version = data.get("version")
     if not isinstance(version, int) or version > JOURNAL_VERSION:
         raise ValueError(f"journal version {version!r} of {path} is newer than this AmpScope "
                          f"reads ({JOURNAL_VERSION}): update AmpScope to open it")
-    return out[1:]
+
+
+def checked_event(path: Path, number: int, line: dict, steps: dict):
+    """The event of one journal line after the report schema's checks; a bad line is
+    refused naming the file, the line and the field."""
+    kind = line.get("e")
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"{path} line {number}: unknown journal event {kind!r}: this "
+                         "journal was written by a newer AmpScope, or edited")
+    body = {k: v for k, v in line.items() if k != "e"}
+    if cls is MonitorSample:
+        body = {_MONITOR_FIELDS[k]: v for k, v in body.items() if k in _MONITOR_FIELDS}
+    elif cls is TrialFinished and isinstance(body.get("result"), dict) \
+            and body["result"].get("steps") == STEPS_JOURNALED:
+        body = {**body, "result": {**body["result"], "steps": []}}
+    elif cls is not TrialFinished:
+        body = _with_nones(cls, body)
+    try:
+        validate_event(cls, body)
+        return decode(line, steps)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        raise ValueError(f"{path} line {number}: a journal event is damaged ({exc})") from None
 
 
 def read_journal(path: str | os.PathLike) -> RunRecord:
-    """Rebuild the run record from a journal; raises ``ValueError`` naming the fix."""
+    """Rebuild the run record from a journal; raises ``ValueError`` naming the file, the
+    line and the field of the first event a report could not hold."""
     path = Path(path)
     record = RunRecord(started_s=0.0)
     steps: dict[str, list[StepSample]] = {}
     started: list[str] = []
     numerics = None
-    for number, line in enumerate(_read_lines(path), 2):
+    for number, line in _read_lines(path):
         if line.get("e") == "numerics":
             numerics = line.get("numerics")
+            try:
+                validate_lab(numerics)
+            except ValueError as exc:
+                raise ValueError(f"{path} line {number}: the numerics lab's results are "
+                                 f"damaged ({exc})") from None
             continue
-        try:
-            event = decode(line, steps)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise ValueError(f"{path} line {number}: a journal event is damaged ({exc})") from None
+        event = checked_event(path, number, line, steps)
         if isinstance(event, TrialStarted) and event.round == 0:
             steps[event.precision] = []
             started.append(event.precision)
@@ -376,47 +418,77 @@ class JournalEntry:
     model: str
     precisions: tuple[str, ...]
     device: str
-    status: str  # the RunFinished status, or "interrupted"
+    status: str  # the RunFinished status, "interrupted", or "damaged"
+    problem: str | None = None  # for a damaged journal: the file, line and field
 
 
 _TAIL_BYTES = 4096
 
 
+def _damaged(path: Path, problem: str) -> JournalEntry:
+    try:
+        started = path.stat().st_mtime
+    except OSError:
+        started = 0.0
+    return JournalEntry(run_id=path.stem[:MAX_NAME], path=path, started_s=started, model="",
+                        precisions=(), device="", status="damaged",
+                        problem=f"{path} {problem}")
+
+
 def journal_entry(path: Path) -> JournalEntry | None:
-    """The run a journal holds (from its first lines and its end); None if unreadable."""
+    """The run a journal holds (from its first lines and its end). A file that is not a
+    journal is None; a journal whose first lines a report could not hold is listed as
+    damaged, naming the line and the field."""
     try:
         with open(path, "rb") as fh:
-            head = [fh.readline() for _ in range(2)]
+            head = [fh.readline(MAX_HEAD_LINE) for _ in range(2)]
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - _TAIL_BYTES))
             tail = fh.read().split(b"\n")
-        header, run = json.loads(head[0]), json.loads(head[1])
-    except (OSError, ValueError, IndexError):
+        header = json.loads(head[0])
+    except (OSError, ValueError, RecursionError):
         return None
-    if not isinstance(run, dict) or run.get("e") != "run" or not run.get("run_id"):
+    if not isinstance(header, dict) or header.get("e") != "journal":
         return None
+    try:
+        run = json.loads(head[1])
+    except (ValueError, RecursionError):
+        return _damaged(path, "line 2: not a complete JSON object (or longer than "
+                              f"{MAX_HEAD_LINE:,} bytes)")
+    if not isinstance(run, dict) or run.get("e") != "run":
+        return _damaged(path, "line 2: the run's start is missing")
+    try:
+        validate_event(RunStarted, {k: v for k, v in run.items() if k != "e"})
+    except ValueError as exc:
+        return _damaged(path, f"line 2: {exc}")
     # no end yet: still running if the process that writes it is alive
-    writer = header.get("pid") if isinstance(header, dict) else None
-    status = "running" if isinstance(writer, int) and _alive(writer) else "interrupted"
+    status = "running" if writer_alive(header.get("pid")) else "interrupted"
     for line in reversed(tail):
-        if line.startswith(b'{"e":"end"'):
-            try:
-                status = json.loads(line).get("status", status)
-            except ValueError:
-                pass
+        try:
+            end = json.loads(line)
+        except (ValueError, RecursionError):
+            continue  # blank, torn, or cut by the tail's start
+        if isinstance(end, dict) and end.get("e") == "end":
+            status = end.get("status") if end.get("status") in RUN_STATUSES else status
             break
-    config = run.get("config") or {}
-    device = (run.get("environment") or {}).get("device") or {}
+    config = run["config"]
+    device = run["environment"].get("device")
+    device = device if isinstance(device, dict) else {}
     return JournalEntry(
-        run_id=str(run["run_id"]),
+        run_id=run["run_id"],
         path=Path(path),
-        started_s=float(run.get("time_s") or 0.0),
+        started_s=float(run["time_s"]),
         model=str(config.get("model", "")),
         precisions=tuple(config.get("precisions") or ()),
         device=str(device.get("description") or device.get("name")
-                   or config.get("device", "")),
+                   or config.get("device", ""))[:MAX_NAME],
         status=status,
     )
+
+
+def writer_alive(pid) -> bool:
+    """Whether the process that writes a journal (its header's pid) still runs here."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and _alive(pid)
 
 
 def _alive(pid: int) -> bool:

@@ -1,7 +1,8 @@
 """``main.py watch``: a live terminal view of a run journal, for servers without a desktop.
 
 One line per optimiser step (step, loss, loss scale, tokens/s, MFU, memory) as the
-journal grows; it ends when the run ends (exit 0) or on Ctrl-C (exit 0, one line).
+journal grows; it ends when the run ends (exit 0), when the process writing the journal
+is gone without ending the run (exit 1), or on Ctrl-C (exit 0, one line).
 Memory is the allocator's (GPU) when the step has it, else the monitor's latest reading
 (the GPU's used memory from NVML, or the host's resident memory).
 """
@@ -80,4 +81,8 @@ def watch(path, say: Callable[[str], None], interval_s: float = 0.5) -> int:
             elif isinstance(event, RunFinished):
                 say(f"run ended: {event.status}, {steps} steps")
                 return 0
+        if follower.abandoned():
+            say(f"run interrupted: the process that wrote it (pid {follower.writer_pid}) is "
+                f"gone without ending it, {steps} steps")
+            return 1
         time.sleep(interval_s)

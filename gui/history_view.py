@@ -7,6 +7,7 @@ pressing "Compare ticked trials" sends them to the Compare view as ``run-id/prec
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -21,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.journal import journal_entries, read_journal
+from engine.journal import journal_entries, journal_path, read_journal
 from engine.record import RunRecord
 from gui.history import HistoryEntry, HistoryError, HistoryStore, combine_trials
 from gui.palette import precision_color
@@ -82,6 +83,8 @@ class HistoryView(QWidget):
         # run) are read from their journals in the data folder
         journaled = journal_entries({e.id for e in entries})
         self._journals = {j.run_id: j.path for j in journaled}
+        # a damaged journal is listed (never a reason not to start): the problem is its tip
+        problems = {j.run_id: j.problem for j in journaled if j.problem}
         entries += [HistoryEntry(j.run_id, j.started_s, j.model, j.precisions, j.device,
                                  j.status) for j in journaled]
         self.empty.setVisible(not entries)
@@ -90,6 +93,9 @@ class HistoryView(QWidget):
             run = QTreeWidgetItem([entry.id, started, entry.model, ", ".join(entry.precisions),
                                    entry.device, entry.status])
             run.setData(0, ID_ROLE, entry.id)
+            if entry.id in problems:
+                for column in range(len(HEADERS)):
+                    run.setToolTip(column, problems[entry.id])
             for precision in entry.precisions:
                 child = QTreeWidgetItem([precision])
                 child.setData(0, ID_ROLE, precision)
@@ -142,8 +148,13 @@ class HistoryView(QWidget):
         return record
 
     def delete_run(self, run_id: str) -> None:
-        if run_id in self._journals:
-            self._journals[run_id].unlink(missing_ok=True)
+        # the journal goes too, or the run would be listed again from it at once
+        own = journal_path(run_id) if Path(run_id).name == run_id else None  # no "../"
+        for path in {self._journals.get(run_id), own} - {None}:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                self._fail(f"Cannot delete the journal {path}: {exc.strerror}")
         try:
             self.store.delete(run_id)
         except HistoryError as exc:

@@ -57,9 +57,14 @@ class JournalWatcher(QObject):
                     self.event.emit(generation, event)
                 if follower.finished or stop.wait(POLL_S):
                     return
-        except ValueError as exc:
+                if follower.abandoned():
+                    raise ValueError(f"{follower.path}: the process that wrote it (pid "
+                                     f"{follower.writer_pid}) is gone without ending the "
+                                     "run: it was interrupted")
+        except Exception as exc:  # noqa: BLE001 (a watch that stops must say why, never hang)
             if not stop.is_set():
-                self.errored.emit(str(exc))
+                self.errored.emit(str(exc) if isinstance(exc, ValueError)
+                                  else f"{follower.path}: {type(exc).__name__}: {exc}")
         finally:
             if not stop.is_set():
                 self.finished.emit(generation)

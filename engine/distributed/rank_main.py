@@ -443,6 +443,9 @@ def _measured_memory(model, optimizer, grads_bytes: int, activations: int, unsha
 
 
 def main() -> int:
+    from engine.child import end_with_parent
+
+    end_with_parent()  # a rank never outlives torchrun's agent, even one killed outright
     quiet_libraries()
     return run_rank(Path(sys.argv[1]))
 

@@ -35,6 +35,17 @@ STEP_COLUMNS = (
 )
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _inert(value: object) -> object:
+    """A text cell a spreadsheet would run as a formula (a precision or model named
+    ``=cmd|...``) is written with a leading apostrophe; numbers are left as they are."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
 def write_csv(record: RunRecord, path: str | os.PathLike) -> Path:
     def write(fh) -> None:
         writer = csv.writer(fh)
@@ -42,7 +53,7 @@ def write_csv(record: RunRecord, path: str | os.PathLike) -> Path:
         for precision in record_precisions(record):
             for step in record.steps(precision):
                 writer.writerow(
-                    "" if (v := getattr(step, c)) is None else v for c in STEP_COLUMNS
+                    "" if (v := getattr(step, c)) is None else _inert(v) for c in STEP_COLUMNS
                 )
 
     # the csv module writes its own \r\n line ends; newline="" stops a second translation
@@ -68,4 +79,5 @@ def _write_comparison(record: RunRecord, fh) -> None:
     writer = csv.writer(fh)
     writer.writerow([key for key, _, _ in COLUMNS] + ["run_speed_verdict"])
     for row in comparison_rows(record, verdict):
-        writer.writerow([_cell(getattr(row, key)) for key, _, _ in COLUMNS] + [verdict.text])
+        writer.writerow([_inert(_cell(getattr(row, key))) for key, _, _ in COLUMNS]
+                        + [_inert(verdict.text)])

@@ -43,6 +43,8 @@ def read_json(path: str | os.PathLike) -> RunRecord:
     """Read a report; every failure is a ValueError that names the file and the fix."""
     path = Path(path)
     try:
+        if path.exists() and not path.is_dir() and not path.is_file():
+            raise ValueError(f"{path} is not a regular file: pick an AmpScope .json report")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ValueError(f"report not found: {path}: check the path") from None

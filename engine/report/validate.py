@@ -22,7 +22,15 @@ from engine.events import _hints
 from engine.record import SCHEMA_VERSION, RunRecord
 
 MAX_DEPTH = 40  # nesting of free-form objects (config, environment, numerics)
-MAX_TEXT = 1_000_000  # characters in one string
+MAX_TEXT = 100_000  # characters in one string (a reason, a note, a kernel name)
+# names a view puts in a table cell, a legend or a title: a precision, a model, a run id
+MAX_NAME = 4096  # a model may be a local folder's path
+NAME_FIELDS = frozenset({"precision", "precisions", "status", "run_id", "model", "device",
+                         "host", "strategy", "backend", "source", "level", "collective",
+                         "dtype", "recipe"})
+MAX_MAGNITUDE = 1e30  # any other finite number: charts add and pad ranges, 1e308 overflows
+# counts, indices and depths that cannot be negative
+NON_NEGATIVE = frozenset({"depth", "rank", "local_rank", "world_size", "round"})
 MAX_STEPS = 10_000_000  # any step index or step count
 MAX_EPOCH_S = 1e11  # absolute times are epoch seconds (year ~5000); relative ones are small
 MAX_BYTES = 2**60
@@ -72,8 +80,10 @@ def _is_step_count(name: str) -> bool:
 
 
 @cache
-def _number_checker(name: str):
-    """Limits for a number by its field name: units and counts are in the names."""
+def _number_checker(name: str, numerics: bool = False):
+    """Limits for a number by its field name: units and counts are in the names. The
+    numerics lab's tables hold formats' own limits (fp32's 3.4e38), so no magnitude cap
+    applies there."""
     limits = []
     if _is_time(name):
         limits.append((-MAX_EPOCH_S, MAX_EPOCH_S, "seconds is not a plausible time"))
@@ -81,6 +91,10 @@ def _number_checker(name: str):
         limits.append((-MAX_BYTES, MAX_BYTES, "bytes is not a plausible size"))
     if _is_step_count(name):
         limits.append((0, MAX_STEPS, f"is not a plausible number of steps (0 to {MAX_STEPS:,})"))
+    if name in NON_NEGATIVE:
+        limits.append((0, MAX_INT, "cannot be negative"))
+    if not limits and not numerics:
+        limits.append((-MAX_MAGNITUDE, MAX_MAGNITUDE, "is not a plausible value"))
     nonfinite_ok = name in NONFINITE_FIELDS
 
     def check(value) -> None:
@@ -97,38 +111,45 @@ def _number_checker(name: str):
     return check
 
 
-def _check_free(value, depth: int, name: str = "") -> None:
+def _check_free(value, depth: int, name: str = "", numerics: bool = False) -> None:
     """A free-form JSON value (config, environment): plain types, bounded depth."""
     if depth > MAX_DEPTH:
         raise _Bad(f"nested more than {MAX_DEPTH} levels deep")
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, int | float):
-        _number_checker(name)(value)
+        _number_checker(name, numerics)(value)
     elif isinstance(value, str):
-        if len(value) > MAX_TEXT:
-            raise _Bad(f"text of {len(value):,} characters is too long")
+        _text_length(value, name)
     elif isinstance(value, list):
         for i, item in enumerate(value):
             try:
-                _check_free(item, depth + 1, name)
+                _check_free(item, depth + 1, name, numerics)
             except _Bad as exc:
                 raise _at(exc, i) from None
     elif isinstance(value, dict):
         for key, item in value.items():
             try:
-                _check_free(item, depth + 1, str(key))
+                _check_free(item, depth + 1, str(key), numerics)
             except _Bad as exc:
                 raise _at(exc, str(key)) from None
     else:
         raise _Bad(f"unexpected value {_describe(value)}")
 
 
-def _text(value, depth: int) -> None:
-    if not isinstance(value, str):
-        raise _Bad(f"expected text, got {_describe(value)}")
-    if len(value) > MAX_TEXT:
-        raise _Bad(f"text of {len(value):,} characters is too long")
+def _text_length(value: str, name: str) -> None:
+    limit = MAX_NAME if name in NAME_FIELDS else MAX_TEXT
+    if len(value) > limit:
+        raise _Bad(f"text of {len(value):,} characters is too long (at most {limit:,} here)")
+
+
+@cache
+def _text_checker(name: str):
+    def check(value, depth: int) -> None:
+        if not isinstance(value, str):
+            raise _Bad(f"expected text, got {_describe(value)}")
+        _text_length(value, name)
+    return check
 
 
 def _flag(value, depth: int) -> None:
@@ -145,6 +166,15 @@ def _checker(tp, name: str, numerics: bool):
         args = typing.get_args(tp)
         optional = type(None) in args
         subs = [_checker(a, name, numerics) for a in args if a is not type(None)]
+
+        if len(subs) == 1:  # ``X | None``, most fields: one check, no loop (journals are long)
+            only = subs[0]
+
+            def check_optional(value, depth):
+                if value is None and optional:
+                    return
+                only(value, depth)
+            return check_optional
 
         def check_union(value, depth):
             if value is None and optional:
@@ -163,7 +193,7 @@ def _checker(tp, name: str, numerics: bool):
     if origin in (list, tuple) or tp in (list, tuple):
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
         sub = _checker(args[0], name, numerics) if args else (
-            lambda value, depth: _check_free(value, depth, name))
+            lambda value, depth: _check_free(value, depth, name, numerics))
 
         def check_list(value, depth):
             if not isinstance(value, list):
@@ -180,13 +210,13 @@ def _checker(tp, name: str, numerics: bool):
         def check_dict(value, depth):
             if not isinstance(value, dict):
                 raise _Bad(f"expected an object, got {_describe(value)}")
-            _check_free(value, depth, name)
+            _check_free(value, depth, name, numerics)
         return check_dict
     if tp is str:
-        return _text
+        return _text_checker(name)
     if tp is bool:
         return _flag
-    number = _number_checker(name)
+    number = _number_checker(name, numerics)
     if tp is int:
         def check_int(value, depth):
             if not isinstance(value, int) or isinstance(value, bool):
@@ -195,6 +225,9 @@ def _checker(tp, name: str, numerics: bool):
         return check_int
     if tp is float:
         def check_float(value, depth):
+            if type(value) is float:  # the common case first
+                number(value)
+                return
             if numerics and isinstance(value, str) and value in NONFINITE_TEXT:
                 return
             if not isinstance(value, int | float) or isinstance(value, bool):
@@ -202,7 +235,7 @@ def _checker(tp, name: str, numerics: bool):
             number(value)
         return check_float
     # a hint this checker does not know: at least plain JSON
-    return lambda value, depth: _check_free(value, depth, name)
+    return lambda value, depth: _check_free(value, depth, name, numerics)
 
 
 @cache
@@ -251,7 +284,7 @@ def _lab_fields() -> dict:
 def _check_numerics(value) -> None:
     if not isinstance(value, dict):
         raise _Bad(f"expected an object, got {_describe(value)}")
-    _check_free(value, 1)
+    _check_free(value, 1, numerics=True)
     for key, tp in _lab_fields().items():
         if key in value:
             try:
@@ -307,3 +340,29 @@ def validate_report(data) -> None:
                 raise _at(exc, "numerics") from None
     except _Bad as exc:
         raise ValueError(str(exc)) from None
+
+
+def validate_event(cls, body) -> None:
+    """Raise ``ValueError`` naming the field unless ``body`` (one journal line, without its
+    kind) is an event of ``cls`` every view can show: the same checks a report gets."""
+    from engine.events import RunStarted
+
+    try:
+        _dataclass_checker(cls, False, frozenset({"config"}) if cls is RunStarted
+                           else frozenset())(body, 0)
+        if cls is RunStarted and "config" in body:
+            try:
+                _check_config(body["config"])
+            except _Bad as exc:
+                raise _at(exc, "config") from None
+    except _Bad as exc:
+        where = str(exc)
+        raise ValueError(where.replace("the report: ", "", 1)) from None
+
+
+def validate_lab(value) -> None:
+    """The numerics lab's dict as a journal carries it."""
+    try:
+        _check_numerics(value)
+    except _Bad as exc:
+        raise ValueError(str(exc).replace("the report", "numerics", 1)) from None

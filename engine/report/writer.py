@@ -45,6 +45,9 @@ def check_writable(path: str | os.PathLike) -> Path:
     folder = target.parent
     if not folder.is_dir():
         raise ValueError(f"folder {folder} does not exist: create it or choose another --out")
+    if target.exists() and not target.is_file():
+        raise ValueError(f"{given} leads to {target}, which is not a regular file (a pipe or "
+                         "a device): choose another --out")
     if target.exists() and not os.access(target, os.W_OK):
         raise ValueError(f"{target} exists and is read-only: choose another --out or remove it")
     remove_stale_temps(folder)

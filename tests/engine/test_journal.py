@@ -155,9 +155,9 @@ def test_numerics_appended_after_the_run_are_read_back(finished_run, tmp_path):
     _, path = finished_run
     copy = tmp_path / path.name
     copy.write_bytes(path.read_bytes())
-    append_numerics(copy, {"advice": {"recommended": "bf16-amp"}})
+    append_numerics(copy, {"model": "tiny", "precision": "bf16-amp"})
     back = read_journal(copy)
-    assert back.status == "ok" and back.numerics == {"advice": {"recommended": "bf16-amp"}}
+    assert back.status == "ok" and back.numerics == {"model": "tiny", "precision": "bf16-amp"}
     assert copy.read_text().count('"e":"journal"') == 1
 
 

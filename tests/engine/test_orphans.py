@@ -1,0 +1,89 @@
+"""No process outlives the command that started it: the CLI is SIGKILLed (no handler can
+run) during a distributed trial and during fit, and every process it had must end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.engine.test_run_endings import ROOT, TINY, _assert_none_left, _journal_steps
+
+POLL_S = 0.2
+
+
+def _spawn(tmp_path: Path, *args: str) -> subprocess.Popen:
+    # output to a file: a pipe would make waiting for the killed CLI wait for its orphans
+    env = dict(os.environ, AMPSCOPE_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1")
+    with open(tmp_path / "cli.log", "wb") as log:
+        return subprocess.Popen([sys.executable, "main.py", *args], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
+def _descendants(proc: subprocess.Popen) -> list[psutil.Process]:
+    return psutil.Process(proc.pid).children(recursive=True)
+
+
+def _wait(proc: subprocess.Popen, ready, what: str) -> list[psutil.Process]:
+    """Wait until ``ready(descendants)``; returns the processes seen until then (a process
+    that started and ended on the way is not one that can be left)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (proc.args, proc.returncode)
+        found = _descendants(proc)
+        if ready(found):
+            return found
+        time.sleep(POLL_S)
+    raise AssertionError(f"never saw {what}")
+
+
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def test_sigkill_during_a_distributed_trial_leaves_no_launcher_and_no_rank(tmp_path):
+    proc = _spawn(tmp_path, "profile", *TINY, "--precision", "fp32", "--steps", "5000",
+                  "--strategy", "ddp", "--nproc-per-node", "2")
+    journal = tmp_path / "data" / "runs"
+
+    def ranks_stepping(found):
+        ranks = [p for p in found if "engine.distributed.rank_main" in _cmd(p)]
+        files = list(journal.glob("*.jsonl"))
+        return len(ranks) == 2 and files and _journal_steps(files[0])
+    found = _wait(proc, ranks_stepping, "both ranks training")
+    assert any("engine.distributed.launch" in _cmd(p) for p in found)
+    proc.kill()
+    proc.wait()
+    _assert_none_left(found)
+
+
+def _rss(p: psutil.Process) -> int:
+    try:
+        return p.memory_info().rss
+    except psutil.Error:
+        return 0
+
+
+def test_sigkill_during_fit_leaves_no_probe(tmp_path):
+    # a gpt2 probe at 256 tokens trains for minutes on a CPU; it is killed once it holds
+    # the model (past the start-up, where a probe whose parent is gone fails on its own)
+    proc = _spawn(tmp_path, "fit", "--model", "gpt2", "--precision", "fp32", "--seq-len",
+                  "256", "--device", "cpu", "--memory-budget", "64GiB", "--max-batch", "64",
+                  "--quiet")
+
+    def probe_holds_the_model(found):
+        return any("spawn_main" in _cmd(p) and _rss(p) > 600 * 2**20 for p in found)
+    found = _wait(proc, probe_holds_the_model, "a probe holding gpt2")
+    proc.kill()
+    proc.wait()
+    _, alive = psutil.wait_procs(found, timeout=10)
+    for p in alive:
+        p.kill()
+    assert alive == [], [_cmd(p) for p in alive]
