@@ -413,8 +413,8 @@ def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
     columns = table()["dtypes"]
 
     def lookup(key: str) -> PeakLookup:
-        if key in columns:
-            return peak_flops(info.name, key)
+        if key in columns:  # a MIG slice has only some of the SMs the table's peak is for
+            return peak_flops(info.name, key, sm_count=info.sm_count, mig=info.mig)
         return PeakLookup(None, None, f"no peak FLOP/s column for {key} matmuls")
 
     if not by_peak_dtype:
@@ -468,6 +468,7 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
             if cancelled():
                 return True
             if i == config.warmup:  # GPM's and the energy counter's window: measured steps
+                _drain(state.device_info)  # the warm-up's queued kernels stay outside it
                 gpm.start()
                 energy.begin()
             alloc.start()
@@ -481,6 +482,7 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
             energy.count(i >= config.warmup)
             while len(pending) > 1:
                 _emit_step(state, emit, timer, readback, pending.popleft())
+        _drain(state.device_info)  # the last measured step's kernels stay inside the window
         energy.end()
     finally:  # steps that completed before a failure or a cancel are kept
         while pending:
@@ -488,11 +490,19 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
     return False
 
 
+def _drain(info: DeviceInfo) -> None:
+    """Wait for the GPU's queued work: a window read from NVML (GPM, energy) begins and
+    ends on an idle GPU, so it covers exactly the measured steps' kernels."""
+    if info.kind == "cuda":
+        torch.cuda.synchronize(info.torch_device)
+
+
 class _EnergyWindow:
     """Energy of the measured steps from NVML's total-energy counter (GPU only).
 
-    The GPU is drained at both ends, so the counter's delta covers exactly the measured
-    steps' work. The counter is device-wide: another process on the GPU adds to it.
+    ``_train_steps`` drains the GPU before ``begin`` and ``end``, so the counter's delta
+    covers exactly the measured steps' work. The counter is device-wide: another process
+    on the GPU adds to it.
     """
 
     def __init__(self, state: _State):
@@ -510,7 +520,6 @@ class _EnergyWindow:
     def begin(self) -> None:
         if self.handle is None:
             return
-        torch.cuda.synchronize(self.state.device_info.torch_device)
         self.start_j, self.start_s = nvml.energy_j(self.handle), time.perf_counter()
         if self.start_j is None:
             self.state.energy = (None, 0, "this GPU or driver has no NVML energy counter "
@@ -522,7 +531,6 @@ class _EnergyWindow:
     def end(self) -> None:
         if self.start_j is None or not self.steps:
             return
-        torch.cuda.synchronize(self.state.device_info.torch_device)
         end_j, seconds = nvml.energy_j(self.handle), time.perf_counter() - self.start_s
         if end_j is None or end_j <= self.start_j:
             self.state.energy = (None, 0, f"the NVML energy counter did not advance over the "

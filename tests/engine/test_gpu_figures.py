@@ -4,13 +4,23 @@ Each test feeds the call site (the trial, the Recorder, fit) what real hardware 
 and checks the figure against a computation of its own.
 """
 
+import contextlib
 import dataclasses
+import json
+from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+import torch
+
+import engine.trial as trial_mod
+from engine import nvml
 from engine.config import RunConfig
-from engine.device import probe
+from engine.device import DeviceInfo, probe
 from engine.models import load_model
 from engine.trial import run_trial
 
+ROOT = Path(__file__).resolve().parents[2]
 CPU = probe("cpu")
 
 
@@ -40,3 +50,111 @@ def test_an_fp8_trial_files_its_float8_matmuls_under_fp8():
     by_dtype = result.flops.by_peak_dtype
     assert by_dtype.get("fp8") == 6 * config.tokens_per_step * fp8_weights
     assert sum(by_dtype.values()) == result.flops.counted_per_step
+
+
+# --- a MIG slice is divided by its own share of the GPU's peak --------------------------
+
+# what torch.cuda.get_device_properties returns inside an H100 SXM MIG 1g.10gb instance:
+# CUDA names the slice after its profile and counts only its SMs (16 of the GPU's 132)
+H100_MIG_1G = SimpleNamespace(name="NVIDIA H100 80GB HBM3 MIG 1g.10gb", major=9, minor=0,
+                              total_memory=10 * 10**9, multi_processor_count=16,
+                              uuid="MIG-5f3c0e7e-0000-5000-8000-000000000001",
+                              pci_domain_id=0, pci_bus_id=0x19, pci_device_id=0)
+
+
+def _table_row(name: str) -> dict:
+    rows = json.loads((ROOT / "resources" / "peak_flops.json").read_text(encoding="utf-8"))
+    return next(g for g in rows["gpus"] if g["name"] == name)
+
+
+@pytest.fixture
+def mig_slice(monkeypatch):
+    """The DeviceInfo engine.device.probe builds inside a 1g slice (NVML saying it is a MIG
+    handle), then run on the CPU: its torch device is the CPU, its drains are recorded."""
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(torch.cuda, "device_count", lambda: 1)
+        m.setattr(torch.cuda, "get_device_properties", lambda i: H100_MIG_1G)
+        m.setattr(nvml, "handle_for", lambda uuid, bus=None: "mig-handle")
+        m.setattr(nvml, "device_static", lambda h: {"driver_version": "580.65.06"})
+        m.setattr(nvml, "query", lambda fn, *a: 1 if fn == "nvmlDeviceIsMigDeviceHandle"
+                  else None)
+        info = probe("cuda:0")
+    assert info.mig and info.sm_count == 16
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    monkeypatch.setattr(DeviceInfo, "torch_device", property(lambda self: torch.device("cpu")))
+    monkeypatch.setattr(DeviceInfo, "device_context", lambda self: contextlib.nullcontext())
+    return info, syncs
+
+
+def _slice_peak(by_dtype: dict) -> float:
+    """The blended peak of an H100 SXM's 1g slice: 16/132 of each dtype's datasheet peak."""
+    row = _table_row("NVIDIA H100 SXM5")
+    share = 16 / row["sm_count"]
+    seconds = sum(f / (row["peak_tflops"][d] * 1e12 * share) for d, f in by_dtype.items())
+    return sum(by_dtype.values()) / seconds
+
+
+def test_a_trial_on_a_mig_slice_divides_by_the_slice_s_peak(mig_slice):
+    info, _ = mig_slice
+    result = run_trial(_config(steps=2, warmup=1), "bf16-amp", info, lambda e: None,
+                       lambda: False)
+    assert result.status == "ok", result.reason
+    summary = result.summary
+    peak = _slice_peak(result.flops.by_peak_dtype)
+    assert summary.peak_flops == pytest.approx(peak, rel=1e-9)
+    seconds = summary.median_step_ms / 1e3
+    assert summary.mfu == pytest.approx(result.flops.analytic_per_step / seconds / peak)
+    for s in result.steps:
+        assert s.mfu == pytest.approx(result.flops.analytic_per_step / (s.step_ms / 1e3) / peak)
+
+
+def test_the_recorder_on_a_mig_slice_divides_by_the_slice_s_peak(mig_slice, monkeypatch,
+                                                                 tmp_path):
+    import ampscope
+    import ampscope.recorder as recorder_mod
+
+    info, _ = mig_slice
+    monkeypatch.setattr(recorder_mod, "probe", lambda requested: info)
+    model = load_model("tiny", "fp32", "cpu", 0).model
+    batch = {"input_ids": torch.randint(0, 64, (2, 16))}
+    batch["labels"] = batch["input_ids"]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with ampscope.Recorder(model, opt, precision="fp32",
+                           journal=tmp_path / "run.jsonl") as rec:
+        for _ in range(3):
+            model(**batch).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            rec.step()
+    (trial,) = rec.record.trials
+    peak = _slice_peak({"fp32": 1})
+    assert trial.summary.peak_flops == pytest.approx(peak, rel=1e-9)
+    assert trial.summary.mfu == pytest.approx(trial.summary.tflops * 1e12 / peak)
+    for s in trial.steps:
+        assert s.mfu == pytest.approx(s.tflops * 1e12 / peak)
+
+
+# --- NVML windows open and close on a drained GPU --------------------------------------
+
+
+def test_the_gpm_window_opens_after_the_warmup_drained_and_closes_after_the_last_step(
+        mig_slice, monkeypatch):
+    info, _ = mig_slice
+    calls = []
+    real_step = trial_mod._step
+
+    def step(*args):
+        calls.append(f"step {args[-1]}")
+        return real_step(*args)
+
+    monkeypatch.setattr(trial_mod, "_step", step)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("drain"))
+    monkeypatch.setattr(trial_mod.GpmWindow, "start", lambda self: calls.append("gpm start"))
+    real_stop = trial_mod.GpmWindow.stop
+    monkeypatch.setattr(trial_mod.GpmWindow, "stop",
+                        lambda self: calls.append("gpm stop") or real_stop(self))
+    result = run_trial(_config(steps=2, warmup=1), "fp32", info, lambda e: None, lambda: False)
+    assert result.status == "ok", result.reason
+    assert calls == ["step 0", "drain", "gpm start", "step 1", "step 2", "drain", "gpm stop"]
