@@ -158,3 +158,53 @@ def test_the_gpm_window_opens_after_the_warmup_drained_and_closes_after_the_last
     result = run_trial(_config(steps=2, warmup=1), "fp32", info, lambda e: None, lambda: False)
     assert result.status == "ok", result.reason
     assert calls == ["step 0", "drain", "gpm start", "step 1", "step 2", "drain", "gpm stop"]
+
+
+def test_the_distributed_nvml_baseline_is_read_before_the_ranks_load_their_models(
+        monkeypatch):
+    """In a container NVML lists host pids, so a rank's process memory is the GPU's used
+    memory minus a baseline; a baseline read after the model loaded leaves the model out."""
+    import engine.device
+    import engine.distributed.trial as dtrial
+    from engine.events import MonitorSample, RankMemory, to_dict
+
+    gpu = {"used": 1_500_000_000}  # another tenant and the driver, before our ranks start
+    calls = []
+
+    def used_bytes(handle):
+        calls.append(f"baseline {handle}")
+        return gpu["used"]
+
+    def fake_torchrun(config, label, out_dir, follower, emit, cancelled):
+        calls.append("torchrun")
+        late_baseline = gpu["used"] + 1_000_000_000  # the rank's weights and CUDA context
+        used = late_baseline + 1_500_000_000  # then its steps' activations, gradients...
+        memory = to_dict(RankMemory(10, None, 10, 20, 5, None, total_bytes=45))
+        sample = to_dict(MonitorSample(
+            time_s=1.0, source="nvml", gpu_mem_used_bytes=used,
+            process_mem_bytes=used - late_baseline, process_mem_method=nvml.BASELINE_METHOD))
+        lines = [
+            {"type": "start", "rank": 0, "local_rank": 0, "world_size": 1, "host": "h",
+             "pid": 4242},
+            {"type": "result", "memory": memory, "predicted_memory": memory,
+             "memory_error_pct": {}, "comm": [], "comm_formula": "", "median_step_ms": None,
+             "monitor_samples": [sample], "tokens_per_s": None, "param_count": 10,
+             "trainable_params": 10},
+        ]
+        (out_dir / "rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines),
+                                             encoding="utf-8")
+        follower.poll()
+        return "ok"
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(engine.device, "nvml_handle_of", lambda index: f"cuda:{index}")
+    monkeypatch.setattr(nvml, "used_bytes", used_bytes)
+    monkeypatch.setattr(dtrial, "_follow", fake_torchrun)
+    info = dataclasses.replace(CPU, kind="cuda", index=0, name="NVIDIA H100 80GB HBM3")
+    result = dtrial.run_distributed(_config(strategy="ddp", nproc_per_node=1,
+                                            isolation="process"), "bf16-amp",
+                                    info, lambda e: None, lambda: False)
+    assert calls == ["baseline cuda:0", "torchrun"]
+    (sample,) = result.ranks[0].monitor_samples
+    assert sample.process_mem_bytes == 1_000_000_000 + 1_500_000_000
+    assert "before torchrun started the ranks" in sample.process_mem_method
