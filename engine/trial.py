@@ -321,12 +321,23 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.compiled = config.compile or (rec.fp8 and config.warmup >= 1)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, config.optimizer,
                                           device.type))
+    if state.compiled:
+        # as a fresh process would: an inline trial (fit's probes) must not reuse the graphs,
+        # guards and dynamic-shape decisions of the trial before it, nor count toward its
+        # recompile limit (past it dynamo runs the model eagerly without a word)
+        torch._dynamo.reset()
+        compiles_before = _compile_counts()
     step_model = torch.compile(model) if state.compiled else model
     alloc = AllocatorTracker(device)
     gpm = GpmWindow(info)
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
                            cancelled, gpm)
     state.gpm = gpm.stop()
+    if state.compiled:
+        note, breaks = _compile_note(compiles_before, _compile_counts())
+        state.notes.append(note)
+        if breaks:
+            log(note, "warning")
     if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
         state.memory = _memory_at_rest(model, optimizer, batches[0], device)
         return True
@@ -341,6 +352,29 @@ def _measure(state: _State, emit, cancelled) -> bool:
     elif not cancelled():
         _profiled_step(state, step_model, params, optimizer, scaler, batches, log)
     return False
+
+
+def _compile_counts() -> tuple[int, dict]:
+    """torch._dynamo's running totals: graphs compiled, and graph breaks by reason."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+
+
+def _compile_note(before: tuple[int, dict], after: tuple[int, dict]) -> tuple[str, int]:
+    """What torch.compile did for this trial's steps: a graph break leaves the code around
+    it to run eagerly, which the step times would otherwise hide."""
+    graphs = after[0] - before[0]
+    # dynamo notes a break each time it traces past it (again after a restart), so the
+    # distinct reasons are counted, not the notes
+    breaks = [reason for reason, n in after[1].items() if n > before[1].get(reason, 0)]
+    count = len(breaks)
+    text = (f"torch.compile: {graphs} graph{'s' if graphs != 1 else ''} compiled, "
+            f"graph breaks for {count} reason{'s' if count != 1 else ''}")
+    if breaks:
+        first = breaks[0].strip().splitlines()[0]
+        text += f" (the code between graphs ran eagerly; first: {first})"
+    return text, count
 
 
 def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log) -> None:
