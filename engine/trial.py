@@ -6,6 +6,7 @@ state accumulates as it goes, and the result is built from it whatever the endin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -315,10 +316,10 @@ def _measure(state: _State, emit, cancelled) -> bool:
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
     state.distinct_batches = len(batches)
 
-    _probe(state, loaded, batches[0])
-    state.peak = _peak(info, rec, state.flops.by_peak_dtype)
     # float8 is only fast compiled; compiling needs a warm-up step to land in
     state.compiled = config.compile or (rec.fp8 and config.warmup >= 1)
+    _probe(state, loaded, batches[0])
+    state.peak = _peak(info, rec, state.flops.by_peak_dtype)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, config.optimizer,
                                           device.type))
     if state.compiled:
@@ -341,8 +342,16 @@ def _measure(state: _State, emit, cancelled) -> bool:
     if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
         state.memory = _memory_at_rest(model, optimizer, batches[0], device)
         return True
-    measured = _tracked_step(state, model, optimizer, scaler, batches)
-    state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
+    try:
+        measured = _tracked_step(state, model, optimizer, scaler, batches)
+    except Exception as exc:
+        if not _eager_oom_of_compiled(state, exc):
+            raise
+        optimizer.zero_grad(set_to_none=True)
+        state.memory = _compiled_peak_only(model, optimizer, batches[0], alloc, device, exc)
+        log(state.memory.notes, "warning")
+    else:
+        state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
     shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
     predicted = predict_memory(rec, config.optimizer, shape, config.batch_size, config.seq_len,
                                config.grad_checkpointing, device.type)
@@ -416,9 +425,15 @@ def _probe(state: _State, loaded, batch: dict) -> None:
                           f"x {config.grad_accum} micro-batches")
     except Exception as exc:  # some quantised kernels refuse the counting mode
         model.zero_grad(set_to_none=True)
-        step()
         counted = None
-        counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
+        if _eager_oom_of_compiled(state, exc):
+            _release(device)
+            counted_method = (f"n/a: the eager counting step ran out of memory "
+                              f"({failure(exc)[1]}); the compiled steps hold less, so the "
+                              "trial went on without hardware FLOPs")
+        else:
+            step()
+            counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
     model.zero_grad(set_to_none=True)
     mm_total, mm_trainable = flops_mod.matmul_param_counts(model)
     analytic, formula = flops_mod.model_flops(
@@ -437,6 +452,38 @@ def _probe(state: _State, loaded, batch: dict) -> None:
         model_convention=flops_mod.MODEL_FLOPS_CONVENTION,
         hardware_convention=flops_mod.HARDWARE_FLOPS_CONVENTION,
     )
+
+
+def _eager_oom_of_compiled(state: _State, exc: Exception) -> bool:
+    """An OOM in one of the eager steps (FLOP counting, memory watching) of a compiled
+    trial: eager kernels keep intermediates that compiled ones fuse away, so it says
+    nothing about whether the compiled steps fit (fit's probes must not read it so)."""
+    return bool(state.compiled) and failure(exc)[0] == "oom"
+
+
+def _release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _compiled_peak_only(model, optimizer, batch, alloc: AllocatorTracker, device,
+                        exc: Exception) -> MemoryBreakdown:
+    """Memory of a compiled trial whose eager watched step ran out of memory: what is held
+    at rest, and the allocator's peak over the compiled measured steps (GPU only)."""
+    _release(device)
+    rest = _memory_at_rest(model, optimizer, batch, device)
+    peak_alloc, peak_res, covers = alloc.stop()
+    why = (f"the eager step that watches memory by category ran out of memory "
+           f"({failure(exc)[1]}); the compiled steps did not")
+    if peak_alloc is None:
+        return dataclasses.replace(rest, activations_method=f"not measured: {why}",
+                                   notes=f"{why}: only what is held at rest was measured")
+    return dataclasses.replace(
+        rest, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_res,
+        total_bytes=peak_alloc, total_method=f"torch.cuda.max_memory_allocated {covers}",
+        activations_method=f"not measured: {why}",
+        notes=f"{why}: the peak is the allocator's over the compiled steps; categories are "
+              "what is held at rest")
 
 
 def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:

@@ -208,3 +208,47 @@ def test_the_distributed_nvml_baseline_is_read_before_the_ranks_load_their_model
     (sample,) = result.ranks[0].monitor_samples
     assert sample.process_mem_bytes == 1_000_000_000 + 1_500_000_000
     assert "before torchrun started the ranks" in sample.process_mem_method
+
+
+# --- fit ---------------------------------------------------------------------------------
+
+
+def _eager_steps_run_out_of_memory(monkeypatch):
+    """The two eager steps of a trial (FLOP counting, watching memory by category) raise
+    what the CUDA caching allocator raises when they do not fit."""
+    from engine import flops as flops_mod
+    from engine import memtrack
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+                                     "has a total capacity of 79.19 GiB")
+
+    monkeypatch.setattr(flops_mod, "count_flops", oom)
+    monkeypatch.setattr(memtrack.MemoryWatcher, "__enter__", oom)
+
+
+def test_fit_does_not_read_an_eager_step_s_oom_as_a_compiled_probe_s(monkeypatch):
+    from engine.fit import FitConfig, fit_precision
+
+    _eager_steps_run_out_of_memory(monkeypatch)
+    compiled = []  # compiling float8 for real takes minutes on the CPU
+    monkeypatch.setattr(torch, "compile", lambda model: compiled.append(model) or model)
+    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True)
+    config = FitConfig(model="tiny", precisions=("fp8",), seq_len=16, max_batch=2,
+                       memory_budget_bytes=8 * 2**30, device="cpu", isolation="inline")
+    result = fit_precision(config, "fp8", fp8_device, config.memory_budget_bytes)
+    assert len(compiled) == 2  # both probes ran compiled
+    assert [(p.batch_size, p.status, p.fits) for p in result.probes] == [(1, "ok", True),
+                                                                        (2, "ok", True)]
+    assert result.batch_size == 2 and all(p.peak_bytes for p in result.probes)
+
+
+def test_fit_still_reads_an_eager_probe_s_oom_as_not_fitting(monkeypatch):
+    from engine.fit import FitConfig, fit_precision
+
+    _eager_steps_run_out_of_memory(monkeypatch)
+    config = FitConfig(model="tiny", precisions=("fp32",), seq_len=16, max_batch=2,
+                       memory_budget_bytes=8 * 2**30, device="cpu", isolation="inline")
+    result = fit_precision(config, "fp32", CPU, config.memory_budget_bytes)
+    assert [(p.batch_size, p.status, p.fits) for p in result.probes] == [(1, "oom", False)]
+    assert result.batch_size is None
