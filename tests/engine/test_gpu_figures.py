@@ -7,6 +7,7 @@ and checks the figure against a computation of its own.
 import contextlib
 import dataclasses
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -252,3 +253,67 @@ def test_fit_still_reads_an_eager_probe_s_oom_as_not_fitting(monkeypatch):
     result = fit_precision(config, "fp32", CPU, config.memory_budget_bytes)
     assert [(p.batch_size, p.status, p.fits) for p in result.probes] == [(1, "oom", False)]
     assert result.batch_size is None
+
+
+def test_fit_cards_are_sized_as_cuda_reports_them_in_gib():
+    from engine.fit import CARDS, FitProbe, FitResult, format_fit, linear_fit
+
+    h100 = next(c for c in CARDS if c.label == "H100 80GB")
+    # the issue's figure: an "80 GB" H100 SXM reports about 85.0e9 bytes, 79.2 GiB
+    assert abs(h100.capacity_bytes - 85.0e9) < 0.05e9 and h100.capacity_bytes < 80 * 2**30
+    probes = [FitProbe(b, True, "ok", None, (300 + 100 * b) * 2**20, "m", 1.0, None)
+              for b in (1, 2)]
+    slope, fixed, line, cards = linear_fit(probes)
+    result = FitResult("fp32", 2**30, 2, None, 500 * 2**20, "m", 1.0, None, probes, slope,
+                       fixed, line, cards, "note")
+    text = format_fit(2**30, [result])
+    assert "H100 80GB (79.2 GiB)" in text and "GiB = 2^30 bytes" in text
+    row = [ln for ln in text.splitlines() if ln.startswith("fp32 ")][1]
+    # (capacity - 300 MiB fixed) / 100 MiB per sample, from the card's reported bytes
+    assert row.split()[1:] == [str((c.capacity_bytes - 300 * 2**20) // (100 * 2**20))
+                               for c in CARDS]
+
+
+def _h100_with_context(monkeypatch, context_bytes: int | None):
+    """An H100 whose NVML shows this process holding ``context_bytes`` more than torch's
+    allocator reserved (None: NVML lists no process of ours, as in a container)."""
+    reserved = 2 * 2**20  # the block the one-element tensor lives in
+    info = dataclasses.replace(CPU, kind="cuda", index=0, name="NVIDIA H100 80GB HBM3",
+                               total_memory_bytes=81090 * 2**20, unsupported={})
+    monkeypatch.setattr(DeviceInfo, "torch_device", property(lambda self: torch.device("cpu")))
+    monkeypatch.setattr(DeviceInfo, "device_context", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(DeviceInfo, "nvml_handle", lambda self: "h100")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved)
+    procs = [] if context_bytes is None else [
+        SimpleNamespace(pid=os.getpid(), usedGpuMemory=reserved + context_bytes)]
+    monkeypatch.setattr(nvml, "query", lambda fn, *a: procs
+                        if fn == "nvmlDeviceGetComputeRunningProcesses" else None)
+    fractions = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, index=None: fractions.append(fraction))
+    return info, fractions
+
+
+@pytest.mark.parametrize("context_mib", [None, 520])
+def test_fit_takes_the_cuda_context_off_the_allocator_s_budget(monkeypatch, context_mib):
+    from engine.fit import FitConfig, cuda_context, fit_precision, format_fit
+
+    context = None if context_mib is None else context_mib * 2**20
+    info, fractions = _h100_with_context(monkeypatch, context)
+    budget = 24 * 2**30
+    config = FitConfig(model="tiny", precisions=("fp32",), seq_len=16, max_batch=1,
+                       memory_budget_bytes=budget, device="cpu", isolation="inline")
+    measured = cuda_context(info)
+    assert measured[0] == context
+    result = fit_precision(config, "fp32", info, budget, context=measured)
+    allocator = budget - (context or 0)
+    assert fractions[0] == pytest.approx(allocator / (81090 * 2**20))
+    text = format_fit(budget, [result])
+    if context is None:
+        assert "CUDA context not taken off the budget: not measured: NVML lists no process" \
+            in text
+    else:
+        assert f"CUDA context {context_mib}.0 MiB taken off the budget" in text
+        assert f"the allocator gets {allocator / 2**20:.1f} MiB" in text
+
