@@ -317,3 +317,81 @@ def test_fit_takes_the_cuda_context_off_the_allocator_s_budget(monkeypatch, cont
         assert f"CUDA context {context_mib}.0 MiB taken off the budget" in text
         assert f"the allocator gets {allocator / 2**20:.1f} MiB" in text
 
+
+# --- scripts/gpu_acceptance.py judges what it measured -----------------------------------
+
+
+def _acceptance():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("gpu_acceptance",
+                                                  ROOT / "scripts" / "gpu_acceptance.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_acceptance_mfu_bands_fail_a_peak_off_by_two():
+    from tests.engine.sample_record import make_record
+
+    acc = _acceptance()
+    record = make_record()
+    trial = record.trial("bf16-amp")
+    for band, name, judge in ((acc.MFU_BAND, "bf16-amp MFU, eager",
+                               lambda r: {c.name: c for c in acc.sweep_checks(r)}),
+                              (acc.COMPILED_MFU_BAND, "bf16-amp MFU, compiled",
+                               lambda r: {c.name: c for c in [acc.compiled_check(r)]})):
+        for mfu in (band[0], band[1]):
+            verdicts = []
+            for divisor_error in (1.0, 0.5, 2.0):  # the right peak, half of it, twice it
+                summary = dataclasses.replace(trial.summary, mfu=mfu / divisor_error)
+                record.trials[record.trials.index(record.trial("bf16-amp"))] = (
+                    dataclasses.replace(trial, summary=summary))
+                verdicts.append(judge(record)[name].passed)
+            assert verdicts == [True, False, False], (name, mfu)
+
+
+def test_acceptance_fp8_share_of_a_real_cpu_fp8_trial():
+    acc = _acceptance()
+    config = _config(batch_size=1, seq_len=16, steps=1)
+    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True)
+    trial = run_trial(config, "fp8", fp8_device, lambda e: None, lambda: False)
+    check = acc.fp8_share_check(trial, config.tokens_per_step)
+    # weights and biases of the converted layers, counted here from the model itself
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = load_model("tiny", "fp8", "cpu", 0).model
+    weights = sum(p.numel() for m in model.modules() if isinstance(m, Float8Linear)
+                  for p in m.parameters())
+    expected = trial.flops.by_peak_dtype["fp8"] / (6 * config.tokens_per_step * weights)
+    assert check.passed is (expected >= acc.FP8_MIN) and check.measured.startswith(
+        f"{expected:.3f}")
+    # the same trial with its float8 matmuls filed under bf16 (the bug) fails the check
+    flops = dataclasses.replace(trial.flops, by_peak_dtype={
+        "bf16": sum(trial.flops.by_peak_dtype.values())})
+    assert acc.fp8_share_check(dataclasses.replace(trial, flops=flops),
+                               config.tokens_per_step).passed is False
+
+
+def test_acceptance_reports_each_group_s_seconds_against_its_stated_time(monkeypatch,
+                                                                         tmp_path):
+    acc = _acceptance()
+    clock = iter(range(0, 1000, 7))  # each perf_counter call is 7 s after the last
+    monkeypatch.setattr(acc.time, "perf_counter", lambda: next(clock))
+
+    def broken():
+        raise RuntimeError("no GPU answered")
+
+    checks = acc.run_groups([
+        ("fast", 10, lambda: [acc.Check("a", "x", "y", True), acc.Check("b", "x", "y", None)]),
+        ("slow", 5, broken),
+    ])
+    assert [(c.name, c.seconds, c.stated_s, c.passed) for c in checks] == [
+        ("a", 7, 10, True), ("b", 7, 10, None), ("slow", 7, 5, False)]
+    assert "no GPU answered" in checks[2].measured
+    info = dataclasses.replace(CPU, kind="cuda", index=0, name="NVIDIA H100 80GB HBM3")
+    text = acc.write_report(tmp_path, info, checks, ["- GPU: test"]).read_text()
+    assert "| seconds (stated) |" in text
+    assert "| 7.0 (10) |" in text and "| 7.0 (5) OVER |" in text
