@@ -68,3 +68,33 @@ def test_fit_probes_inline_start_from_a_reset_dynamo_each(monkeypatch):
     result = fit_precision(config, "fp8", fp8_device, config.memory_budget_bytes)
     assert [p.batch_size for p in result.probes] == [1, 2], result.reason
     assert calls == ["trial batch 1", "reset", "compile", "trial batch 2", "reset", "compile"]
+
+
+def test_interleaved_compiled_rounds_each_compile_afresh_and_say_how_much(monkeypatch):
+    from engine.runner import Runner
+
+    counter = _counting_compile(monkeypatch)
+    notes = []  # each round's trial: its compile note, and the backend's count around it
+    real_run = trial_mod.run_trial
+
+    def run(config, precision, *args, **kwargs):
+        before = counter.frame_count
+        result = real_run(config, precision, *args, **kwargs)
+        note = next((n for n in result.notes if n.startswith("torch.compile:")), None)
+        notes.append((precision, note, counter.frame_count - before))
+        return result
+
+    monkeypatch.setattr(trial_mod, "run_trial", run)
+    config = RunConfig(model="tiny", precisions=("fp32", "bf16-amp"), batch_size=2,
+                       seq_len=32, steps=4, warmup=1, rounds=2, interleave="on",
+                       compile=True, device="cpu", isolation="inline", profile_step=False)
+    record = Runner(config).run()
+    assert [t.status for t in record.trials] == ["ok", "ok"]
+    assert [p for p, _, _ in notes] == ["fp32", "bf16-amp", "fp32", "bf16-amp"]
+    for precision in ("fp32", "bf16-amp"):
+        rounds = [(note, frames) for p, note, frames in notes if p == precision]
+        # the backend saw as many graphs as the trial's note says, in round 2 as in round 1:
+        # no round reused another's graphs or ran eagerly for want of recompiles
+        for note, frames in rounds:
+            assert frames >= 1 and note.startswith(f"torch.compile: {frames} graph")
+        assert rounds[0] == rounds[1]
