@@ -327,6 +327,28 @@ def budget_for(config: FitConfig, info: DeviceInfo) -> int:
     return config.memory_budget_bytes
 
 
+def _measure_context(info: DeviceInfo, out) -> None:
+    out.put(cuda_context(info))
+
+
+def _context_in_child(info: DeviceInfo) -> tuple[int | None, str]:
+    """``cuda_context`` in a short-lived process, as each probe will have its own context:
+    one made here would stay on the GPU for the whole search and shrink the probes' card."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_measure_context, args=(info, out), daemon=True,
+                        name="ampscope-fit-context")
+    child.start()
+    try:
+        return out.get(timeout=120)
+    except queue.Empty:
+        return None, f"not measured: the measuring process ended with code {child.exitcode}"
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+
+
 def fit_precision(config: FitConfig, precision: str, info: DeviceInfo, budget: int,
                   on_probe: Callable[[str, FitProbe], None] = lambda *_: None,
                   cancelled: Callable[[], bool] = lambda: False,
@@ -409,7 +431,8 @@ def run_fit(config: FitConfig, on_probe: Callable[[str, FitProbe], None] = lambd
 
     info = preflight(config.run_config(1, config.precisions[0]))
     budget = budget_for(config, info)
-    context = cuda_context(info)
+    context = (cuda_context(info) if config.isolation == "inline" or info.kind != "cuda"
+               else _context_in_child(info))
     return budget, [fit_precision(config, p, info, budget, on_probe, cancelled, context)
                     for p in config.precisions]
 

@@ -395,3 +395,29 @@ def test_acceptance_reports_each_group_s_seconds_against_its_stated_time(monkeyp
     text = acc.write_report(tmp_path, info, checks, ["- GPU: test"]).read_text()
     assert "| seconds (stated) |" in text
     assert "| 7.0 (10) |" in text and "| 7.0 (5) OVER |" in text
+
+
+@pytest.mark.parametrize(("isolation", "where"), [("process", "child"), ("inline", "here")])
+def test_fit_measures_the_context_where_its_probes_run(monkeypatch, isolation, where):
+    """A context made in the parent would stay on the GPU through every probe child."""
+    import engine.fit as fit_mod
+    import engine.runner
+
+    info = dataclasses.replace(CPU, kind="cuda", index=0, name="NVIDIA H100 80GB HBM3",
+                               total_memory_bytes=81090 * 2**20, unsupported={})
+    monkeypatch.setattr(engine.runner, "preflight", lambda config: info)
+    monkeypatch.setattr(fit_mod, "cuda_context", lambda i: (1, "here"))
+    monkeypatch.setattr(fit_mod, "_context_in_child", lambda i: (2, "child"))
+    seen = []
+    monkeypatch.setattr(fit_mod, "fit_precision",
+                        lambda config, p, i, budget, on_probe, cancelled, context:
+                        seen.append(context))
+    fit_mod.run_fit(fit_mod.FitConfig(model="tiny", precisions=("fp32",), device="cpu",
+                                      memory_budget_bytes=2**30, isolation=isolation))
+    assert [method for _, method in seen] == [where]
+
+
+def test_the_context_measuring_process_answers():
+    from engine.fit import _context_in_child
+
+    assert _context_in_child(CPU) == (None, "no CUDA context on the CPU")
