@@ -206,7 +206,9 @@ def ddp_check() -> Check:
                   seq_len=512, steps=4, warmup=1)
     t = record.trials[0]
     backend = t.distributed.backend if t.distributed else None
-    measured = f"{t.status}, backend {backend}" + (f" ({t.reason})" if t.reason else "")
+    # the backend is the one the trial set up for a CUDA run, named by its summary
+    measured = (f"{t.status}, the trial's backend {backend}"
+                + (f" ({t.reason})" if t.reason else ""))
     return Check("DDP with one rank (torchrun)", "ok, backend nccl", measured,
                  t.status == "ok" and backend == "nccl")
 
