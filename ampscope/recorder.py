@@ -407,8 +407,10 @@ class Recorder:
     def _begin_run(self) -> None:
         if self._journal is not None:
             return
-        self._peak = peak_flops(self.device_info.name if self.device_info.kind == "cuda"
-                                else None, recipe_of(self.precision).peak_dtype)
+        info = self.device_info  # a MIG slice's peak is its share of the GPU's SMs
+        self._peak = peak_flops(info.name if info.kind == "cuda" else None,
+                                recipe_of(self.precision).peak_dtype,
+                                sm_count=info.sm_count, mig=info.mig)
         self._journal = JournalWriter(self.journal_file)
         config = {"model": self.name, "precisions": [self.precision],
                   "device": str(self.device), "source": self.source,

@@ -7,7 +7,8 @@ until a probe does not fit, then bisects between the last fit and the first miss
 
 A probe fits when the trial finished and its measured peak is within the budget. On
 CUDA the budget also caps the allocator (``torch.cuda.set_per_process_memory_fraction``),
-so a smaller card is emulated and an allocation past it is a real OOM. On the CPU the
+so a smaller card is emulated and an allocation past it is a real OOM; that cap binds the
+allocator only, so the CUDA context (measured through NVML) is taken off it. On the CPU the
 peak is the profiled step's: tensor bytes alive before the step plus the highest net
 bytes the CPU allocator handed out during it.
 """
@@ -28,7 +29,35 @@ from engine.events import TrialResult
 if TYPE_CHECKING:  # engine.device imports torch; the window imports this module early
     from engine.device import DeviceInfo
 
-CARDS_GIB = (24, 40, 48, 80, 141)
+
+
+@dataclass(frozen=True)
+class Card:
+    """A card as CUDA reports it: ``capacity_bytes`` is ``total_memory``, not the nominal
+    size ("80 GB") it is sold by, which counts decimal gigabytes of raw memory."""
+
+    label: str
+    capacity_bytes: int
+    source: str
+
+    @property
+    def header(self) -> str:
+        return f"{self.label} ({self.capacity_bytes / 2**30:.1f} GiB)"
+
+
+# torch prints total_memory in MiB rounded down (``_CudaDeviceProperties(... MB)``), so
+# each capacity is that printout x 2^20: within 1 MiB of the card's own figure
+_PRINTOUT = "torch.cuda.get_device_properties printout in"
+CARDS = (
+    Card("RTX 4090", 24563 * 2**20, f"{_PRINTOUT} a public CUDA environment check"),
+    Card("A100 40GB", 40536 * 2**20,
+         "cudaDeviceProp.totalGlobalMem of an A100-SXM4-40GB as printed in PaddlePaddle's "
+         "get_device_properties docs"),
+    Card("L40S", 45589 * 2**20, f"{_PRINTOUT} a public README (ECC on)"),
+    Card("H100 80GB", 81090 * 2**20,
+         f"{_PRINTOUT} Stanford CS336 (spring 2025) lecture notes, H100 80GB HBM3"),
+    Card("H200", 143156 * 2**20, f"{_PRINTOUT} a public Modal example, NVIDIA H200"),
+)
 PROBE_WARMUP, PROBE_STEPS = 1, 2
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -100,7 +129,8 @@ class FitProbe:
 
 @dataclass(frozen=True)
 class CardFit:
-    card_gib: int
+    card: str  # Card.header: its label and the GiB CUDA reports
+    capacity_bytes: int  # as CUDA reports it
     max_batch: int | None  # None: the line cannot say (memory did not grow with the batch)
 
 
@@ -120,6 +150,8 @@ class FitResult:
     line_batches: tuple[int, ...] = ()  # the two measured batches the line goes through
     cards: list[CardFit] = field(default_factory=list)  # a prediction, not a measurement
     cards_note: str = ""
+    context_bytes: int | None = None  # the CUDA context, taken off the budget and each card
+    context_method: str = "no CUDA context on the CPU"
 
 
 def search(fits: Callable[[int], bool], max_batch: int) -> int | None:
@@ -149,22 +181,50 @@ def search(fits: Callable[[int], bool], max_batch: int) -> int | None:
     return lo
 
 
-def linear_fit(probes: list[FitProbe], cards_gib: tuple[int, ...] = CARDS_GIB
+def linear_fit(probes: list[FitProbe], cards: tuple[Card, ...] = CARDS,
+               context_bytes: int | None = None
                ) -> tuple[float | None, float | None, tuple[int, ...], list[CardFit]]:
-    """Per-sample slope and fixed part from the two largest fitting probes; batch per card."""
+    """Per-sample slope and fixed part from the two largest fitting probes; batch per card
+    in what the card leaves the allocator (its capacity less the CUDA context, if known)."""
     ok = {p.batch_size: p.peak_bytes for p in probes if p.fits and p.peak_bytes is not None}
     if len(ok) < 2:
         return None, None, (), []
     b2, b1 = sorted(ok)[-1], sorted(ok)[-2]
     slope = (ok[b2] - ok[b1]) / (b2 - b1)
     fixed = ok[b1] - slope * b1
-    cards = []
-    for gib in cards_gib:
-        if slope <= 0:
-            cards.append(CardFit(gib, None))
-        else:
-            cards.append(CardFit(gib, max(0, math.floor((gib * 2**30 - fixed) / slope))))
-    return slope, fixed, (b1, b2), cards
+    fits = []
+    for card in cards:
+        usable = card.capacity_bytes - (context_bytes or 0)
+        batch = max(0, math.floor((usable - fixed) / slope)) if slope > 0 else None
+        fits.append(CardFit(card.header, card.capacity_bytes, batch))
+    return slope, fixed, (b1, b2), fits
+
+
+def cuda_context(info: DeviceInfo) -> tuple[int | None, str]:
+    """Bytes the CUDA context (and the kernels it loaded) takes outside torch's allocator,
+    and how that was found: NVML's memory for this process less torch's reserved bytes."""
+    if info.kind != "cuda":
+        return None, "no CUDA context on the CPU"
+    import os
+
+    import torch
+
+    from engine import nvml
+
+    handle = info.nvml_handle()
+    if handle is None:
+        return None, (f"not measured: NVML does not see this GPU "
+                      f"({nvml.unavailable_reason() or 'no handle by UUID or PCI bus id'})")
+    with info.device_context():
+        torch.zeros(1, device=info.torch_device)  # this process holds a context from here
+        torch.cuda.synchronize(info.torch_device)
+        reserved = torch.cuda.memory_reserved(info.torch_device)
+    ours = nvml.process_memory_bytes(handle, {os.getpid()})
+    if ours is None:
+        return None, ("not measured: NVML lists no process of ours on this GPU (a container "
+                      "shows host pids)")
+    return max(0, ours - reserved), ("NVML's memory for this process less torch's reserved "
+                                     "bytes, read after CUDA initialised")
 
 
 def _probe_result(result: TrialResult, batch: int, budget: int, kind: str) -> FitProbe:
@@ -269,17 +329,49 @@ def budget_for(config: FitConfig, info: DeviceInfo) -> int:
     return config.memory_budget_bytes
 
 
+def _measure_context(info: DeviceInfo, out) -> None:
+    out.put(cuda_context(info))
+
+
+def _context_in_child(info: DeviceInfo) -> tuple[int | None, str]:
+    """``cuda_context`` in a short-lived process, as each probe will have its own context:
+    one made here would stay on the GPU for the whole search and shrink the probes' card."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_measure_context, args=(info, out), daemon=True,
+                        name="ampscope-fit-context")
+    child.start()
+    try:
+        return out.get(timeout=120)
+    except queue.Empty:
+        return None, f"not measured: the measuring process ended with code {child.exitcode}"
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+
+
 def fit_precision(config: FitConfig, precision: str, info: DeviceInfo, budget: int,
                   on_probe: Callable[[str, FitProbe], None] = lambda *_: None,
-                  cancelled: Callable[[], bool] = lambda: False) -> FitResult:
-    """Search the largest batch of ``precision`` within ``budget`` bytes."""
+                  cancelled: Callable[[], bool] = lambda: False,
+                  context: tuple[int | None, str] = (None, "no CUDA context on the CPU")
+                  ) -> FitResult:
+    """Search the largest batch of ``precision`` within ``budget`` bytes.
+
+    ``context``: the CUDA context's bytes and how they were found (``cuda_context``). The
+    memory-fraction cap binds the allocator only, and the context lives outside it, so
+    the allocator gets the budget less the context.
+    """
+    context_bytes, context_method = context
     unsupported = info.unsupported_reason(precision)
     method = ("torch.cuda.max_memory_allocated over the measured steps" if info.kind == "cuda"
               else "profiled step: live tensor bytes + CPU allocator peak (torch.profiler)")
     if unsupported:
-        return FitResult(precision, budget, None, unsupported, None, method, None, None)
+        return FitResult(precision, budget, None, unsupported, None, method, None, None,
+                         context_bytes=context_bytes, context_method=context_method)
     total = info.total_memory_bytes if info.kind == "cuda" else None
-    fraction = budget / total if total and budget < total else None
+    allocator_budget = budget - (context_bytes or 0)
+    fraction = (allocator_budget / total if total and allocator_budget < total else None)
     probes: dict[int, FitProbe] = {}
     failure: list[str] = []
 
@@ -289,7 +381,7 @@ def fit_precision(config: FitConfig, precision: str, info: DeviceInfo, budget: i
         result = _run_probe(config.run_config(batch, precision), info, fraction, cancelled)
         if cancelled():
             raise FitCancelled
-        probe = _probe_result(result, batch, budget, info.kind)
+        probe = _probe_result(result, batch, allocator_budget, info.kind)
         probes[batch] = probe
         on_probe(precision, probe)
         if result.status in ("error", "unsupported", "cancelled") and not _is_oom(result):
@@ -298,7 +390,7 @@ def fit_precision(config: FitConfig, precision: str, info: DeviceInfo, budget: i
 
     best = search(fits, config.max_batch)
     ordered = list(probes.values())
-    slope, fixed, line, cards = linear_fit(ordered)
+    slope, fixed, line, cards = linear_fit(ordered, context_bytes=context_bytes)
     note = (f"prediction, not a measurement: peak = {fixed / 2**20:.1f} MiB + "
             f"{slope / 2**20:.2f} MiB x batch, through the measured batches {line[0]} and "
             f"{line[1]}" if line else "needs two batch sizes that fit")
@@ -306,22 +398,26 @@ def fit_precision(config: FitConfig, precision: str, info: DeviceInfo, budget: i
         note += ("; measured on the CPU: a GPU also needs its CUDA context and allocator "
                  "reserve, and may use kernels with other workspaces")
     elif line:
-        note += ("; torch's allocated bytes: the CUDA context and the allocator's reserve "
-                 "come on top on a real card")
+        note += ("; torch's allocated bytes in each card's capacity as CUDA reports it"
+                 + (f" less the CUDA context ({context_bytes / 2**20:.0f} MiB)"
+                    if context_bytes is not None else
+                    f", the CUDA context not taken off ({context_method})")
+                 + "; the allocator's reserve comes on top")
+    extra = dict(context_bytes=context_bytes, context_method=context_method)
     if failure:
         return FitResult(precision, budget, None, failure[0], None, method, None, None,
-                         ordered, slope, fixed, line, cards, note)
+                         ordered, slope, fixed, line, cards, note, **extra)
     if best is None:
         first = probes.get(1)
         why = first.reason if first else "no probe ran"
         return FitResult(precision, budget, None, f"even batch 1 does not fit: {why}", None,
-                         method, None, None, ordered, slope, fixed, line, cards, note)
+                         method, None, None, ordered, slope, fixed, line, cards, note, **extra)
     at = probes[best]
     reason = (f"the search stopped at its bound (--max-batch {config.max_batch}): a larger "
               "batch may fit" if best == config.max_batch else None)
     return FitResult(precision, budget, best, reason, at.peak_bytes, at.peak_method,
                      at.tokens_per_s, at.predicted_bytes, ordered, slope, fixed, line, cards,
-                     note)
+                     note, **extra)
 
 
 def _is_oom(result: TrialResult) -> bool:
@@ -337,7 +433,9 @@ def run_fit(config: FitConfig, on_probe: Callable[[str, FitProbe], None] = lambd
 
     info = preflight(config.run_config(1, config.precisions[0]))
     budget = budget_for(config, info)
-    return budget, [fit_precision(config, p, info, budget, on_probe, cancelled)
+    context = (cuda_context(info) if config.isolation == "inline" or info.kind != "cuda"
+               else _context_in_child(info))
+    return budget, [fit_precision(config, p, info, budget, on_probe, cancelled, context)
                     for p in config.precisions]
 
 
@@ -352,9 +450,19 @@ def format_probe(precision: str, probe: FitProbe) -> str:
 
 def format_fit(budget: int, results: list[FitResult]) -> str:
     """The text the ``fit`` command prints: batches found, then the per-card prediction."""
-    lines = [f"memory budget {budget / 2**30:.3g} GiB ({budget:,} bytes)",
-             f"{'precision':<10} {'batch':>6} {'memory':>12} {'predicted':>12} "
-             f"{'tokens/s':>10}  probes (x = did not fit)"]
+    lines = [f"memory budget {budget / 2**30:.3g} GiB ({budget:,} bytes; GiB = 2^30 bytes)"]
+    context = next(iter(results), None)
+    if context is not None and context.context_bytes is not None:
+        lines.append(f"CUDA context {_mib(context.context_bytes)} taken off the budget "
+                     f"(the memory-fraction cap binds torch's allocator only; "
+                     f"{context.context_method}): the allocator gets "
+                     f"{_mib(budget - context.context_bytes)}")
+    elif context is not None and context.context_method.startswith("not measured"):
+        lines.append(f"CUDA context not taken off the budget: {context.context_method}; "
+                     "the allocator may hold the whole budget, more than a card this size "
+                     "leaves it")
+    lines.append(f"{'precision':<10} {'batch':>6} {'memory':>12} {'predicted':>12} "
+                 f"{'tokens/s':>10}  probes (x = did not fit)")
     for r in results:
         probes = " ".join(f"{p.batch_size}{'' if p.fits else 'x'}" for p in r.probes)
         tps = f"{r.tokens_per_s:,.0f}" if r.tokens_per_s is not None else "n/a"
@@ -369,12 +477,16 @@ def format_fit(budget: int, results: list[FitResult]) -> str:
     lines.append("")
     lines.append("Will it fit on ...? largest batch per card (PREDICTION from two measured "
                  "batches)")
-    lines.append(f"{'precision':<10} " + " ".join(f"{g:>7} GiB" for g in CARDS_GIB))
+    lines.append("cards by the capacity CUDA reports (total_memory), not their nominal GB: "
+                 + "; ".join(f"{c.header}: {c.capacity_bytes:,} bytes ({c.source})"
+                             for c in CARDS))
+    width = max(len(c.header) for c in CARDS)
+    lines.append(f"{'precision':<10} " + " ".join(f"{c.header:>{width}}" for c in CARDS))
     for r in results:
         if not r.cards:
             lines.append(f"{r.precision:<10} n/a: {r.cards_note}")
             continue
-        cells = " ".join(f"{c.max_batch if c.max_batch is not None else 'n/a':>11}"
+        cells = " ".join(f"{c.max_batch if c.max_batch is not None else 'n/a':>{width}}"
                          for c in r.cards)
         lines.append(f"{r.precision:<10} {cells}")
     for r in results:

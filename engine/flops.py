@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils.flop_counter import (
     FlopCounterMode,
     flop_registry,
@@ -123,13 +124,27 @@ def flop_formulas() -> dict:
     return formulas
 
 
+def _data_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype a tensor's matmul runs in: a wrapper subclass's largest inner tensor.
+
+    torchao's Float8TrainingTensor reports the dtype it was cast from (bf16) while its
+    ``_data`` is float8 and its mm dispatches to torch._scaled_mm on that data; the other
+    inner tensor is the (scalar or per-row) scale, so the largest one is the data.
+    """
+    if not is_traceable_wrapper_subclass(t):
+        return t.dtype
+    names, _ = t.__tensor_flatten__()
+    inner = [getattr(t, name) for name in names]
+    return _data_dtype(max(inner, key=torch.Tensor.numel)) if inner else t.dtype
+
+
 def peak_key(op, args: tuple, tf32: bool = False) -> str:
     """The peak-table column of the dtype ``op`` multiplied in, from its arguments."""
     namespace, _, name = str(getattr(op, "_qualified_op_name", "")).partition("::")
     if namespace == "bitsandbytes" and name in _BNB_DTYPE:
         return _BNB_DTYPE[name]
     leaves = torch.utils._pytree.tree_leaves(args)
-    dtype = next((t.dtype for t in leaves if isinstance(t, torch.Tensor)), None)
+    dtype = next((_data_dtype(t) for t in leaves if isinstance(t, torch.Tensor)), None)
     key = PEAK_KEYS.get(dtype, str(dtype).removeprefix("torch."))
     return "tf32" if key == "fp32" and tf32 else key
 

@@ -6,6 +6,7 @@ state accumulates as it goes, and the result is built from it whatever the endin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -315,23 +316,42 @@ def _measure(state: _State, emit, cancelled) -> bool:
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
     state.distinct_batches = len(batches)
 
-    _probe(state, loaded, batches[0])
-    state.peak = _peak(info, rec, state.flops.by_peak_dtype)
     # float8 is only fast compiled; compiling needs a warm-up step to land in
     state.compiled = config.compile or (rec.fp8 and config.warmup >= 1)
+    _probe(state, loaded, batches[0])
+    state.peak = _peak(info, rec, state.flops.by_peak_dtype)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, config.optimizer,
                                           device.type))
+    if state.compiled:
+        # as a fresh process would: an inline trial (fit's probes) must not reuse the graphs,
+        # guards and dynamic-shape decisions of the trial before it, nor count toward its
+        # recompile limit (past it dynamo runs the model eagerly without a word)
+        torch._dynamo.reset()
+        compiles_before = _compile_counts()
     step_model = torch.compile(model) if state.compiled else model
     alloc = AllocatorTracker(device)
     gpm = GpmWindow(info)
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
                            cancelled, gpm)
     state.gpm = gpm.stop()
+    if state.compiled:
+        note, breaks = _compile_note(compiles_before, _compile_counts())
+        state.notes.append(note)
+        if breaks:
+            log(note, "warning")
     if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
         state.memory = _memory_at_rest(model, optimizer, batches[0], device)
         return True
-    measured = _tracked_step(state, model, optimizer, scaler, batches)
-    state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
+    try:
+        measured = _tracked_step(state, model, optimizer, scaler, batches)
+    except Exception as exc:
+        if not _eager_oom_of_compiled(state, exc):
+            raise
+        optimizer.zero_grad(set_to_none=True)
+        state.memory = _compiled_peak_only(model, optimizer, batches[0], alloc, device, exc)
+        log(state.memory.notes, "warning")
+    else:
+        state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
     shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
     predicted = predict_memory(rec, config.optimizer, shape, config.batch_size, config.seq_len,
                                config.grad_checkpointing, device.type)
@@ -341,6 +361,29 @@ def _measure(state: _State, emit, cancelled) -> bool:
     elif not cancelled():
         _profiled_step(state, step_model, params, optimizer, scaler, batches, log)
     return False
+
+
+def _compile_counts() -> tuple[int, dict]:
+    """torch._dynamo's running totals: graphs compiled, and graph breaks by reason."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+
+
+def _compile_note(before: tuple[int, dict], after: tuple[int, dict]) -> tuple[str, int]:
+    """What torch.compile did for this trial's steps: a graph break leaves the code around
+    it to run eagerly, which the step times would otherwise hide."""
+    graphs = after[0] - before[0]
+    # dynamo notes a break each time it traces past it (again after a restart), so the
+    # distinct reasons are counted, not the notes
+    breaks = [reason for reason, n in after[1].items() if n > before[1].get(reason, 0)]
+    count = len(breaks)
+    text = (f"torch.compile: {graphs} graph{'s' if graphs != 1 else ''} compiled, "
+            f"graph breaks for {count} reason{'s' if count != 1 else ''}")
+    if breaks:
+        first = breaks[0].strip().splitlines()[0]
+        text += f" (the code between graphs ran eagerly; first: {first})"
+    return text, count
 
 
 def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log) -> None:
@@ -382,9 +425,15 @@ def _probe(state: _State, loaded, batch: dict) -> None:
                           f"x {config.grad_accum} micro-batches")
     except Exception as exc:  # some quantised kernels refuse the counting mode
         model.zero_grad(set_to_none=True)
-        step()
         counted = None
-        counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
+        if _eager_oom_of_compiled(state, exc):
+            _release(device)
+            counted_method = (f"n/a: the eager counting step ran out of memory "
+                              f"({failure(exc)[1]}); the compiled steps hold less, so the "
+                              "trial went on without hardware FLOPs")
+        else:
+            step()
+            counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
     model.zero_grad(set_to_none=True)
     mm_total, mm_trainable = flops_mod.matmul_param_counts(model)
     analytic, formula = flops_mod.model_flops(
@@ -405,6 +454,38 @@ def _probe(state: _State, loaded, batch: dict) -> None:
     )
 
 
+def _eager_oom_of_compiled(state: _State, exc: Exception) -> bool:
+    """An OOM in one of the eager steps (FLOP counting, memory watching) of a compiled
+    trial: eager kernels keep intermediates that compiled ones fuse away, so it says
+    nothing about whether the compiled steps fit (fit's probes must not read it so)."""
+    return bool(state.compiled) and failure(exc)[0] == "oom"
+
+
+def _release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _compiled_peak_only(model, optimizer, batch, alloc: AllocatorTracker, device,
+                        exc: Exception) -> MemoryBreakdown:
+    """Memory of a compiled trial whose eager watched step ran out of memory: what is held
+    at rest, and the allocator's peak over the compiled measured steps (GPU only)."""
+    _release(device)
+    rest = _memory_at_rest(model, optimizer, batch, device)
+    peak_alloc, peak_res, covers = alloc.stop()
+    why = (f"the eager step that watches memory by category ran out of memory "
+           f"({failure(exc)[1]}); the compiled steps did not")
+    if peak_alloc is None:
+        return dataclasses.replace(rest, activations_method=f"not measured: {why}",
+                                   notes=f"{why}: only what is held at rest was measured")
+    return dataclasses.replace(
+        rest, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_res,
+        total_bytes=peak_alloc, total_method=f"torch.cuda.max_memory_allocated {covers}",
+        activations_method=f"not measured: {why}",
+        notes=f"{why}: the peak is the allocator's over the compiled steps; categories are "
+              "what is held at rest")
+
+
 def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
     """The peak MFU divides by: blended by the FLOPs each dtype ran (the recipe's own dtype
     where the FLOPs could not be counted)."""
@@ -413,8 +494,8 @@ def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
     columns = table()["dtypes"]
 
     def lookup(key: str) -> PeakLookup:
-        if key in columns:
-            return peak_flops(info.name, key)
+        if key in columns:  # a MIG slice has only some of the SMs the table's peak is for
+            return peak_flops(info.name, key, sm_count=info.sm_count, mig=info.mig)
         return PeakLookup(None, None, f"no peak FLOP/s column for {key} matmuls")
 
     if not by_peak_dtype:
@@ -468,6 +549,7 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
             if cancelled():
                 return True
             if i == config.warmup:  # GPM's and the energy counter's window: measured steps
+                _drain(state.device_info)  # the warm-up's queued kernels stay outside it
                 gpm.start()
                 energy.begin()
             alloc.start()
@@ -481,6 +563,7 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
             energy.count(i >= config.warmup)
             while len(pending) > 1:
                 _emit_step(state, emit, timer, readback, pending.popleft())
+        _drain(state.device_info)  # the last measured step's kernels stay inside the window
         energy.end()
     finally:  # steps that completed before a failure or a cancel are kept
         while pending:
@@ -488,11 +571,19 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
     return False
 
 
+def _drain(info: DeviceInfo) -> None:
+    """Wait for the GPU's queued work: a window read from NVML (GPM, energy) begins and
+    ends on an idle GPU, so it covers exactly the measured steps' kernels."""
+    if info.kind == "cuda":
+        torch.cuda.synchronize(info.torch_device)
+
+
 class _EnergyWindow:
     """Energy of the measured steps from NVML's total-energy counter (GPU only).
 
-    The GPU is drained at both ends, so the counter's delta covers exactly the measured
-    steps' work. The counter is device-wide: another process on the GPU adds to it.
+    ``_train_steps`` drains the GPU before ``begin`` and ``end``, so the counter's delta
+    covers exactly the measured steps' work. The counter is device-wide: another process
+    on the GPU adds to it.
     """
 
     def __init__(self, state: _State):
@@ -510,7 +601,6 @@ class _EnergyWindow:
     def begin(self) -> None:
         if self.handle is None:
             return
-        torch.cuda.synchronize(self.state.device_info.torch_device)
         self.start_j, self.start_s = nvml.energy_j(self.handle), time.perf_counter()
         if self.start_j is None:
             self.state.energy = (None, 0, "this GPU or driver has no NVML energy counter "
@@ -522,7 +612,6 @@ class _EnergyWindow:
     def end(self) -> None:
         if self.start_j is None or not self.steps:
             return
-        torch.cuda.synchronize(self.state.device_info.torch_device)
         end_j, seconds = nvml.energy_j(self.handle), time.perf_counter() - self.start_s
         if end_j is None or end_j <= self.start_j:
             self.state.energy = (None, 0, f"the NVML energy counter did not advance over the "

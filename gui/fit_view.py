@@ -26,12 +26,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.fit import CARDS_GIB, FitConfig, FitProbe, FitResult, parse_bytes
+from engine.fit import CARDS, FitConfig, FitProbe, FitResult, parse_bytes
 from gui.palette import precision_color
 from gui.plain_text import plain_label
 
 RESULT_HEADERS = ("Precision", "Batch", "Memory", "Predicted", "Tokens/s", "Probes", "Note")
-CARD_HEADERS = ("Precision", *[f"{g} GiB" for g in CARDS_GIB])
+# each card by the capacity CUDA reports, in GiB of 2^30 bytes (not its nominal GB)
+CARD_HEADERS = ("Precision", *[c.header for c in CARDS])
 
 
 class FitWorker(QObject):
@@ -206,7 +207,13 @@ class FitView(QWidget):
 
     def show_results(self, budget: int, results: list[FitResult]) -> None:
         self.last_results = (budget, results)
-        self.status.setText(f"Budget {budget / 2**30:.3g} GiB. Memory: "
+        context = ""
+        if results and results[0].context_bytes is not None:
+            context = (f" CUDA context {results[0].context_bytes / 2**20:.0f} MiB taken off "
+                       f"it ({results[0].context_method}).")
+        elif results and results[0].context_method.startswith("not measured"):
+            context = f" CUDA context not taken off it: {results[0].context_method}."
+        self.status.setText(f"Budget {budget / 2**30:.3g} GiB (2^30 bytes).{context} Memory: "
                             + "; ".join(sorted({r.memory_method for r in results})))
         self.results.setRowCount(len(results))
         self.cards.setRowCount(len(results))

@@ -9,6 +9,7 @@ agent stop the others; whatever is still alive below the launcher when it ends
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from engine import nvml
 from engine.config import RunConfig
 from engine.device import DeviceInfo
 from engine.distributed.recipes import dist_recipe, unsupported_reason
@@ -84,15 +86,43 @@ def run_distributed(config: RunConfig, label: str, info: DeviceInfo,
     if reason:
         return TrialResult(label, "unsupported", reason, started_s=started, finished_s=started)
     rec = dist_recipe(label, config.strategy)
+    baselines = nvml_baselines(config, info)  # before any rank has loaded its model
     out_dir = Path(tempfile.mkdtemp(prefix="ampscope-dist-"))
     try:
         spec = {"config": config.to_dict(), "precision": label, "device_kind": info.kind}
         (out_dir / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
         follower = _Follower(out_dir)
         status = _follow(config, label, out_dir, follower, emit, cancelled)
-        return _result(config, rec, info, label, follower, out_dir, status, started)
+        return _result(config, rec, info, label, follower, out_dir, status, started, baselines)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def nvml_baselines(config: RunConfig, info: DeviceInfo) -> dict[int, int | None]:
+    """Device-wide used memory of each local rank's GPU (rank i runs on cuda:i), read
+    before torchrun starts. A rank reads its own baseline only after its model loaded,
+    so in a container (where NVML lists host pids) its weights would fall out of its
+    process memory; ``_rank_result`` subtracts this baseline instead."""
+    if info.kind != "cuda":
+        return {}
+    from engine.device import nvml_handle_of
+
+    return {i: nvml.used_bytes(nvml_handle_of(i)) for i in range(config.nproc_per_node)}
+
+
+def _rebased(sample: MonitorSample, baseline: int | None) -> MonitorSample:
+    """A rank's monitor sample with its by-baseline process memory taken from the early
+    baseline (by-pid readings are left as they are)."""
+    if sample.process_mem_method != nvml.BASELINE_METHOD:
+        return sample
+    used = sample.gpu_mem_used_bytes
+    if baseline is None or used is None:
+        return dataclasses.replace(sample, process_mem_bytes=None, process_mem_method=(
+            "n/a: no NVML process matched the rank and no baseline was read before the "
+            "ranks loaded their models"))
+    return dataclasses.replace(sample, process_mem_bytes=max(0, used - baseline),
+                               process_mem_method=nvml.BASELINE_METHOD
+                               + " (read before torchrun started the ranks)")
 
 
 def _device_reason(config: RunConfig, info: DeviceInfo) -> str | None:
@@ -250,7 +280,8 @@ def _failure(out_dir: Path, ranks: dict) -> tuple[int | None, str, str]:
     return None, "error", f"torchrun ended before any rank reported: {tail or 'no output'}"
 
 
-def _rank_result(rank: int, entry: dict, status: str, reason: str | None) -> RankResult:
+def _rank_result(rank: int, entry: dict, status: str, reason: str | None,
+                 baselines: dict[int, int | None]) -> RankResult:
     start, res = entry.get("start", {}), entry.get("result")
     if res is None:
         return RankResult(rank, start.get("local_rank", -1), start.get("host", ""),
@@ -260,13 +291,16 @@ def _rank_result(rank: int, entry: dict, status: str, reason: str | None) -> Ran
         status="ok", steps=entry["steps"], memory=from_dict(RankMemory, res["memory"]),
         predicted_memory=from_dict(RankMemory, res["predicted_memory"]),
         memory_error_pct=res["memory_error_pct"],
-        monitor_samples=[from_dict(MonitorSample, m) for m in res["monitor_samples"]],
+        monitor_samples=[_rebased(from_dict(MonitorSample, m),
+                                  baselines.get(start["local_rank"]))
+                         for m in res["monitor_samples"]],
         comm=[from_dict(CommVolume, c) for c in res["comm"]],
         median_step_ms=res["median_step_ms"], tokens_per_s=res["tokens_per_s"])
 
 
 def _result(config: RunConfig, rec, info: DeviceInfo, label: str, follower: _Follower,
-            out_dir: Path, status: str, started: float) -> TrialResult:
+            out_dir: Path, status: str, started: float,
+            baselines: dict[int, int | None]) -> TrialResult:
     ranks = follower.ranks
     failed_rank, reason = None, None
     if status == "failed":
@@ -280,7 +314,7 @@ def _result(config: RunConfig, rec, info: DeviceInfo, label: str, follower: _Fol
         own = reason if rank == failed_rank else None
         rank_status = status if rank == failed_rank else (
             "ok" if status == "ok" else "stopped")
-        rank_results.append(_rank_result(rank, ranks[rank], rank_status, own))
+        rank_results.append(_rank_result(rank, ranks[rank], rank_status, own, baselines))
     world = _world(ranks) if ranks else config.nproc_per_node
     first = ranks[min(ranks)].get("result", {}) if ranks else {}
     steps = _with_global([_combined([r["steps"][i] for r in ranks.values()], config, ranks)

@@ -511,7 +511,8 @@ def test_acceptance_checks_judge_a_record_by_their_bands(tmp_path):
     sweep = {c.name: c for c in acc.sweep_checks(record)}
     assert not sweep["GPT-2 124M, batch 8 x 1024: every recipe runs"].passed  # tf32 etc. missing
     bf16 = record.trial("bf16-amp").summary.mfu
-    assert sweep["bf16-amp MFU, eager"].passed == (0.10 <= bf16 <= 0.80)
+    low, high = acc.MFU_BAND
+    assert sweep["bf16-amp MFU, eager"].passed == (low <= bf16 <= high)
     worst = max(s.mfu for t in record.trials if t.status == "ok" for s in t.steps
                 if s.mfu is not None)
     assert sweep["no MFU above 1 (any step of any recipe)"].passed == (worst <= 1)
@@ -519,7 +520,7 @@ def test_acceptance_checks_judge_a_record_by_their_bands(tmp_path):
     measured = [s for s in record.trial("bf16-amp").steps if not s.warmup]
     gaps = [b.time_s - a.time_s for a, b in zip(measured, measured[1:])]
     ratio = statistics.median(gaps) * 1e3 / statistics.median(s.step_ms for s in measured)
-    assert timer.measured.startswith(f"{ratio:.3f}") and timer.passed == (1.0 <= ratio <= 1.1)
+    assert timer.measured.startswith(f"{ratio:.3f}") and timer.passed == (0.98 <= ratio <= 1.1)
     nvml_checks = acc.nvml_check(record)
     assert not nvml_checks[0].passed  # the sample record's polls have no energy reading
     quantised = acc.quantised_checks(record)

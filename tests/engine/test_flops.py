@@ -228,7 +228,7 @@ def test_trial_mfu_peak_is_blended_by_the_dtypes_the_step_ran():
     from engine.peaks import peak_flops
     from engine.trial import _peak
 
-    h100 = SimpleNamespace(kind="cuda", name="NVIDIA H100 80GB HBM3")
+    h100 = SimpleNamespace(kind="cuda", name="NVIDIA H100 80GB HBM3", sm_count=132, mig=False)
     int8, fp16 = (peak_flops(h100.name, k).flops_per_s for k in ("int8", "fp16"))
     # an int8 trial: forward in int8, backward in fp16, as counted
     peak = _peak(h100, recipe("int8"), {"int8": 1e12, "fp16": 2e12})
