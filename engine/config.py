@@ -93,6 +93,9 @@ class RunConfig:
     trace_dir: str | None = None  # where that step's Chrome trace (and CUDA snapshot) go
     strategy: str = "none"
     nproc_per_node: int = 1
+    # a distributed trial whose ranks make no step for this long is ended as an error
+    # naming the rank; None: STALL_FACTOR x the median step, at least STALL_FLOOR_S
+    stall_timeout_s: float | None = None
     torchrun_args: tuple[str, ...] = ()
     interleave: str = "auto"  # ABAB rounds of the precisions; auto: where trials are cheap
     rounds: int = 2
@@ -152,6 +155,11 @@ class RunConfig:
                 f"unknown strategy '{self.strategy}': choose from {', '.join(STRATEGIES)}"
             )
         _positive_int("processes per node", self.nproc_per_node, "--nproc-per-node")
+        stall = self.stall_timeout_s
+        if stall is not None and (isinstance(stall, bool) or not isinstance(stall, int | float)
+                                  or not 0 < stall <= 7 * 86400):
+            raise ValueError(f"the stall timeout must be above 0 and at most a week in seconds "
+                             f"(got {stall!r}): set --stall-timeout")
         object.__setattr__(self, "torchrun_args", tuple(self.torchrun_args))
         if self.strategy == "none":
             if self.nproc_per_node > 1 or self.torchrun_args:

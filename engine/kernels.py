@@ -676,7 +676,7 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     if snapshot:
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
+        torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
     try:
         with profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
             with record_function(STEP_RANGE):

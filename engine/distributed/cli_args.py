@@ -16,6 +16,9 @@ def add_distributed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--strategy", default="none", choices=STRATEGIES,
                    help="none: one process (default); ddp; fsdp2 (fully_shard)")
     g.add_argument("--nproc-per-node", type=int, default=1, help="ranks on this machine")
+    g.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
+                   help="after the first step, end a trial whose ranks make no step for this "
+                        "long, naming the rank (default: 20x the median step, at least 300 s)")
     for flag in TORCHRUN_FLAGS:
         g.add_argument(flag, dest="torchrun_" + flag[2:].replace("-", "_"), metavar="VALUE",
                        help="passed to torchrun unchanged (multi-node)")
@@ -27,4 +30,4 @@ def distributed_config(args: argparse.Namespace) -> dict:
                         for flag in TORCHRUN_FLAGS
                         if getattr(args, "torchrun_" + flag[2:].replace("-", "_")) is not None)
     return {"strategy": args.strategy, "nproc_per_node": args.nproc_per_node,
-            "torchrun_args": passthrough}
+            "torchrun_args": passthrough, "stall_timeout_s": args.stall_timeout}

@@ -47,6 +47,10 @@ from engine.events import (
 ROOT = Path(__file__).resolve().parents[2]
 CANCEL_GRACE_S = 30.0
 POLL_S = 0.1
+# a hung rank (a lost peer, a deadlocked collective) would hold the trial forever: after
+# the first step, no new step from some rank for this many median steps ends the trial
+STALL_FACTOR = 20
+STALL_FLOOR_S = 300.0
 
 
 class _Follower:
@@ -92,8 +96,9 @@ def run_distributed(config: RunConfig, label: str, info: DeviceInfo,
         spec = {"config": config.to_dict(), "precision": label, "device_kind": info.kind}
         (out_dir / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
         follower = _Follower(out_dir)
-        status = _follow(config, label, out_dir, follower, emit, cancelled)
-        return _result(config, rec, info, label, follower, out_dir, status, started, baselines)
+        status, why = _follow(config, label, out_dir, follower, emit, cancelled)
+        return _result(config, rec, info, label, follower, out_dir, status, started,
+                       baselines, why)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
 
@@ -137,9 +142,44 @@ def _device_reason(config: RunConfig, info: DeviceInfo) -> str | None:
     return None
 
 
+class _Stall:
+    """Watches the ranks' step counts: the time since the slowest rank's last new step."""
+
+    def __init__(self, timeout_s: float | None):
+        self.timeout_s = timeout_s  # None: from the median step, once there is one
+        self.counts: dict[int, int] = {}
+        self.since = time.monotonic()
+
+    def limit_s(self, follower: _Follower) -> float | None:
+        times = [s.step_ms for r in follower.ranks.values() for s in r["steps"]]
+        if not times:
+            return None  # loading, compiling, the first step: NCCL's own timeout covers it
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return max(STALL_FLOOR_S, STALL_FACTOR * statistics.median(times) / 1e3)
+
+    def stalled(self, follower: _Follower) -> str | None:
+        """Why the trial is stalled (naming the rank), or None."""
+        counts = {r: len(e["steps"]) for r, e in follower.ranks.items() if "result" not in e}
+        if counts != self.counts:
+            self.counts, self.since = counts, time.monotonic()
+            return None
+        limit = self.limit_s(follower)
+        waited = time.monotonic() - self.since
+        if not counts or limit is None or waited < limit:
+            return None
+        slowest = min(counts.values())
+        behind = [r for r, n in sorted(counts.items()) if n == slowest]
+        how = ("--stall-timeout" if self.timeout_s is not None
+               else f"{STALL_FACTOR} median steps, at least {STALL_FLOOR_S:.0f} s")
+        return (f"rank {', '.join(map(str, behind))} made no step for {waited:.0f} s after "
+                f"step {slowest - 1} (limit {limit:.0f} s: {how}); the trial was ended. A rank "
+                "that hangs is often waiting in a collective for a peer that died or diverged")
+
+
 def _follow(config: RunConfig, label: str, out_dir: Path, follower: _Follower, emit,
-            cancelled) -> str:
-    """Run torchrun to its end; returns "ok", "failed" or "cancelled"."""
+            cancelled) -> tuple[str, str | None]:
+    """Run torchrun to its end; returns ("ok" | "failed" | "cancelled" | "stalled", why)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     with open(out_dir / "torchrun.log", "wb") as log:
@@ -147,7 +187,7 @@ def _follow(config: RunConfig, label: str, out_dir: Path, follower: _Follower, e
             [sys.executable, "-m", "engine.distributed.launch", str(out_dir)], cwd=ROOT, env=env,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     tree = _Tree(launcher.pid)
-    emitted, deadline = 0, None
+    emitted, deadline, stall, stalled = 0, None, _Stall(config.stall_timeout_s), None
     try:
         while True:
             done = launcher.poll() is not None
@@ -155,7 +195,9 @@ def _follow(config: RunConfig, label: str, out_dir: Path, follower: _Follower, e
             emitted = _emit_new(config, label, follower, emitted, emit)
             if done:
                 break
-            if cancelled() and deadline is None:
+            if stalled is None and deadline is None:
+                stalled = stall.stalled(follower)
+            if (cancelled() or stalled) and deadline is None:
                 launcher.send_signal(signal.SIGTERM)  # torchrun's agent stops the ranks
                 deadline = time.monotonic() + CANCEL_GRACE_S
             if deadline is not None and time.monotonic() > deadline:
@@ -165,8 +207,10 @@ def _follow(config: RunConfig, label: str, out_dir: Path, follower: _Follower, e
         tree.kill()
         launcher.wait()
     if cancelled():
-        return "cancelled"
-    return "ok" if launcher.returncode == 0 else "failed"
+        return "cancelled", None
+    if stalled:
+        return "stalled", stalled
+    return ("ok" if launcher.returncode == 0 else "failed"), None
 
 
 class _Tree:
@@ -277,6 +321,11 @@ def _failure(out_dir: Path, ranks: dict) -> tuple[int | None, str, str]:
                                + (f"; its log ends: {said}" if said else ""))
     log = (out_dir / "torchrun.log").read_text(encoding="utf-8", errors="replace")
     tail = " | ".join(log.strip().splitlines()[-3:])
+    stepped = max((len(e["steps"]) for e in ranks.values()), default=0)
+    if stepped:  # the launcher itself was ended (killed from outside, or it crashed)
+        return None, "error", (f"torchrun's launcher ended after the ranks had reported "
+                               f"{stepped} steps, without naming a failed rank: "
+                               f"{tail or 'no output'}")
     return None, "error", f"torchrun ended before any rank reported: {tail or 'no output'}"
 
 
@@ -300,10 +349,14 @@ def _rank_result(rank: int, entry: dict, status: str, reason: str | None,
 
 def _result(config: RunConfig, rec, info: DeviceInfo, label: str, follower: _Follower,
             out_dir: Path, status: str, started: float,
-            baselines: dict[int, int | None]) -> TrialResult:
+            baselines: dict[int, int | None], why: str | None = None) -> TrialResult:
     ranks = follower.ranks
     failed_rank, reason = None, None
-    if status == "failed":
+    if status == "stalled":
+        status, reason = "error", why
+        failed_rank = min((r for r, e in ranks.items() if "result" not in e),
+                          key=lambda r: len(ranks[r]["steps"]), default=None)
+    elif status == "failed":
         failed_rank, status, reason = _failure(out_dir, ranks)
     elif status == "cancelled":
         reason = "stopped by the user; torchrun and its ranks were ended"

@@ -87,3 +87,35 @@ def test_sigkill_during_fit_leaves_no_probe(tmp_path):
     for p in alive:
         p.kill()
     assert alive == [], [_cmd(p) for p in alive]
+
+
+def test_a_hung_rank_ends_the_trial_as_an_error_naming_the_rank(tmp_path):
+    import json
+    import signal
+
+    out = tmp_path / "report.json"
+    proc = _spawn(tmp_path, "profile", *TINY, "--precision", "fp32", "--steps", "5000",
+                  "--strategy", "ddp", "--nproc-per-node", "2", "--stall-timeout", "5",
+                  "--out", str(out))
+    journal = tmp_path / "data" / "runs"
+
+    def ranks_stepping(found):
+        ranks = [p for p in found if "engine.distributed.rank_main" in _cmd(p)]
+        files = list(journal.glob("*.jsonl"))
+        return len(ranks) == 2 and files and len(_journal_steps(files[0])) >= 2
+    found = _wait(proc, ranks_stepping, "both ranks training")
+    rank = next(p for p in found if "engine.distributed.rank_main" in _cmd(p))
+    rank.send_signal(signal.SIGSTOP)  # hung: alive, but never steps again
+    try:
+        assert proc.wait(timeout=300) == 1
+    finally:
+        for p in found:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    trial = json.loads(out.read_text())["trials"][0]
+    assert trial["status"] == "error"
+    assert "made no step for" in trial["reason"] and "--stall-timeout" in trial["reason"]
+    assert "rank " in trial["reason"]
+    _assert_none_left([p for p in found if p.pid != rank.pid])
