@@ -66,17 +66,25 @@ class _Fp16GradScaler(torch.amp.GradScaler):
         return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
 
 
-def adam_eps(rec: Recipe) -> float:
-    """Adam's epsilon, raised where the default would round to zero in the weight dtype.
+def adam_eps(params: list) -> float:
+    """Adam's epsilon, raised where the default would round to zero in a trainable dtype.
 
     In pure fp16, 1e-8 becomes 0, and a parameter whose gradient was 0 so far then
-    divides 0 by 0: NaN weights after one step. The smallest normal fp16 value is the
-    least epsilon that survives.
+    divides 0 by 0: NaN weights after one step. The smallest normal value of the least
+    precise trainable dtype is the least epsilon that survives. Only the trained weights
+    matter: a frozen fp16 base (int8, nf4) with fp32 LoRA adapters keeps 1e-8.
     """
     default = 1e-8
-    if torch.tensor(default, dtype=rec.weight_dtype).item() == 0.0:
-        return float(torch.finfo(rec.weight_dtype).tiny)
+    dtype = trainable_dtype(params)
+    if dtype is not None and torch.tensor(default, dtype=dtype).item() == 0.0:
+        return float(torch.finfo(dtype).tiny)
     return default
+
+
+def trainable_dtype(params: list) -> torch.dtype | None:
+    """The floating dtype of ``params`` with the smallest normal range (None if none)."""
+    floats = {p.dtype for p in params if p.dtype.is_floating_point}
+    return max(floats, key=lambda d: torch.finfo(d).tiny, default=None)
 
 
 def make_optimizer(name: str, params: list, lr: float, eps: float = 1e-8,
@@ -302,13 +310,13 @@ def _measure(state: _State, emit, cancelled) -> bool:
         return True
 
     params = [p for p in model.parameters() if p.requires_grad]
-    eps = adam_eps(rec)
+    eps = adam_eps(params)
     optimizer = make_optimizer(config.optimizer, params, config.lr, eps,
                                fused=info.kind == "cuda")
     if eps != 1e-8 and config.optimizer != "sgd":
-        log(f"Adam epsilon raised from 1e-8 to {eps:.3g}: 1e-8 rounds to 0 in "
-            f"{str(rec.weight_dtype).removeprefix('torch.')} and 0/0 would make NaN weights",
-            "warning")
+        dtype = str(trainable_dtype(params)).removeprefix("torch.")
+        log(f"Adam epsilon raised from 1e-8 to {eps:.3g}: 1e-8 rounds to 0 in {dtype} (the "
+            "trained weights' dtype) and 0/0 would make NaN weights", "warning")
     scaler = make_scaler(rec, device, config)
     total = config.warmup + config.steps
     batches = make_batches(loaded.config, loaded.task, config.batch_size, config.seq_len,

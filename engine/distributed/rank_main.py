@@ -226,7 +226,7 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
     shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
     model, units, unsharded = _wrap(model, rec, device)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(config.optimizer, params, config.lr, adam_eps(base))
+    optimizer = make_optimizer(config.optimizer, params, config.lr, adam_eps(params))
     scaler = _scaler(rec, device, config)
     # every rank draws the same global batches and takes its own rows of them, so the
     # run trains on exactly what one process with batch x world would

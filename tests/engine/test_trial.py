@@ -84,6 +84,32 @@ def test_pure_fp16_trains_without_nan_and_says_why_eps_changed():
     assert result.memory.params_bytes == 2 * result.param_count
 
 
+@pytest.mark.parametrize(("precision", "trained_dtype"), [
+    ("int8", torch.float32), ("fp16", torch.float16)])
+def test_adam_epsilon_follows_the_trained_weights_dtype(monkeypatch, precision, trained_dtype):
+    # int8 freezes an fp16 base and trains fp32 LoRA adapters: 1e-8 survives in fp32, so
+    # Adam keeps it; pure fp16 trains fp16 weights, where 1e-8 is 0
+    built = []
+
+    def keep(*args, **kw):
+        built.append(real(*args, **kw))
+        return built[-1]
+
+    real = trial_mod.make_optimizer
+    monkeypatch.setattr(trial_mod, "make_optimizer", keep)
+    events = []
+    result = _run(precision, events, steps=1, warmup=0)
+    assert result.status == "ok", result.reason
+    (optimizer,) = built
+    trained = [p for g in optimizer.param_groups for p in g["params"]]
+    assert trained and {p.dtype for p in trained} == {trained_dtype}
+    expected = 1e-8 if torch.tensor(1e-8, dtype=trained_dtype).item() != 0 \
+        else torch.finfo(torch.float16).tiny
+    assert [g["eps"] for g in optimizer.param_groups] == [expected] * len(optimizer.param_groups)
+    warned = [e for e in events if isinstance(e, LogEvent) and "epsilon" in e.message]
+    assert bool(warned) == (expected != 1e-8)
+
+
 @pytest.mark.parametrize("precision", ["bf16-amp", "bf16", "int8", "nf4"])
 def test_other_cpu_recipes_run(precision):
     result = _run(precision, steps=2)
