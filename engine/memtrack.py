@@ -65,7 +65,11 @@ def unique_bytes(tensors: Iterable) -> int:
 
 def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
     """bitsandbytes' quantisation state beside the packed weights: 4-bit absmax (and the
-    nested state's), the NF4 code book, int8's per-row scales (SCB)."""
+    nested state's), the NF4 code book, int8's per-row scales (SCB).
+
+    Linear8bitLt's first forward moves SCB from its weight to the module's MatmulLtState
+    (bitsandbytes 0.50 ``Linear8bitLt.init_8bit_state``), so it is looked for on both.
+    """
     found = []
     for p in model.parameters():
         qs = getattr(p, "quant_state", None)
@@ -75,9 +79,9 @@ def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
                 found += [qs.state2.absmax, qs.state2.code]
             if getattr(qs, "offset", None) is not None:
                 found.append(qs.offset)
-        scb = getattr(p, "SCB", None)
-        if isinstance(scb, torch.Tensor):
-            found.append(scb)
+        found.append(getattr(p, "SCB", None))
+    for m in model.modules():
+        found.append(getattr(getattr(m, "state", None), "SCB", None))
     return [t for t in found if isinstance(t, torch.Tensor)]
 
 

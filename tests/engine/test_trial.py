@@ -1,11 +1,13 @@
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import engine.trial as trial_mod
 from engine.config import RunConfig
 from engine.device import probe
 from engine.events import LogEvent, StepSample
 from engine.trial import run_trial
+from tests.engine.families import FAMILIES
 
 CPU = probe("cpu")
 
@@ -186,3 +188,54 @@ def test_torch_compile_option_trains_the_compiled_model():
     result = _run("fp32", compile=True, steps=2)
     assert result.status == "ok", result.reason
     assert len(result.steps) == 3 and all(s.loss == s.loss for s in result.steps)
+
+
+def _folder(tmp_path, family, weights):
+    config = FAMILIES[family]()
+    if weights:
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    else:
+        config.save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_int8_row_scales_are_quantisation_state_in_the_trial(tmp_path, family):
+    import bitsandbytes as bnb
+    from transformers import BitsAndBytesConfig
+
+    folder = _folder(tmp_path, family, weights=True)
+    result = _run("int8", model=folder, steps=1, warmup=0, profile_step=False)
+    assert result.status == "ok", result.reason
+    # independently: transformers' own 8-bit load, one fp32 scale per output row
+    net = AutoModelForCausalLM.from_pretrained(
+        folder, quantization_config=BitsAndBytesConfig(load_in_8bit=True), device_map="cpu")
+    int8 = [m for m in net.modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+    scales = sum(m.weight.SCB.numel() * 4 for m in int8)
+    assert int8 and scales == sum(m.out_features * 4 for m in int8)
+    assert result.memory.quant_state_bytes == scales
+    assert result.predicted_memory.quant_state_bytes == scales
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_a_folder_with_weights_trains_without_the_key_value_cache(tmp_path, monkeypatch,
+                                                                  family):
+    loaded = []
+
+    def keep(*args, **kw):
+        loaded.append(real(*args, **kw))
+        return loaded[-1]
+
+    real = trial_mod.load_model
+    monkeypatch.setattr(trial_mod, "load_model", keep)
+    saved = _run("fp32", model=_folder(tmp_path / "w", family, weights=True), steps=1,
+                 warmup=0, profile_step=False)
+    bare = _run("fp32", model=_folder(tmp_path / "c", family, weights=False), steps=1,
+                warmup=0, profile_step=False)
+    assert saved.status == bare.status == "ok", (saved.reason, bare.reason)
+    ids = torch.randint(0, 700, (1, 8))
+    assert loaded[0].model(input_ids=ids).past_key_values is None
+    # the same shapes, random or saved weights: the same activations
+    act = [r.memory.at_phase_start_bytes["backward"]["activations"] for r in (saved, bare)]
+    assert act[0] == act[1]
