@@ -239,3 +239,14 @@ def test_a_folder_with_weights_trains_without_the_key_value_cache(tmp_path, monk
     # the same shapes, random or saved weights: the same activations
     act = [r.memory.at_phase_start_bytes["backward"]["activations"] for r in (saved, bare)]
     assert act[0] == act[1]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_cpu_int8_recipe_text_names_the_matmuls_that_ran(tmp_path, family):
+    result = _run("int8", model=_folder(tmp_path, family, weights=False), steps=1, warmup=0,
+                  profile_step=False)
+    assert result.status == "ok", result.reason
+    ran = set(result.flops.by_peak_dtype)  # the dtypes FlopCounterMode saw the matmuls run in
+    assert ran and "int8" not in ran
+    assert "runs an int8 matmul" not in result.recipe and "no int8 matmul" in result.recipe
+    assert all(dtype in result.recipe for dtype in ran), (ran, result.recipe)
