@@ -248,14 +248,27 @@ class MemoryWatcher(TorchDispatchMode):
     def _leave_forward(self, module, args, output):
         self._depth -= 1
 
+    # --- the CPU generator's state, which no aten op returns ------------------------
+
+    def _rng_state(self) -> torch.Tensor:
+        # gradient checkpointing keeps one per checkpointed call (torch.utils.checkpoint,
+        # preserve_rng_state) and fork_rng another while a layer reruns
+        state = self._get_rng_state()
+        self._add(state, "activations" if self._depth > 0 or self.phase == "forward"
+                  else "temporaries")
+        return state
+
     def __enter__(self):
         hooks = nn.modules.module
         self._hooks.append(hooks.register_module_forward_pre_hook(self._enter_forward))
         self._hooks.append(hooks.register_module_forward_hook(self._leave_forward,
                                                               always_call=True))
+        # checkpointing looks torch.get_rng_state up at each call: seen for this step only
+        self._get_rng_state, torch.get_rng_state = torch.get_rng_state, self._rng_state
         return super().__enter__()
 
     def __exit__(self, *exc):
+        torch.get_rng_state = self._get_rng_state
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
