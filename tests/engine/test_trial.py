@@ -250,3 +250,86 @@ def test_cpu_int8_recipe_text_names_the_matmuls_that_ran(tmp_path, family):
     assert ran and "int8" not in ran
     assert "runs an int8 matmul" not in result.recipe and "no int8 matmul" in result.recipe
     assert all(dtype in result.recipe for dtype in ran), (ran, result.recipe)
+
+
+def _keep(monkeypatch, name):
+    """Calls of ``engine.trial.<name>`` run as before; what they return is kept."""
+    kept, real = [], getattr(trial_mod, name)
+
+    def call(*args, **kw):
+        kept.append(real(*args, **kw))
+        return kept[-1]
+
+    monkeypatch.setattr(trial_mod, name, call)
+    return kept
+
+
+def _layers(config, n):
+    for key in ("num_hidden_layers", "n_layer"):
+        if key in config.to_dict():
+            setattr(config, key, n)
+    return config
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_checkpointing_counts_each_layers_saved_rng_state(tmp_path, family):
+    # a checkpointed layer keeps its input and the CPU generator's state (to replay dropout
+    # when it reruns): one more layer adds exactly those bytes to what backward starts with
+    saved = []
+    for n in (2, 3):
+        _layers(FAMILIES[family](), n).save_pretrained(tmp_path / str(n))
+        result = _run("fp32", model=str(tmp_path / str(n)), steps=1, warmup=0,
+                      grad_checkpointing=True, profile_step=False)
+        assert result.status == "ok", result.reason
+        saved.append(result.memory.at_phase_start_bytes["backward"]["activations"])
+    layer_input = 2 * 32 * 96 * 4  # batch x sequence x hidden, fp32
+    rng_state = torch.get_rng_state().numel()  # a uint8 tensor: one byte per element
+    assert saved[1] - saved[0] == layer_input + rng_state
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_bf16_grad_norm_is_summed_in_fp32(tmp_path, monkeypatch, family):
+    optimizers = _keep(monkeypatch, "make_optimizer")
+    norms = []
+    real_make = trial_mod.make_optimizer  # the keeping wrapper
+
+    def with_hook(*args, **kw):
+        opt = real_make(*args, **kw)
+        trained = [p for g in opt.param_groups for p in g["params"]]
+        opt.register_step_pre_hook(lambda *_: norms.append(float(torch.linalg.vector_norm(
+            torch.cat([p.grad.float().flatten() for p in trained])))))
+        return opt
+
+    monkeypatch.setattr(trial_mod, "make_optimizer", with_hook)
+    result = _run("bf16", model=_folder(tmp_path, family, weights=False), steps=3, warmup=0,
+                  profile_step=False)
+    assert result.status == "ok", result.reason
+    assert len(optimizers) == 1 and len(norms) == 4  # three timed steps, the watched one
+    assert [s.grad_norm for s in result.steps] == pytest.approx(norms[:3], rel=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_profiled_step_peak_counts_int8_row_scales(tmp_path, monkeypatch, family):
+    import bitsandbytes as bnb
+
+    models, optimizers = _keep(monkeypatch, "load_model"), _keep(monkeypatch, "make_optimizer")
+    batches, live = _keep(monkeypatch, "make_batches"), []
+    real_profile = trial_mod.profile_step
+
+    def profile(step, device, live_bytes, *args):
+        live.append(live_bytes)
+        return real_profile(step, device, live_bytes, *args)
+
+    monkeypatch.setattr(trial_mod, "profile_step", profile)
+    result = _run("int8", model=_folder(tmp_path, family, weights=False), steps=1, warmup=0)
+    assert result.status == "ok" and result.profiled_step is not None, result.reason
+    model = models[0].model
+    state = [v for s in optimizers[0].state.values() for v in s.values()
+             if isinstance(v, torch.Tensor)]
+    scales = [m.state.SCB for m in model.modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+    held = {}
+    for t in [*model.parameters(), *model.buffers(), *state, *scales,
+              *(v for b in batches[0] for v in b.values())]:
+        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    assert scales and live == [sum(held.values())]
+    assert result.profiled_step.peak_memory_bytes >= live[0]
