@@ -275,16 +275,18 @@ def _layers(config, n):
 def test_checkpointing_counts_each_layers_saved_rng_state(tmp_path, family):
     # a checkpointed layer keeps its input and the CPU generator's state (to replay dropout
     # when it reruns): one more layer adds exactly those bytes to what backward starts with
-    saved = []
+    saved, predicted = [], []
     for n in (2, 3):
         _layers(FAMILIES[family](), n).save_pretrained(tmp_path / str(n))
         result = _run("fp32", model=str(tmp_path / str(n)), steps=1, warmup=0,
                       grad_checkpointing=True, profile_step=False)
         assert result.status == "ok", result.reason
         saved.append(result.memory.at_phase_start_bytes["backward"]["activations"])
+        predicted.append(result.predicted_memory.activations_bytes)
     layer_input = 2 * 32 * 96 * 4  # batch x sequence x hidden, fp32
     rng_state = torch.get_rng_state().numel()  # a uint8 tensor: one byte per element
     assert saved[1] - saved[0] == layer_input + rng_state
+    assert predicted[1] - predicted[0] == layer_input + rng_state
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
