@@ -16,7 +16,11 @@ against engine.memtrack on the CPU (``scripts/calibrate_activations.py``, stored
 ``resources/activation_calibration.json``). A family not in that table falls back to
 Korthikanti et al. 2022, s·b·h·(34 + 5·a·s/h) bytes per layer at 2-byte activations,
 and says so. Autocast's low-precision weight copies, which linear layers save for
-backward, are their own category: 2 bytes per matmul weight.
+backward, are their own category: 2 bytes per matmul weight. Two terms are fitted per
+family on whole CPU trials by ``scripts/memory_error_table.py`` (same file): what a k-bit
+base with LoRA adapters saves beyond the half-autocast calibration, and what a
+checkpointed layer's rerun holds beyond its activations; docs/memory-model.md has the
+error per family, shape and recipe.
 """
 
 from __future__ import annotations
@@ -316,8 +320,10 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
                    device_type: str = "cpu") -> PredictedMemory:
     """Predicted bytes by category, and the peak, for one training step of ``recipe``.
 
-    The peak is the larger of two moments: backward's start (everything static, the weight
-    copies and saved activations, and the loss's gradient of the logits) and the optimiser
+    The peak is the largest of the step's phases: backward's start (everything static,
+    the weight copies and saved activations, and the loss's gradient of the logits); with
+    checkpointing, the first and the last layer's rerun in backward (``_reruns``: live
+    bytes change linearly between them, so the largest is at one end); and the optimiser
     step (every gradient, and torch's scratch: one tensor at a time on the CPU, the whole
     list at once with the foreach kernels torch uses on a GPU).
     """
