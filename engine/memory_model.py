@@ -46,10 +46,6 @@ ADAM8_BLOCK = 256  # bitsandbytes blockwise 8-bit optimiser state: one fp32 absm
 ADAM8_MIN_SIZE = 4096  # bitsandbytes' min_8bit_size: smaller tensors keep fp32 state
 ADAM8_QMAPS = 2 * 256 * FP32  # the two shared 256-entry quantisation maps
 CALIBRATION = Path(__file__).resolve().parent.parent / "resources" / "activation_calibration.json"
-# a checkpointed layer's rerun beyond its saved activations (the gradient flowing back,
-# backward's intermediates): bytes per token per unit of hidden width in the activation
-# dtype, fitted per family and rerun kind by scripts/memory_error_table.py
-RERUN_FLOW_DEFAULT = 4.0
 LAYER_BASIS = ("hidden", "attention_width", "kv_width", "mlp_width", "scores", "heads", "one")
 OUTER_BASIS = ("hidden", "vocab", "one")
 
@@ -205,6 +201,7 @@ def _mode(recipe: Recipe) -> tuple[str, float, str]:
 
 def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
                  grad_checkpointing: bool, device_type: str) -> _Saved:
+    """What the forward saves for backward, whole and in the pieces the phases need."""
     d, tokens = shape.dims, batch * seq
     mode, scale, note = _mode(recipe)
     attention = "eager" if shape.attention == "eager" else "sdpa"
@@ -290,9 +287,8 @@ def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: int, tokens: i
     early_grads = (shape.trainable_params - shape.layer_trainable_params
                    - shape.late_grad_params) * grad_bytes
     per_layer_grads = layer_grads / act.layers
-    per_unit = calibration().get("rerun_flow", {}).get(shape.model_type, {}).get(
-        _rerun_kind(recipe), RERUN_FLOW_DEFAULT)
-    flow = round(per_unit * tokens * d["hidden"] * _act_bytes(recipe))
+    flow = round(_rerun_flow(shape.model_type, _rerun_kind(recipe)) * tokens * d["hidden"]
+                 * _act_bytes(recipe))
     copies = 0
     if recipe.autocast_dtype is not None and (recipe.weight_dtype.itemsize == FP32
                                               or recipe.quant):
@@ -303,6 +299,18 @@ def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: int, tokens: i
     last = held + act.layer_input + early_grads + round((act.layers - 1) * per_layer_grads) \
         + rerun
     return {"first layer rerun": first, "last layer rerun": last}
+
+
+def _rerun_flow(model_type: str, kind: str) -> float:
+    """A checkpointed rerun's bytes beyond its saved activations (the gradient flowing
+    back, backward's intermediates), per token per hidden unit in the activation dtype:
+    fitted per family and rerun kind by scripts/memory_error_table.py; for a family not
+    fitted, the median of the fitted families'."""
+    fitted = calibration().get("rerun_flow", {})
+    if kind in fitted.get(model_type, {}):
+        return fitted[model_type][kind]
+    values = sorted(by[kind] for by in fitted.values() if kind in by)
+    return values[len(values) // 2] if values else 0.0
 
 
 def _rerun_kind(recipe: Recipe) -> str:
