@@ -36,7 +36,7 @@ def bare_loop(config: RunConfig, device: torch.device) -> float:
     loaded = load_model(config.model, rec, device, config.seed, lora_r=config.lora_r)
     model = loaded.model
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(config.optimizer, params, config.lr, adam_eps(rec),
+    opt = make_optimizer(config.optimizer, params, config.lr, adam_eps(params),
                          fused=device.type == "cuda")  # as the engine builds it
     scaler = make_scaler(rec, device, config)
     total = config.warmup + config.steps

@@ -662,8 +662,8 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
                  memory_snapshot_file: str | None = None) -> ProfiledStep:
     """Run ``step`` once under the profiler and analyse it; optional trace and snapshot.
 
-    ``live_bytes``: tensor bytes alive before the step (parameters, buffers, optimizer
-    state, batches), the base of the CPU memory peak.
+    ``live_bytes``: tensor bytes alive before the step (parameters, buffers, quantisation
+    state, optimizer state, batches), the base of the CPU memory peak.
     """
     import dataclasses
 
@@ -701,9 +701,9 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
         method = "torch.cuda.max_memory_allocated over the profiled step"
     else:
         peak = live_bytes + _cpu_allocator_peak(prof)
-        method = ("tensor bytes alive before the step (parameters, buffers, optimizer state, "
-                  "batches) + the highest net bytes the CPU allocator handed out during the "
-                  "step (torch.profiler memory events)")
+        method = ("tensor bytes alive before the step (parameters, buffers, quantisation "
+                  "state, optimizer state, batches) + the highest net bytes the CPU "
+                  "allocator handed out during the step (torch.profiler memory events)")
     return dataclasses.replace(
         result, peak_memory_bytes=peak, peak_memory_method=method, trace_file=trace_file,
         memory_snapshot_file=memory_snapshot_file if snapshot else None,

@@ -16,7 +16,11 @@ against engine.memtrack on the CPU (``scripts/calibrate_activations.py``, stored
 ``resources/activation_calibration.json``). A family not in that table falls back to
 Korthikanti et al. 2022, s·b·h·(34 + 5·a·s/h) bytes per layer at 2-byte activations,
 and says so. Autocast's low-precision weight copies, which linear layers save for
-backward, are their own category: 2 bytes per matmul weight.
+backward, are their own category: 2 bytes per matmul weight. Two terms are fitted per
+family on whole CPU trials by ``scripts/memory_error_table.py`` (same file): what a k-bit
+base with LoRA adapters saves beyond the half-autocast calibration, and what a
+checkpointed layer's rerun holds beyond its activations; docs/memory-model.md has the
+error per family, shape and recipe.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from engine import inventory
@@ -72,15 +77,25 @@ class ModelShape:
     int8_rows: int  # output rows of int8 layers: one fp32 scale (SCB) each
     buffers_bytes: int
     attention: str  # the attention implementation: "eager", "sdpa", ...
+    # trainable parameters inside the repeated layers, and those whose gradient arrives only
+    # after every layer's backward (input embeddings not tied to the output head)
+    layer_trainable_params: int = 0
+    late_grad_params: int = 0
+    # transformers' causal-LM loss upcasts the logits to fp32; the masked-LM and seq2seq
+    # heads' cross-entropy runs in the logits' dtype
+    loss_in_fp32: bool = True
+    lora_in_features: int = 0  # summed input width of the LoRA-adapted layers
 
 
 def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
     from engine.flops import matmul_param_counts
+    from engine.models import task_of
 
     total, trainable = inventory.count_params(model)
     mm_total, mm_trainable = matmul_param_counts(model)
     rows = sum(m.out_features for m in model.modules()
                if isinstance(m, nn.Linear) and type(m.weight).__name__ == "Int8Params")
+    stacks = _layer_stacks(model)
     return ModelShape(
         model_type=config.model_type,
         dims=model_dims,
@@ -93,7 +108,39 @@ def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
         int8_rows=rows,
         buffers_bytes=sum(inventory.storage_bytes(b) for b in model.buffers()),
         attention=getattr(config, "_attn_implementation", None) or "sdpa",
+        layer_trainable_params=_trainable_in(stacks),
+        late_grad_params=_trainable_in(_input_embeddings(model, stacks)),
+        loss_in_fp32=task_of(config) == "causal-lm",
+        lora_in_features=sum(m.in_features for m in model.modules()
+                             if hasattr(m, "lora_A") and hasattr(m, "in_features")),
     )
+
+
+def _layer_stacks(model: nn.Module) -> list[nn.Module]:
+    """The outermost ModuleLists of one repeated block class: the model's layer stacks."""
+    stacks, inside = [], set()
+    for m in model.modules():
+        if id(m) in inside or not isinstance(m, nn.ModuleList) or not len(m):
+            continue
+        if len({type(c) for c in m}) == 1 and any(True for _ in m.parameters()):
+            stacks.append(m)
+            inside.update(id(x) for x in m.modules())
+    return stacks
+
+
+def _input_embeddings(model: nn.Module, stacks: list[nn.Module]) -> list[nn.Module]:
+    """Embedding tables outside the layers that are not also the output head (a tied
+    head's gradient comes first, with the head's backward)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    skip = {id(head.weight)} if head is not None and hasattr(head, "weight") else set()
+    inside = {id(p) for st in stacks for p in st.parameters()}
+    return [m for m in model.modules() if isinstance(m, nn.Embedding)
+            and id(m.weight) not in skip and id(m.weight) not in inside]
+
+
+def _trainable_in(modules: list[nn.Module]) -> int:
+    seen = {id(p): p.numel() for m in modules for p in m.parameters() if p.requires_grad}
+    return sum(seen.values())
 
 
 def basis_values(model_dims: dict, seq_len: int) -> dict:
@@ -153,13 +200,13 @@ def _mode(recipe: Recipe) -> tuple[str, float, str]:
 
 
 def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
-                 grad_checkpointing: bool) -> tuple[int, int, str, str]:
-    """(saved activations, one layer's activations, formula, method)."""
+                 grad_checkpointing: bool, device_type: str) -> _Saved:
+    """What the forward saves for backward, whole and in the pieces the phases need."""
     d, tokens = shape.dims, batch * seq
     mode, scale, note = _mode(recipe)
     attention = "eager" if shape.attention == "eager" else "sdpa"
     family = calibration()["families"].get(shape.model_type, {}).get(mode, {}).get(attention)
-    act = 2 if recipe.autocast_dtype is not None else recipe.weight_dtype.itemsize
+    act = _act_bytes(recipe)
     if family is None:
         h, a = d["hidden"], d["n_heads"]
         scores = 5 * a * seq * seq * batch if attention == "eager" else 0
@@ -182,21 +229,98 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
         outer = round(scale * tokens * sum(c * v for c, v in zip(family["outer"], x["outer"])))
         method = (f"per-layer model calibrated for '{shape.model_type}' ({note}, {attention} "
                   f"attention) against the tracker on the CPU")
+    layers = sum(n for _, n, _ in stacks)
+    per_unit = calibration().get("lora_activations", {}).get(shape.model_type, {}).get(
+        recipe.quant or "", 0.0) if recipe.lora else 0.0
+    if per_unit and shape.lora_in_features:
+        # what a k-bit base with adapters saves beyond the half-autocast calibration (the
+        # adapters' inputs and outputs, fp32 LayerNorm outputs): per token per unit of the
+        # adapted layers' input width, shared evenly by the layers
+        lora = round(per_unit * tokens * shape.lora_in_features / layers)
+        stacks = [(name, n, b + lora) for name, n, b in stacks]
+        method += (f"; {recipe.quant} base with LoRA: {per_unit} B per token per adapted "
+                   "input unit more")
     one_layer = max(b for _, _, b in stacks)
+    # each checkpointed layer keeps its input, in the residual stream's dtype (the
+    # weights': autocast's half outputs are added to it; fp32 over a k-bit base, whose
+    # embeddings and norms peft upcasts), and on the CPU the generator's state
+    # torch.utils.checkpoint saves to replay dropout (a GPU's is host memory)
+    rng = torch.get_rng_state().numel() if device_type == "cpu" else 0
+    residual = FP32 if recipe.quant else recipe.weight_dtype.itemsize
+    layer_input = tokens * d["hidden"] * residual + rng
     if grad_checkpointing:
-        # only each checkpointed layer's input is kept, in the residual stream's dtype (the
-        # weights': autocast's half outputs are added to it); one layer reruns at a time
-        res = recipe.weight_dtype.itemsize
-        inputs = sum(n for _, n, _ in stacks) * tokens * d["hidden"] * res
+        inputs = layers * layer_input
         saved = inputs + outer
-        formula = (f"checkpointed: layer inputs L·b·s·h·{res} = {inputs:,} B + outside the "
-                   f"layers {outer:,} B = {saved:,} B (one layer reruns in backward: "
-                   f"{one_layer:,} B)")
+        formula = (f"checkpointed: {layers} layer inputs (b·s·h·{residual} + {rng:,} B RNG "
+                   f"state) = {inputs:,} B + "
+                   f"outside the layers {outer:,} B = {saved:,} B (one layer reruns in "
+                   f"backward: {one_layer:,} B)")
     else:
         saved = sum(n * b for _, n, b in stacks) + outer
         parts = " + ".join(f"{n}·{b:,} B per {name}" for name, n, b in stacks)
         formula = f"{parts} + outside the layers {outer:,} B = {saved:,} B"
-    return saved, one_layer, formula, method
+    return _Saved(saved, one_layer, layer_input, layers, formula, method)
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """What the forward leaves for backward, and the pieces the phases of backward need."""
+
+    total: int
+    one_layer: int  # the largest layer's activations: what a checkpointed rerun makes
+    layer_input: int  # a checkpointed layer's saved input (RNG state included)
+    layers: int
+    formula: str
+    method: str
+
+
+def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: int, tokens: int,
+            grad_bytes: int) -> dict:
+    """Live bytes while a checkpointed layer reruns in backward, for the first rerun (the
+    last layer: every layer input still held, only the head's gradients yet) and the last
+    (the first layer: one input left, every layer's gradients but the embeddings').
+
+    Beside the rerun's activations: the gradient flowing back through the stack, and the
+    rerun's own autocast weight copies."""
+    d = shape.dims
+    layer_grads = shape.layer_trainable_params * grad_bytes
+    early_grads = (shape.trainable_params - shape.layer_trainable_params
+                   - shape.late_grad_params) * grad_bytes
+    per_layer_grads = layer_grads / act.layers
+    flow = round(_rerun_flow(shape.model_type, _rerun_kind(recipe)) * tokens * d["hidden"]
+                 * _act_bytes(recipe))
+    copies = 0
+    if recipe.autocast_dtype is not None and (recipe.weight_dtype.itemsize == FP32
+                                              or recipe.quant):
+        copies = 2 * max(0, shape.matmul_params - shape.quantized_params
+                         - d["vocab"] * d["hidden"]) // act.layers
+    rerun = act.one_layer + flow + copies
+    first = held + act.layers * act.layer_input + early_grads + rerun
+    last = held + act.layer_input + early_grads + round((act.layers - 1) * per_layer_grads) \
+        + rerun
+    return {"first layer rerun": first, "last layer rerun": last}
+
+
+def _rerun_flow(model_type: str, kind: str) -> float:
+    """A checkpointed rerun's bytes beyond its saved activations (the gradient flowing
+    back, backward's intermediates), per token per hidden unit in the activation dtype:
+    fitted per family and rerun kind by scripts/memory_error_table.py; for a family not
+    fitted, the median of the fitted families'."""
+    fitted = calibration().get("rerun_flow", {})
+    if kind in fitted.get(model_type, {}):
+        return fitted[model_type][kind]
+    values = sorted(by[kind] for by in fitted.values() if kind in by)
+    return values[len(values) // 2] if values else 0.0
+
+
+def _rerun_kind(recipe: Recipe) -> str:
+    """LoRA over a k-bit base reruns under peft's set-up (checkpointing turned on by
+    prepare_model_for_kbit_training, fp32 norms, frozen weights): fitted apart."""
+    return "lora" if recipe.lora else "full"
+
+
+def _act_bytes(recipe: Recipe) -> int:
+    return 2 if recipe.autocast_dtype is not None else recipe.weight_dtype.itemsize
 
 
 def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size: int,
@@ -204,8 +328,10 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
                    device_type: str = "cpu") -> PredictedMemory:
     """Predicted bytes by category, and the peak, for one training step of ``recipe``.
 
-    The peak is the larger of two moments: backward's start (everything static, the weight
-    copies and saved activations, and the loss's gradient of the logits) and the optimiser
+    The peak is the largest of the step's phases: backward's start (everything static,
+    the weight copies and saved activations, and the loss's gradient of the logits); with
+    checkpointing, the first and the last layer's rerun in backward (``_reruns``: live
+    bytes change linearly between them, so the largest is at one end); and the optimiser
     step (every gradient, and torch's scratch: one tensor at a time on the CPU, the whole
     list at once with the foreach kernels torch uses on a GPU).
     """
@@ -247,22 +373,22 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
         copies_of = shape.dims["vocab"] * shape.dims["hidden"]
     full_weights = recipe.weight_dtype.itemsize == FP32 or recipe.quant
     copies = 2 * copies_of if recipe.autocast_dtype is not None and full_weights else 0
-    saved, one_layer, act_text, method = _activations(shape, recipe, batch_size, seq_len,
-                                                      grad_checkpointing)
+    act = _activations(shape, recipe, batch_size, seq_len, grad_checkpointing, device_type)
+    saved = act.total
     inputs = batch_size * seq_len * 8 * (3 if shape.dims.get("encoder_decoder") else 2)
     static = params + shape.buffers_bytes + quant_state + opt + inputs
     tokens = batch_size * seq_len
-    # early backward: the loss's fp32 gradient of the logits and of their log-softmax
-    logits_grad = 2 * tokens * shape.dims["vocab"] * FP32
-    backward = static + copies + saved + logits_grad
+    # backward's start: the loss's gradient of the logits and of their log-softmax, in fp32
+    # under autocast (cross-entropy runs in fp32) or where the loss upcasts the logits
+    logits_dtype = FP32 if shape.loss_in_fp32 or recipe.autocast_dtype else _act_bytes(recipe)
+    logits_grad = 2 * tokens * shape.dims["vocab"] * logits_dtype
+    phases = {"backward start": static + copies + saved + logits_grad}
     if grad_checkpointing:
-        # the last layer reruns first, beside the logits' gradient; the first layer last,
-        # beside nearly every gradient
-        backward = static + copies + saved + one_layer + max(logits_grad, grads)
+        phases.update(_reruns(shape, recipe, act, static + copies, tokens, trainable_weight))
     largest = max(shape.trainable_sizes, default=0) * trainable_weight
     scratch = (grads if device_type == "cuda" else 2 * largest) if optimizer != "sgd" else 0
-    step = static + grads + scratch
-    total = max(backward, step)
+    phases["optimiser step"] = static + grads + scratch
+    total = max(phases.values())
 
     per = {"weights": float(trainable_weight), "grads": float(trainable_weight),
            "optimizer": opt / shape.trainable_params if shape.trainable_params else 0.0,
@@ -275,11 +401,12 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
         f"{shape.trainable_params:,} trainable, {shape.quantized_params:,} quantised)",
         f"params {params:,} B + buffers {shape.buffers_bytes:,} B + quantisation state "
         f"{quant_state:,} B; grads {grads:,} B; optimizer {opt_text}",
-        f"activations ({method}): {act_text}",
+        f"activations ({act.method}): {act.formula}",
         f"weight copies: 2 B x {copies_of:,} matmul weights = {copies:,} B" if copies
         else "weight copies: none (no autocast over fp32 weights)",
-        f"peak: max(backward start {backward:,} B, optimiser step {step:,} B incl. "
-        f"{scratch:,} B scratch) = {total:,} B",
+        "peak: the largest phase of the step: " + ", ".join(
+            f"{name} {b:,} B" for name, b in phases.items())
+        + f" (optimiser scratch {scratch:,} B) = {total:,} B",
     ]
     return PredictedMemory(
         params_bytes=params,
@@ -293,7 +420,7 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
         buffers_bytes=shape.buffers_bytes,
         quant_state_bytes=quant_state,
         weight_copies_bytes=copies,
-        activations_method=method,
+        activations_method=act.method,
     )
 
 

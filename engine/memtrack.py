@@ -65,7 +65,11 @@ def unique_bytes(tensors: Iterable) -> int:
 
 def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
     """bitsandbytes' quantisation state beside the packed weights: 4-bit absmax (and the
-    nested state's), the NF4 code book, int8's per-row scales (SCB)."""
+    nested state's), the NF4 code book, int8's per-row scales (SCB).
+
+    Linear8bitLt's first forward moves SCB from its weight to the module's MatmulLtState
+    (bitsandbytes 0.50 ``Linear8bitLt.init_8bit_state``), so it is looked for on both.
+    """
     found = []
     for p in model.parameters():
         qs = getattr(p, "quant_state", None)
@@ -75,9 +79,9 @@ def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
                 found += [qs.state2.absmax, qs.state2.code]
             if getattr(qs, "offset", None) is not None:
                 found.append(qs.offset)
-        scb = getattr(p, "SCB", None)
-        if isinstance(scb, torch.Tensor):
-            found.append(scb)
+        found.append(getattr(p, "SCB", None))
+    for m in model.modules():
+        found.append(getattr(getattr(m, "state", None), "SCB", None))
     return [t for t in found if isinstance(t, torch.Tensor)]
 
 
@@ -244,14 +248,27 @@ class MemoryWatcher(TorchDispatchMode):
     def _leave_forward(self, module, args, output):
         self._depth -= 1
 
+    # --- the CPU generator's state, which no aten op returns ------------------------
+
+    def _rng_state(self) -> torch.Tensor:
+        # gradient checkpointing keeps one per checkpointed call (torch.utils.checkpoint,
+        # preserve_rng_state) and fork_rng another while a layer reruns
+        state = self._get_rng_state()
+        self._add(state, "activations" if self._depth > 0 or self.phase == "forward"
+                  else "temporaries")
+        return state
+
     def __enter__(self):
         hooks = nn.modules.module
         self._hooks.append(hooks.register_module_forward_pre_hook(self._enter_forward))
         self._hooks.append(hooks.register_module_forward_hook(self._leave_forward,
                                                               always_call=True))
+        # checkpointing looks torch.get_rng_state up at each call: seen for this step only
+        self._get_rng_state, torch.get_rng_state = torch.get_rng_state, self._rng_state
         return super().__enter__()
 
     def __exit__(self, *exc):
+        torch.get_rng_state = self._get_rng_state
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()

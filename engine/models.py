@@ -237,9 +237,10 @@ def _bnb_config(recipe: Recipe):
     )
 
 
-def _from_pretrained(ref: str, task: str, recipe: Recipe, device: torch.device, trust: bool,
-                     local_only: bool):
-    kwargs = {"dtype": recipe.weight_dtype, "trust_remote_code": trust}
+def _from_pretrained(ref: str, config, task: str, recipe: Recipe, device: torch.device,
+                     trust: bool, local_only: bool):
+    # the caller's config (use_cache off), not the one saved beside the weights
+    kwargs = {"config": config, "dtype": recipe.weight_dtype, "trust_remote_code": trust}
     if local_only:
         kwargs["local_files_only"] = True
     if recipe.quant:
@@ -326,7 +327,7 @@ def load_model(
     device = torch.device(device)
     source = resolve_source(model)
     config, task = load_config(source, trust_remote_code)
-    if hasattr(config, "use_cache"):
+    if hasattr(config, "use_cache"):  # training keeps no key/value cache, whatever the source
         config.use_cache = False
     if recipe.quant and not source.has_weights:
         # bitsandbytes quantises while loading a checkpoint: write the random init as one.
@@ -335,10 +336,10 @@ def load_model(
         with tempfile.TemporaryDirectory(prefix="ampscope-") as tmp:
             base.save_pretrained(tmp)
             del base
-            net = _from_pretrained(tmp, task, recipe, device, trust_remote_code, True)
+            net = _from_pretrained(tmp, config, task, recipe, device, trust_remote_code, True)
     elif source.has_weights:
         ref = source.ref
-        net = _from_pretrained(ref, task, recipe, device, trust_remote_code,
+        net = _from_pretrained(ref, config, task, recipe, device, trust_remote_code,
                                source.kind == "hub")
     else:
         net = _random_init(config, task, recipe.weight_dtype, device, seed, trust_remote_code)

@@ -27,10 +27,15 @@ class Recipe:
     tf32: bool  # allow TF32 matmuls
     peak_dtype: str  # key into resources/peak_flops.json
     master_weights: bool  # fp32 master copy kept by the optimiser path
-    description: str
+    description: str  # what runs on a GPU
+    # what runs on the CPU where a library takes another path there (None: the same)
+    cpu_description: str | None = None
 
 
 _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
+_INT8_COMMON = ("peft's prepare_model_for_kbit_training casts embeddings, LayerNorms and the "
+                "LM head to fp32; LoRA adapters are fp32, run under fp16 autocast; GradScaler "
+                "scales the loss so fp16 activation gradients do not flush to zero")
 
 RECIPES: dict[str, Recipe] = {
     r.precision: r
@@ -51,10 +56,12 @@ RECIPES: dict[str, Recipe] = {
                "bitsandbytes LLM.int8 frozen base: int8 weights; forward casts each input "
                "to fp16, quantises it to int8 and runs an int8 matmul, outlier columns (|x| >= 6) "
                "in the input's dtype; backward multiplies by the dequantised weight in the "
-               "input's dtype (fp32 after the fp32 LayerNorms, fp16 elsewhere). peft's "
-               "prepare_model_for_kbit_training casts embeddings, LayerNorms and the LM head "
-               "to fp32; LoRA adapters are fp32, run under fp16 autocast; GradScaler scales "
-               "the loss so fp16 activation gradients do not flush to zero"),
+               "input's dtype (fp32 after the fp32 LayerNorms, fp16 elsewhere). " + _INT8_COMMON,
+               # bitsandbytes 0.50 autograd.matmul: training on cpu/xpu takes MatMul8bitFp
+               "bitsandbytes LLM.int8 frozen base: int8 weights; on the CPU bitsandbytes runs "
+               "no int8 matmul: forward and backward dequantise each int8 weight (x row scale "
+               "/ 127) to the input's dtype and multiply in it, fp16 under autocast and fp32 "
+               "after the fp32 LayerNorms. " + _INT8_COMMON),
         Recipe("nf4", _BF16, _BF16, False, "nf4", True, False, False, "bf16", False,
                "bitsandbytes 4-bit NF4 frozen base dequantised to bf16 for each matmul "
                "(QLoRA); peft's prepare_model_for_kbit_training casts embeddings, LayerNorms "
@@ -105,7 +112,8 @@ def run_description(rec: Recipe, device_type: str, optimizer: str,
 
     ``compiled`` is ``None`` for a trial that never reached its training steps.
     """
-    parts = [rec.description]
+    on_cpu = device_type == "cpu" and rec.cpu_description
+    parts = [rec.cpu_description if on_cpu else rec.description]
     if optimizer in ("adamw", "sgd") and device_type == "cuda":
         name = "AdamW" if optimizer == "adamw" else "SGD"
         parts.append(f"torch {name} with fused=True (one kernel, and under a GradScaler the "

@@ -67,17 +67,25 @@ class _Fp16GradScaler(torch.amp.GradScaler):
         return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
 
 
-def adam_eps(rec: Recipe) -> float:
-    """Adam's epsilon, raised where the default would round to zero in the weight dtype.
+def adam_eps(params: list) -> float:
+    """Adam's epsilon, raised where the default would round to zero in a trainable dtype.
 
     In pure fp16, 1e-8 becomes 0, and a parameter whose gradient was 0 so far then
-    divides 0 by 0: NaN weights after one step. The smallest normal fp16 value is the
-    least epsilon that survives.
+    divides 0 by 0: NaN weights after one step. The smallest normal value of the least
+    precise trainable dtype is the least epsilon that survives. Only the trained weights
+    matter: a frozen fp16 base (int8, nf4) with fp32 LoRA adapters keeps 1e-8.
     """
     default = 1e-8
-    if torch.tensor(default, dtype=rec.weight_dtype).item() == 0.0:
-        return float(torch.finfo(rec.weight_dtype).tiny)
+    dtype = trainable_dtype(params)
+    if dtype is not None and torch.tensor(default, dtype=dtype).item() == 0.0:
+        return float(torch.finfo(dtype).tiny)
     return default
+
+
+def trainable_dtype(params: list) -> torch.dtype | None:
+    """The floating dtype of ``params`` with the smallest normal range (None if none)."""
+    floats = {p.dtype for p in params if p.dtype.is_floating_point}
+    return max(floats, key=lambda d: torch.finfo(d).tiny, default=None)
 
 
 def make_optimizer(name: str, params: list, lr: float, eps: float = 1e-8,
@@ -303,13 +311,13 @@ def _measure(state: _State, emit, cancelled) -> bool:
         return True
 
     params = [p for p in model.parameters() if p.requires_grad]
-    eps = adam_eps(rec)
+    eps = adam_eps(params)
     optimizer = make_optimizer(config.optimizer, params, config.lr, eps,
                                fused=info.kind == "cuda")
     if eps != 1e-8 and config.optimizer != "sgd":
-        log(f"Adam epsilon raised from 1e-8 to {eps:.3g}: 1e-8 rounds to 0 in "
-            f"{str(rec.weight_dtype).removeprefix('torch.')} and 0/0 would make NaN weights",
-            "warning")
+        dtype = str(trainable_dtype(params)).removeprefix("torch.")
+        log(f"Adam epsilon raised from 1e-8 to {eps:.3g}: 1e-8 rounds to 0 in {dtype} (the "
+            "trained weights' dtype) and 0/0 would make NaN weights", "warning")
     scaler = make_scaler(rec, device, config)
     total = config.warmup + config.steps
     batches = make_batches(loaded.config, loaded.task, config.batch_size, config.seq_len,
@@ -399,6 +407,7 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
         if device.type == "cuda":
             snapshot = os.path.join(config.trace_dir, f"{rec.precision}.memory.pickle")
     live = live_tensor_bytes(list(model.parameters()), list(model.buffers()),
+                             memtrack.quant_state_tensors(model),
                              list(optimizer.state.values()), batches)
     try:
         state.profiled = profile_step(
@@ -521,9 +530,12 @@ def _step(config: RunConfig, rec: Recipe, device: torch.device, model, params, o
         # the scale as a device tensor: read after the step, so no extra host sync now
         scale_before = scaler._get_scale_async().clone()
     with record_function(GRAD_NORM_RANGE):
-        # the norm only: clip_grad_norm_ would also rewrite every gradient
-        grad_norm = torch.nn.utils.get_total_norm(
-            [p.grad for p in params if p.grad is not None])
+        # the norm only (clip_grad_norm_ would also rewrite every gradient), summed in
+        # fp32: in bf16 the sum of squares loses about 0.5%
+        norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float32)
+                 for p in params if p.grad is not None]
+        grad_norm = (torch.linalg.vector_norm(torch.stack(norms)) if norms
+                     else torch.zeros((), device=device))
     if scaler:
         with record_function(SCALER_RANGE):
             scaler.step(optimizer)

@@ -203,7 +203,7 @@ def rank_optimizer(config: RunConfig, params: list, rec: DistRecipe, device: tor
     torch 2.13 registers DTensor sharding for the fused Adam(W) ops but not for
     ``aten._fused_sgd_`` (torch/distributed/tensor/_ops/_pointwise_ops.py)."""
     fused = device.type == "cuda" and not (config.optimizer == "sgd" and rec.strategy == "fsdp2")
-    return make_optimizer(config.optimizer, params, config.lr, adam_eps(rec.base), fused=fused)
+    return make_optimizer(config.optimizer, params, config.lr, adam_eps(params), fused=fused)
 
 
 def _micro_batches(config: RunConfig, batches: list, i: int):

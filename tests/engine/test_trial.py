@@ -1,11 +1,13 @@
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import engine.trial as trial_mod
 from engine.config import RunConfig
 from engine.device import probe
 from engine.events import LogEvent, StepSample
 from engine.trial import run_trial
+from tests.engine.families import FAMILIES
 
 CPU = probe("cpu")
 
@@ -84,6 +86,32 @@ def test_pure_fp16_trains_without_nan_and_says_why_eps_changed():
     assert result.memory.params_bytes == 2 * result.param_count
 
 
+@pytest.mark.parametrize(("precision", "trained_dtype"), [
+    ("int8", torch.float32), ("fp16", torch.float16)])
+def test_adam_epsilon_follows_the_trained_weights_dtype(monkeypatch, precision, trained_dtype):
+    # int8 freezes an fp16 base and trains fp32 LoRA adapters: 1e-8 survives in fp32, so
+    # Adam keeps it; pure fp16 trains fp16 weights, where 1e-8 is 0
+    built = []
+
+    def keep(*args, **kw):
+        built.append(real(*args, **kw))
+        return built[-1]
+
+    real = trial_mod.make_optimizer
+    monkeypatch.setattr(trial_mod, "make_optimizer", keep)
+    events = []
+    result = _run(precision, events, steps=1, warmup=0)
+    assert result.status == "ok", result.reason
+    (optimizer,) = built
+    trained = [p for g in optimizer.param_groups for p in g["params"]]
+    assert trained and {p.dtype for p in trained} == {trained_dtype}
+    expected = 1e-8 if torch.tensor(1e-8, dtype=trained_dtype).item() != 0 \
+        else torch.finfo(torch.float16).tiny
+    assert [g["eps"] for g in optimizer.param_groups] == [expected] * len(optimizer.param_groups)
+    warned = [e for e in events if isinstance(e, LogEvent) and "epsilon" in e.message]
+    assert bool(warned) == (expected != 1e-8)
+
+
 @pytest.mark.parametrize("precision", ["bf16-amp", "bf16", "int8", "nf4"])
 def test_other_cpu_recipes_run(precision):
     result = _run(precision, steps=2)
@@ -160,3 +188,150 @@ def test_torch_compile_option_trains_the_compiled_model():
     result = _run("fp32", compile=True, steps=2)
     assert result.status == "ok", result.reason
     assert len(result.steps) == 3 and all(s.loss == s.loss for s in result.steps)
+
+
+def _folder(tmp_path, family, weights):
+    config = FAMILIES[family]()
+    if weights:
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    else:
+        config.save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_int8_row_scales_are_quantisation_state_in_the_trial(tmp_path, family):
+    import bitsandbytes as bnb
+    from transformers import BitsAndBytesConfig
+
+    folder = _folder(tmp_path, family, weights=True)
+    result = _run("int8", model=folder, steps=1, warmup=0, profile_step=False)
+    assert result.status == "ok", result.reason
+    # independently: transformers' own 8-bit load, one fp32 scale per output row
+    net = AutoModelForCausalLM.from_pretrained(
+        folder, quantization_config=BitsAndBytesConfig(load_in_8bit=True), device_map="cpu")
+    int8 = [m for m in net.modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+    scales = sum(m.weight.SCB.numel() * 4 for m in int8)
+    assert int8 and scales == sum(m.out_features * 4 for m in int8)
+    assert result.memory.quant_state_bytes == scales
+    assert result.predicted_memory.quant_state_bytes == scales
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_a_folder_with_weights_trains_without_the_key_value_cache(tmp_path, monkeypatch,
+                                                                  family):
+    loaded = []
+
+    def keep(*args, **kw):
+        loaded.append(real(*args, **kw))
+        return loaded[-1]
+
+    real = trial_mod.load_model
+    monkeypatch.setattr(trial_mod, "load_model", keep)
+    saved = _run("fp32", model=_folder(tmp_path / "w", family, weights=True), steps=1,
+                 warmup=0, profile_step=False)
+    bare = _run("fp32", model=_folder(tmp_path / "c", family, weights=False), steps=1,
+                warmup=0, profile_step=False)
+    assert saved.status == bare.status == "ok", (saved.reason, bare.reason)
+    ids = torch.randint(0, 700, (1, 8))
+    assert loaded[0].model(input_ids=ids).past_key_values is None
+    # the same shapes, random or saved weights: the same activations
+    act = [r.memory.at_phase_start_bytes["backward"]["activations"] for r in (saved, bare)]
+    assert act[0] == act[1]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_cpu_int8_recipe_text_names_the_matmuls_that_ran(tmp_path, family):
+    result = _run("int8", model=_folder(tmp_path, family, weights=False), steps=1, warmup=0,
+                  profile_step=False)
+    assert result.status == "ok", result.reason
+    ran = set(result.flops.by_peak_dtype)  # the dtypes FlopCounterMode saw the matmuls run in
+    assert ran and "int8" not in ran
+    assert "runs an int8 matmul" not in result.recipe and "no int8 matmul" in result.recipe
+    assert all(dtype in result.recipe for dtype in ran), (ran, result.recipe)
+
+
+def _keep(monkeypatch, name):
+    """Calls of ``engine.trial.<name>`` run as before; what they return is kept."""
+    kept, real = [], getattr(trial_mod, name)
+
+    def call(*args, **kw):
+        kept.append(real(*args, **kw))
+        return kept[-1]
+
+    monkeypatch.setattr(trial_mod, name, call)
+    return kept
+
+
+def _layers(config, n):
+    for key in ("num_hidden_layers", "n_layer"):
+        if key in config.to_dict():
+            setattr(config, key, n)
+    return config
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_checkpointing_counts_each_layers_saved_rng_state(tmp_path, family):
+    # a checkpointed layer keeps its input and the CPU generator's state (to replay dropout
+    # when it reruns): one more layer adds exactly those bytes to what backward starts with
+    saved, predicted = [], []
+    for n in (2, 3):
+        _layers(FAMILIES[family](), n).save_pretrained(tmp_path / str(n))
+        result = _run("fp32", model=str(tmp_path / str(n)), steps=1, warmup=0,
+                      grad_checkpointing=True, profile_step=False)
+        assert result.status == "ok", result.reason
+        saved.append(result.memory.at_phase_start_bytes["backward"]["activations"])
+        predicted.append(result.predicted_memory.activations_bytes)
+    layer_input = 2 * 32 * 96 * 4  # batch x sequence x hidden, fp32
+    rng_state = torch.get_rng_state().numel()  # a uint8 tensor: one byte per element
+    assert saved[1] - saved[0] == layer_input + rng_state
+    assert predicted[1] - predicted[0] == layer_input + rng_state
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_bf16_grad_norm_is_summed_in_fp32(tmp_path, monkeypatch, family):
+    optimizers = _keep(monkeypatch, "make_optimizer")
+    norms = []
+    real_make = trial_mod.make_optimizer  # the keeping wrapper
+
+    def with_hook(*args, **kw):
+        opt = real_make(*args, **kw)
+        trained = [p for g in opt.param_groups for p in g["params"]]
+        opt.register_step_pre_hook(lambda *_: norms.append(float(torch.linalg.vector_norm(
+            torch.cat([p.grad.float().flatten() for p in trained])))))
+        return opt
+
+    monkeypatch.setattr(trial_mod, "make_optimizer", with_hook)
+    result = _run("bf16", model=_folder(tmp_path, family, weights=False), steps=3, warmup=0,
+                  profile_step=False)
+    assert result.status == "ok", result.reason
+    assert len(optimizers) == 1 and len(norms) == 4  # three timed steps, the watched one
+    assert [s.grad_norm for s in result.steps] == pytest.approx(norms[:3], rel=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])
+def test_profiled_step_peak_counts_int8_row_scales(tmp_path, monkeypatch, family):
+    import bitsandbytes as bnb
+
+    models, optimizers = _keep(monkeypatch, "load_model"), _keep(monkeypatch, "make_optimizer")
+    batches, live = _keep(monkeypatch, "make_batches"), []
+    real_profile = trial_mod.profile_step
+
+    def profile(step, device, live_bytes, *args):
+        live.append(live_bytes)
+        return real_profile(step, device, live_bytes, *args)
+
+    monkeypatch.setattr(trial_mod, "profile_step", profile)
+    result = _run("int8", model=_folder(tmp_path, family, weights=False), steps=1, warmup=0)
+    assert result.status == "ok" and result.profiled_step is not None, result.reason
+    model = models[0].model
+    state = [v for s in optimizers[0].state.values() for v in s.values()
+             if isinstance(v, torch.Tensor)]
+    scales = [m.state.SCB for m in model.modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+    held = {}
+    for t in [*model.parameters(), *model.buffers(), *state, *scales,
+              *(v for b in batches[0] for v in b.values())]:
+        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    assert scales and live == [sum(held.values())]
+    assert result.profiled_step.peak_memory_bytes >= live[0]

@@ -1,0 +1,192 @@
+"""The memory model's error against real CPU trials, per family, shape and recipe.
+
+Runs inline trials of the ten test families (tests/engine/families.py) at every recipe
+the CPU runs, at two batch sizes and two sequence lengths, with gradient checkpointing
+off and on, and compares engine.memory_model's predicted peak with the peak engine.memtrack
+measured in the same trial.
+
+    nice python3 scripts/memory_error_table.py --out /tmp/grid.json   # ~10 min on 1 core
+    python3 scripts/memory_error_table.py --from /tmp/grid.json       # table only
+
+``--out`` keeps each trial's measurement and the predictor's inputs, so ``--from``
+re-predicts with the current engine.memory_model without training again. Prints the
+Markdown table of docs/memory-model.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.config import RunConfig  # noqa: E402
+from engine.device import probe  # noqa: E402
+from engine.memory_model import (  # noqa: E402
+    CALIBRATION,
+    _rerun_kind,
+    calibration,
+    predict_memory,
+    shape_of,
+)
+from engine.models import dims, load_model  # noqa: E402
+from engine.recipes import recipe  # noqa: E402
+from engine.trial import run_trial  # noqa: E402
+from tests.engine.families import FAMILIES  # noqa: E402
+
+PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "fp16", "bf16", "int8", "nf4")
+SHAPES = ((2, 32), (4, 64))  # (batch, sequence)
+# from 2**16 the GradScaler skips pure fp16's first steps on some of these models, and a
+# skipped step makes no optimiser state: the peak would not be a training step's
+INIT_SCALE = 2.0**10
+
+
+def measure(out: Path, precisions: tuple[str, ...]) -> list[dict]:
+    torch.set_num_threads(1)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, make in FAMILIES.items():
+            folder = Path(tmp) / family
+            make().save_pretrained(folder)
+            for precision in precisions:
+                for batch, seq in SHAPES:
+                    for ckpt in (False, True):
+                        config = RunConfig(model=str(folder), batch_size=batch, seq_len=seq,
+                                           steps=1, warmup=0, device="cpu",
+                                           isolation="inline", grad_checkpointing=ckpt,
+                                           profile_step=False, init_scale=INIT_SCALE)
+                        result = run_trial(config, precision, probe("cpu"), lambda e: None,
+                                           lambda: False)
+                        if result.status != "ok":
+                            print(family, precision, batch, seq, ckpt, result.reason,
+                                  file=sys.stderr)
+                            continue
+                        mem = result.memory
+                        rows.append(dict(family=family, precision=precision, batch=batch,
+                                         seq=seq, ckpt=ckpt, measured=mem.total_bytes,
+                                         phase=mem.peak_phase,
+                                         at_phase_start=mem.at_phase_start_bytes))
+                        print(family, precision, batch, seq, ckpt, mem.total_bytes,
+                              flush=True)
+                        out.write_text(json.dumps(rows, indent=0), encoding="utf-8")
+    return rows
+
+
+def shapes_of(rows: list[dict]) -> dict:
+    """The memory model's input for each (family, recipe), from the model as trials load it."""
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, precision in sorted({(r["family"], r["precision"]) for r in rows}):
+            folder = Path(tmp) / family
+            if not folder.exists():
+                FAMILIES[family]().save_pretrained(folder)
+            loaded = load_model(str(folder), precision, "cpu")
+            found[family, precision] = shape_of(
+                loaded.model, getattr(loaded.model, "config", loaded.config),
+                dims(loaded.config))
+    return found
+
+
+def table(rows: list[dict], shapes: dict) -> str:
+    lines = ["| family | recipe | batch x seq | checkpointing | measured B | predicted B | error |",
+             "|---|---|---|---|---:|---:|---:|"]
+    worst = 0.0
+    for r in rows:
+        p = _predicted(r, shapes)
+        err = 100 * (p - r["measured"]) / r["measured"]
+        worst = max(worst, abs(err))
+        lines.append(f"| {r['family']} | {r['precision']} | {r['batch']} x {r['seq']} | "
+                     f"{'on' if r['ckpt'] else 'off'} | {r['measured']:,} | {p:,} | "
+                     f"{err:+.1f}% |")
+    lines.append(f"\n{len(rows)} trials; worst |error| {worst:.1f}%")
+    return "\n".join(lines)
+
+
+def fit_lora(rows: list[dict], shapes: dict) -> dict:
+    """Bytes per token per adapted input unit that a k-bit base with LoRA adapters saves
+    beyond the half-autocast calibration, per family and quantisation, from the trials
+    without checkpointing (what the forward saved, when backward began)."""
+    shapes = shapes_of(rows)
+    found: dict = {}
+    for r in rows:
+        rec = recipe(r["precision"])
+        shape = shapes[r["family"], r["precision"]]
+        if not rec.lora or r["ckpt"] or not shape.lora_in_features:
+            continue
+        bare = dataclasses.replace(shape, lora_in_features=0)
+        base = predict_memory(rec, "adamw", bare, r["batch"], r["seq"], False,
+                              "cpu").activations_bytes
+        measured = r["at_phase_start"]["backward"]["activations"]
+        per_unit = (measured - base) / (r["batch"] * r["seq"] * shape.lora_in_features)
+        found.setdefault(shape.model_type, {}).setdefault(rec.quant, []).append(per_unit)
+    return {family: {q: round(sum(v) / len(v), 3) for q, v in by.items()}
+            for family, by in found.items()}
+
+
+def fit_flow(rows: list[dict], shapes: dict) -> dict:
+    """Per family and rerun kind (engine.memory_model._rerun_kind), the rerun term (bytes
+    per token per hidden unit) whose worst error over the checkpointed trials is least."""
+    flows = calibration().setdefault("rerun_flow", {})
+    groups: dict = {}
+    for r in rows:
+        if r["ckpt"]:
+            key = (shapes[r["family"], r["precision"]].model_type,
+                   _rerun_kind(recipe(r["precision"])))
+            groups.setdefault(key, []).append(r)
+    for (family, kind), group in groups.items():
+        best = None
+        for c in (i / 2 for i in range(241)):
+            flows.setdefault(family, {})[kind] = c
+            worst = max(abs(_error(r, shapes)) for r in group)
+            if best is None or worst < best[0]:
+                best = (worst, c)
+        flows[family][kind] = best[1]
+    return flows
+
+
+def _predicted(row: dict, shapes: dict) -> int:
+    shape = shapes[row["family"], row["precision"]]
+    return predict_memory(recipe(row["precision"]), "adamw", shape, row["batch"], row["seq"],
+                          row["ckpt"], "cpu").total_bytes
+
+
+def _error(row: dict, shapes: dict) -> float:
+    return 100 * (_predicted(row, shapes) - row["measured"]) / row["measured"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="run the trials; keep them here (JSON)")
+    parser.add_argument("--from", dest="source", type=Path, help="re-predict kept trials")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--fit", action="store_true",
+                        help="fit the k-bit LoRA activation term and the checkpointed rerun "
+                             "term from the trials; write them into "
+                             "resources/activation_calibration.json")
+    args = parser.parse_args()
+    if args.source:
+        rows = json.loads(args.source.read_text(encoding="utf-8"))
+    elif args.out:
+        rows = measure(args.out, tuple(args.precisions.split(",")))
+    else:
+        parser.error("pass --out FILE (run the trials) or --from FILE (re-predict)")
+    shapes = shapes_of(rows)
+    if args.fit:  # the model reads the cached table: refit in it, then store it
+        stored = calibration()
+        stored.pop("rerun_flow", None)
+        stored["lora_activations"] = {}
+        stored["lora_activations"] = fit_lora(rows, shapes)
+        fit_flow(rows, shapes)
+        CALIBRATION.write_text(json.dumps(stored, indent=1) + "\n", encoding="utf-8")
+    print(table(rows, shapes))
+
+
+if __name__ == "__main__":
+    main()
