@@ -49,15 +49,25 @@ class ComparisonRow:
     energy_per_token_vs_fp32: float | None = None
 
 
+def baseline_label(record: RunRecord) -> str:
+    """The trial the ``*_vs_fp32`` columns divide by: ``fp32``, or the one fp32 trial a
+    comparison across runs names (``run-id/fp32``, in its config's ``baseline``)."""
+    named = record.config.get("baseline") if isinstance(record.config, dict) else None
+    return named if isinstance(named, str) else BASELINE
+
+
 def baseline_trial(record: RunRecord) -> TrialResult | None:
     """The fp32 trial when it finished ok, else None."""
-    trial = record.trial(BASELINE)
+    trial = record.trial(baseline_label(record))
     return trial if trial is not None and trial.status == "ok" else None
 
 
 def baseline_reason(record: RunRecord) -> str | None:
     """Why the ``*_vs_fp32`` columns are n/a, or None when there is a baseline."""
-    trial = record.trial(BASELINE)
+    trial = record.trial(baseline_label(record))
+    why = record.config.get("baseline_reason") if isinstance(record.config, dict) else None
+    if trial is None and isinstance(why, str):
+        return why
     if trial is None:
         return "no fp32 trial in this run: add fp32 to the precisions to compare against it"
     if trial.status != "ok":

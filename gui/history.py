@@ -220,8 +220,8 @@ class HistoryStore:
 def combine_trials(picks: list[tuple[RunRecord, str]]) -> RunRecord:
     """Trials picked from several runs as one record, each labelled ``run-id/precision``.
 
-    No fp32 trial of its own means no baseline: the ``vs fp32`` columns stay n/a
-    rather than mixing runs measured under different conditions into one ratio.
+    The one ticked fp32 trial is the baseline of the ``vs fp32`` columns (named in the
+    config); with none, or several, they stay n/a rather than pick one.
     """
     trials = []
     for record, precision in picks:
@@ -229,9 +229,40 @@ def combine_trials(picks: list[tuple[RunRecord, str]]) -> RunRecord:
         if trial is None:
             raise KeyError(f"run '{record.run_id}' has no {precision} trial")
         trials.append(dataclasses.replace(trial, precision=f"{record.run_id}/{precision}"))
+    fp32 = [f"{record.run_id}/{p}" for record, p in picks if p == "fp32"]
+    models = dict.fromkeys(str(record.config.get("model", "?")) for record, _ in picks)
+    if len(fp32) == 1:
+        baseline = {"baseline": fp32[0]}
+    else:
+        baseline = {"baseline_reason": "several fp32 trials are ticked: tick one to compare "
+                    "against it" if fp32 else "no fp32 trial is ticked: tick one to see "
+                    "ratios against it"}
     return RunRecord(
         run_id="+".join(dict.fromkeys(record.run_id for record, _ in picks)),
+        config={"model": ", ".join(models), **baseline},
         trials=trials,
         status="ok",
         started_s=min((r.started_s for r, _ in picks), default=0.0),
     )
+
+
+def comparison_note(picks: list[tuple[RunRecord, str]]) -> str:
+    """What a person should know before reading ratios across runs."""
+    runs = dict.fromkeys(record.run_id for record, _ in picks)
+    note = f"Trials from {len(runs)} run(s), labelled run-id/precision."
+    fp32 = [f"{record.run_id}/fp32" for record, p in picks if p == "fp32"]
+    if len(fp32) == 1:  # otherwise the comparison's own baseline note says why not
+        note += f" Baseline: {fp32[0]}."
+    models = dict.fromkeys(str(record.config.get("model", "?")) for record, _ in picks)
+    if len(models) > 1:
+        note += (f" Warning: these trials trained different models ({', '.join(models)}): "
+                 "their speed and memory are not comparable as ratios.")
+    settings = {_shape(record) for record, _ in picks}
+    if len(models) == 1 and len(settings) > 1:
+        note += " Warning: their batch size or sequence length differ."
+    return note
+
+
+def _shape(record: RunRecord) -> tuple:
+    config = record.config if isinstance(record.config, dict) else {}
+    return (config.get("batch_size"), config.get("seq_len"), config.get("grad_accum", 1))

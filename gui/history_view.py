@@ -24,7 +24,13 @@ from PySide6.QtWidgets import (
 
 from engine.journal import journal_entries, journal_path, read_journal
 from engine.record import RunRecord
-from gui.history import HistoryEntry, HistoryError, HistoryStore, combine_trials
+from gui.history import (
+    HistoryEntry,
+    HistoryError,
+    HistoryStore,
+    combine_trials,
+    comparison_note,
+)
 from gui.palette import precision_color
 from gui.plain_text import as_html
 
@@ -172,10 +178,9 @@ class HistoryView(QWidget):
         except (KeyError, ValueError, HistoryError) as exc:
             self._fail(f"Cannot compare: {exc}")
             return
-        combined = combine_trials([(records[r], p) for r, p in picks])
+        chosen = [(records[r], p) for r, p in picks]
         self.message.setText("")
-        self.compare_requested.emit(
-            combined, f"Trials from {len(records)} run(s), labelled run-id/precision.")
+        self.compare_requested.emit(combine_trials(chosen), comparison_note(chosen))
 
     def _selected_run_id(self) -> str | None:
         item = self.tree.currentItem()

@@ -71,3 +71,75 @@ def test_trials_from_two_runs_are_compared_side_by_side(qtbot, window, two_runs)
 def test_compare_without_ticks_says_what_to_do(window):
     window.history_view.compare_checked()
     assert "Tick at least one trial" in window.history_view.message.text()
+
+
+def _tick_with_keyboard(view, run_id: str, precision: str) -> None:
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    run = view.tree.topLevelItem(view.run_ids().index(run_id))
+    run.setExpanded(True)
+    child = next(run.child(i) for i in range(run.childCount())
+                 if run.child(i).text(0) == precision)
+    view.tree.setCurrentItem(child)
+    view.tree.setFocus()
+    QTest.keyClick(view.tree, Qt.Key.Key_Space)
+    assert child.checkState(0) == Qt.CheckState.Checked
+
+
+def _press(view, text: str) -> None:
+    from PySide6.QtWidgets import QPushButton
+
+    from tests.gui.clicks import click
+
+    click(next(b for b in view.findChildren(QPushButton) if b.text() == text))
+
+
+def test_the_ticked_fp32_trial_is_the_baseline_across_runs(qtbot, window, two_runs):
+    first, second = two_runs
+    window.show()
+    window.tabs.setCurrentWidget(window.history_view)
+    view = window.history_view
+    _tick_with_keyboard(view, first.run_id, "bf16")
+    _tick_with_keyboard(view, second.run_id, "fp32")
+    with qtbot.waitSignal(view.compare_requested):
+        _press(view, "Compare ticked trials")
+    proxy = window.compare_view.proxy
+    headers = [proxy.headerData(c, Qt_horizontal()) for c in range(proxy.columnCount())]
+    column = headers.index("Speed-up vs fp32")
+    shown = {proxy.index(r, 0).data(): proxy.index(r, column).data()
+             for r in range(proxy.rowCount())}
+    expected = (second.trial("fp32").summary.median_step_ms
+                / first.trial("bf16").summary.median_step_ms)
+    assert shown[f"{first.run_id}/bf16"] == f"{expected:.2f}x", shown
+    assert f"Baseline: {second.run_id}/fp32" in window.compare_view.note.text()
+    assert "different models" not in window.compare_view.note.text()
+
+
+def test_trials_of_different_models_are_compared_with_a_warning(qtbot, two_runs):
+    import dataclasses
+
+    first, second = two_runs
+    other = dataclasses.replace(second, run_id="othermodel",
+                                config={**second.config, "model": "gpt2"})
+    store = HistoryStore()
+    for record in (first, other):
+        store.add(record)
+    window = MainWindow(history=store)
+    qtbot.addWidget(window)
+    window.show()
+    window.tabs.setCurrentWidget(window.history_view)
+    view = window.history_view
+    _tick_with_keyboard(view, first.run_id, "fp32")
+    _tick_with_keyboard(view, "othermodel", "fp32")
+    with qtbot.waitSignal(view.compare_requested):
+        _press(view, "Compare ticked trials")
+    note = window.compare_view.note.text()
+    assert "trained different models (" in note and "tiny" in note and "gpt2" in note
+    assert "several fp32 trials are ticked" in note
+
+
+def Qt_horizontal():  # noqa: N802 (reads as the Qt enum it returns)
+    from PySide6.QtCore import Qt
+
+    return Qt.Orientation.Horizontal
