@@ -14,7 +14,8 @@ How each figure reaches a callback that never sees a batch or a loss:
 - learning rate: read between the optimiser step and the scheduler step
   (``on_optimizer_step``), the one the Trainer logs;
 - loss scale and skipped steps: the GradScaler accelerate keeps on the optimizer.
-A step is written once its log is in, or when the next step begins.
+A step is written when the next one ends (its log is in by then), as the Recorder reads
+every step one step late.
 """
 
 from __future__ import annotations
@@ -108,7 +109,6 @@ class AmpScopeCallback(TrainerCallback):
         self.recorder = Recorder(model, optimizer, scaler, self.out, name, precision=precision,
                                  journal=self.journal, monitor_hz=self.monitor_hz,
                                  source=SOURCE_TRAINER, recipe=recipe)
-        self.recorder.hold = True
         self._hook = model.register_forward_hook(self._on_output, with_kwargs=True)
         self.recorder.start()
 
@@ -120,7 +120,6 @@ class AmpScopeCallback(TrainerCallback):
             self._losses.append((loss.detach(), kwargs.get("num_items_in_batch") is not None))
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.recorder.flush()
         self._losses = []
         self.recorder.begin_step()
 
@@ -140,7 +139,6 @@ class AmpScopeCallback(TrainerCallback):
         covers_one_step = (previous[-1] if previous else 0) == state.global_step - 1
         if covers_one_step and "grad_norm" in logs:  # the Trainer's norm of exactly this step
             rec.patch_pending(index, grad_norm=logs["grad_norm"])
-        rec.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
         self._end(None)

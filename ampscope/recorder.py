@@ -9,8 +9,11 @@ Conventions (docs/report-schema.md, "User runs"):
 - a step's time runs from the previous ``step()`` call (or from the start) to this one,
   so it includes the loop's data loading; ``with rec.step_timer() as s:`` times only
   the block instead (set ``s.loss`` inside it);
-- step 0 is a warm-up step: hardware FLOPs are counted in it with FlopCounterMode (the
-  counter watches the ops, it changes no value), and its time includes the counter;
+- step 0 is a warm-up step (``torch.compile`` compiles there); step 1 is the counting
+  step: hardware FLOPs are counted over it with FlopCounterMode (the counter watches the
+  ops, it changes no value; a compiled model runs eagerly under it, so nothing compiles
+  while it counts), and its time includes the counter. Both are left out of the summary,
+  whose figures are medians over the measured steps, as a profile trial's are;
 - tokens: ``tokens=`` when given, else the non-padding tokens of the training forwards
   since the last step (``attention_mask.sum()`` when the model gets a mask, else the
   input ids' size), read by a forward pre-hook on the model;
@@ -18,8 +21,10 @@ Conventions (docs/report-schema.md, "User runs"):
   engine/flops.py over those tokens at the batch's sequence length; a model without a
   transformers config has none (n/a, with the reason);
 - a skipped step is one where the GradScaler's scale went down;
-- on a GPU a step is read back while the next one runs (no extra host sync), so the
-  journal is one step behind; on the CPU each step is written when it ends.
+- a step's scalars (loss, grad norm, loss scale, tokens) are copied to pinned host memory
+  and read one step later through engine.trackers.ScalarReadback, so ``step()`` never
+  waits for the GPU's current work; the journal is one step behind, on every device (the
+  CPU runs the same path the GPU does).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -57,10 +63,26 @@ from engine.peaks import peak_flops
 from engine.recipes import recipe as recipe_of
 from engine.record import RunRecord
 from engine.spread import step_spread
-from engine.trackers import AllocatorTracker, StepTimer
+from engine.trackers import AllocatorTracker, ScalarReadback, StepTimer
 
 SOURCE_LOOP = "user-loop"
 SOURCE_TRAINER = "user-trainer"
+COUNT_STEP = 1  # step 0 warms up (and compiles); FLOPs are counted over step 1
+LAG = 1  # steps read back one step late: the GPU is never drained by a read
+_SCALARS = ("loss", "grad_norm", "scale_before", "scale_after", "tokens", "lr")
+
+
+def tf32_matmuls() -> bool:
+    """Whether cuBLAS runs fp32 matmuls as TF32, read through the ``fp32_precision`` API.
+
+    The legacy ``torch.backends.cuda.matmul.allow_tf32`` raises once the new API was set
+    (transformers' ``TrainingArguments(tf32=True)`` sets ``torch.backends.fp32_precision``),
+    while the new one also reflects the legacy flag and ``set_float32_matmul_precision``.
+    """
+    mode = torch.backends.cuda.matmul.fp32_precision
+    if mode == "none":  # the matmul backend inherits the global setting
+        mode = torch.backends.fp32_precision
+    return mode == "tf32"
 
 
 @dataclass
@@ -77,13 +99,9 @@ class TimedStep:
 class _Pending:
     index: int
     mark: object
-    loss: object
-    tokens: object
+    scalars: object  # the ScalarReadback handle of the device tensors in _SCALARS
+    host: dict  # the values of _SCALARS already on the host (None where on the device)
     seq_len: int | None
-    grad_norm: object
-    lr: float | None
-    scale_before: object
-    scale_after: object
     allocated: int | None
     reserved: int | None
     time_s: float
@@ -97,6 +115,24 @@ def _as_float(value) -> float | None:
     if value is None:
         return None
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def _device_tokens(tokens):
+    """The tokens counted on the device (attention masks' sums), as one tensor or None."""
+    if not isinstance(tokens, list):
+        return tokens if isinstance(tokens, torch.Tensor) else None
+    on_device = [t for t in tokens if isinstance(t, torch.Tensor)]
+    return torch.stack(on_device).sum() if on_device else None
+
+
+def _host_tokens(tokens) -> int | None:
+    """The tokens known on the host (input ids' sizes, or the ``tokens=`` given)."""
+    if isinstance(tokens, torch.Tensor):
+        return None
+    if not isinstance(tokens, list):
+        return int(tokens) if tokens is not None else None
+    counts = [t for t in tokens if not isinstance(t, torch.Tensor)]
+    return sum(counts) if counts else None
 
 
 def _tensor_bytes(obj) -> int:
@@ -154,12 +190,16 @@ class Recorder:
         self._timer = StepTimer(self.device)
         self._alloc = AllocatorTracker(self.device)
         self._pending: list[_Pending] = []
+        self._readback = ScalarReadback(self.device, width=len(_SCALARS), slots=LAG + 3)
         self.steps: list[StepSample] = []
-        self.hold = False  # the Trainer callback emits a step only once its log is in
         self._index = 0
         self._started = False
         self._finished = False
         self._counter = None
+        self._counted: flops_mod.Counted | None = None
+        self._counted_reason = "the run ended before its FLOP-counting step (step 1) ended"
+        self._eval_mark = None  # the counter's tallies when an evaluation forward began
+        self._excluded = (Counter(), Counter())  # evaluation FLOPs: by op, by dtype
         self._flops: FlopsInfo | None = None
         self._model_flops_reason: str | None = None
         self._hooks: list = []
@@ -189,14 +229,11 @@ class Recorder:
         self._started_s = time.time()
         self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
                                                                 with_kwargs=True))
+        self._hooks.append(self.model.register_forward_hook(self._after_forward))
         self._dims = self._model_dims()
         self._matmul = flops_mod.matmul_param_counts(self.model)
         self._monitor = Monitor.for_device(self.device_info, self._emit, self._monitor_hz)
         self._monitor.start()
-        # hardware FLOPs: everything torch runs up to the end of the first step
-        tf32 = self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
-        self._counter, self._by_dtype = flops_mod.counting_mode(tf32)
-        self._counter.__enter__()
         self._timer.start()
         self._alloc.start()
 
@@ -210,8 +247,48 @@ class Recorder:
             self._model_flops_reason = f"model FLOPs need a transformers config ({exc})"
             return None
 
+    @property
+    def _tf32(self) -> bool:
+        return self.device_info.kind == "cuda" and tf32_matmuls()
+
+    def _start_counting(self) -> None:
+        """Hardware FLOPs: FlopCounterMode over the counting step, nothing else."""
+        self._counter, self._by_dtype = flops_mod.counting_mode(self._tf32)
+        self._counter.__enter__()
+
+    def _stop_counting(self, completed: bool) -> None:
+        counter, self._counter = self._counter, None
+        counter.__exit__(None, None, None)
+        if not completed:
+            return
+        ops, dtypes = self._excluded
+        by_op = Counter({str(op): int(n) for op, n in counter.flop_counts["Global"].items()})
+        by_op.subtract(ops)
+        by_dtype = Counter(self._by_dtype)
+        by_dtype.subtract(dtypes)
+        self._counted = flops_mod.Counted(
+            sum(by_op.values()), {k: v for k, v in by_op.items() if v > 0},
+            {k: v for k, v in sorted(by_dtype.items()) if v > 0})
+
+    def _tallies(self) -> tuple[Counter, Counter]:
+        return (Counter({str(op): int(n) for op, n in self._counter.flop_counts["Global"].items()}),
+                Counter(self._by_dtype))
+
+    def _after_forward(self, module, args, output):
+        mark, self._eval_mark = self._eval_mark, None
+        if mark is not None and self._counter is not None:
+            # an evaluation forward inside the counting step: its FLOPs are not training's
+            ops, dtypes = self._tallies()
+            self._excluded[0].update(ops - mark[0])
+            self._excluded[1].update(dtypes - mark[1])
+        return None
+
     def _on_forward(self, module, args, kwargs):
-        if not module.training:  # evaluation forwards are not training steps
+        if not (module.training and torch.is_grad_enabled()):
+            # evaluation (model.eval() or no_grad) is neither a training step's tokens nor
+            # its FLOPs
+            if self._counter is not None:
+                self._eval_mark = self._tallies()
             return None
         if not self._autocast_seen:
             self._autocast_seen = True
@@ -239,6 +316,8 @@ class Recorder:
             self.start()
         mark = self._timer.stop()
         self._record(mark, loss, tokens, grad_norm, lr)
+        if self._index == COUNT_STEP:
+            self._start_counting()
         self._timer.start()
         self._alloc.start()
 
@@ -253,6 +332,8 @@ class Recorder:
         self.end_step(step.loss, step.tokens, step.grad_norm, step.lr)
 
     def begin_step(self) -> None:
+        if self._index == COUNT_STEP and self._counter is None:
+            self._start_counting()
         self._timer.start()
         self._alloc.start()
 
@@ -260,42 +341,38 @@ class Recorder:
         self._record(self._timer.stop(), loss, tokens, grad_norm, lr)
 
     def _record(self, mark, loss, tokens, grad_norm, lr) -> None:
-        if self._counter is not None:
-            self._count_flops()
+        if self._counter is not None and self._index == COUNT_STEP:
+            self._stop_counting(completed=True)
         if tokens is None:
             tokens = self._forward_tokens
         self._forward_tokens = []
-        allocated, reserved = self._alloc.sample(measured=self._index > 0)  # step 0: warm-up
+        allocated, reserved = self._alloc.sample(measured=self._index > COUNT_STEP)
         before, after = self._scales()
-        if isinstance(loss, torch.Tensor):
-            loss = loss.detach()
         if lr is None and self.optimizer is not None and self.optimizer.param_groups:
             lr = self.optimizer.param_groups[0].get("lr")
-        self._pending.append(_Pending(
-            self._index, mark, loss, tokens, self._seq_len, grad_norm,
-            _as_float(lr), before, after, allocated, reserved, time.time()))
+        values = {"loss": loss, "grad_norm": grad_norm, "scale_before": before,
+                  "scale_after": after, "tokens": _device_tokens(tokens), "lr": lr}
+        host = {k: None if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+        host["tokens"] = _host_tokens(tokens)
+        scalars = self._readback.push([values[k] if host[k] is None or k == "tokens" else None
+                                       for k in _SCALARS])
+        self._pending.append(_Pending(self._index, mark, scalars, host, self._seq_len,
+                                      allocated, reserved, time.time()))
         self._index += 1
-        # on the CPU reading a value costs nothing; on a GPU wait for the next step
-        keep = 0 if self.device.type == "cpu" else 1
-        if not self.hold:
-            self.flush(keep)
+        self.flush(LAG)
 
     def _scales(self):
         scaler = self.scaler
         if scaler is None or not scaler.is_enabled():
             return None, None
         scale = getattr(scaler, "_scale", None)
+        # a copy on the device: read one step late, with the step's other scalars
         after = scale.detach().clone() if scale is not None else float(scaler.get_scale())
         before = self._prev_scale
         if before is None:
             before = float(getattr(scaler, "_init_scale", 0.0) or 0.0) or None
         self._prev_scale = after
         return before, after
-
-    def _count_flops(self) -> None:
-        counter, self._counter = self._counter, None
-        counter.__exit__(None, None, None)
-        self._counted = flops_mod.counted(counter, self._by_dtype)
 
     def _model_flops(self, tokens: int | None, seq_len: int | None) -> tuple[int | None, str]:
         if self._dims is None:
@@ -313,45 +390,36 @@ class Recorder:
             self._emit_step(self._pending.pop(0))
 
     def patch_pending(self, index: int, **values) -> None:
-        """Fill a held step's fields (the Trainer callback's log: loss, grad_norm, lr)."""
+        """Fill a step not yet written with host values (the Trainer's log: grad_norm)."""
         for item in self._pending:
             if item.index == index:
-                for key, value in values.items():
-                    setattr(item, key, value)
+                item.host.update(values)
 
     def _emit_step(self, p: _Pending) -> None:
         self._begin_run()
         step_ms = self._timer.sample(p.mark)
-        tokens = p.tokens
-        if isinstance(tokens, list):
-            tokens = sum(int(t.item()) if isinstance(t, torch.Tensor) else int(t)
-                         for t in tokens) if tokens else None
+        device = dict(zip(_SCALARS, self._readback.read(p.scalars)))
+        got = {k: _as_float(p.host[k]) if p.host[k] is not None else device[k]
+               for k in _SCALARS}
+        # forwards with a mask count on the device, the others on the host: both add up
+        parts = [v for v in (p.host["tokens"], device["tokens"]) if v is not None]
+        tokens = int(sum(parts)) if parts else None
         model_flops, formula = self._model_flops(tokens, p.seq_len)
-        if self._flops is None:
-            counted = self._counted
-            self._flops = FlopsInfo(
-                counted_per_step=counted.total or None,
-                counted_method=("torch.utils.flop_counter.FlopCounterMode over the first "
-                                "optimiser step of the user's run (hardware FLOPs)"),
-                analytic_per_step=model_flops,
-                analytic_formula=formula if model_flops else f"n/a: {formula}",
-                by_op=counted.by_op,
-                by_peak_dtype=counted.by_peak_dtype,
-                model_convention=flops_mod.MODEL_FLOPS_CONVENTION,
-                hardware_convention=flops_mod.HARDWARE_FLOPS_CONVENTION,
-            )
+        if self._flops is None and p.index >= COUNT_STEP:
+            self._flops = self._flops_info(model_flops, formula)
         seconds = step_ms / 1e3
         tflops = model_flops / seconds / 1e12 if model_flops and seconds > 0 else None
         mfu = mfu_of(tflops * 1e12, self._peak) if tflops is not None else None
-        scale = _as_float(p.scale_after)
-        before = _as_float(p.scale_before)
+        counted = self._counted.total if self._counted is not None else None
+        hfu = mfu_of(counted / seconds, self._peak) if counted and seconds > 0 else None
+        scale, before = got["scale_after"], got["scale_before"]
         skipped = scale is not None and before is not None and scale < before
-        norm = None if skipped else _as_float(p.grad_norm)
+        norm = None if skipped else got["grad_norm"]
         sample = StepSample(
             precision=self.precision,
             step=p.index,
-            warmup=p.index == 0,
-            loss=_as_float(p.loss),
+            warmup=p.index <= COUNT_STEP,
+            loss=got["loss"],
             step_ms=step_ms,
             tokens_per_s=tokens / seconds if tokens and seconds > 0 else None,
             tflops=tflops,
@@ -363,10 +431,28 @@ class Recorder:
             grad_norm=norm,
             time_s=p.time_s,
             tokens=tokens,
-            learning_rate=p.lr,
+            learning_rate=got["lr"],
+            hfu=hfu,
         )
         self.steps.append(sample)
         self._emit(sample)
+
+    def _flops_info(self, model_flops: int | None, formula: str) -> FlopsInfo:
+        counted = self._counted
+        return FlopsInfo(
+            counted_per_step=(counted.total or None) if counted else None,
+            counted_method=(
+                "torch.utils.flop_counter.FlopCounterMode over the user's optimiser step "
+                f"{COUNT_STEP} (hardware FLOPs; eager, after the warm-up step; forwards under "
+                "no_grad or model.eval() left out)" if counted
+                else f"n/a: {self._counted_reason}"),
+            analytic_per_step=model_flops,
+            analytic_formula=formula if model_flops else f"n/a: {formula}",
+            by_op=counted.by_op if counted else {},
+            by_peak_dtype=counted.by_peak_dtype if counted else {},
+            model_convention=flops_mod.MODEL_FLOPS_CONVENTION,
+            hardware_convention=flops_mod.HARDWARE_FLOPS_CONVENTION,
+        )
 
     # --- the run's events --------------------------------------------------------------
 
@@ -388,7 +474,7 @@ class Recorder:
             return "fp16-amp"
         if self._autocast == torch.bfloat16:
             return "bf16-amp"
-        if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        if self._tf32:
             return "tf32"
         return "fp32"
 
@@ -435,16 +521,17 @@ class Recorder:
         if self._finished:
             return self.record
         self._finished = True
-        if self._counter is not None:
-            self._count_flops()
+        if self._counter is not None:  # the run ended inside its counting step
+            self._stop_counting(completed=False)
         for hook in self._hooks:
             hook.remove()
         if self._monitor is not None:
             self._monitor.stop()
-        if not hasattr(self, "_counted"):
-            self._counted = flops_mod.Counted(0)
         try:
             self.flush()
+            if self._flops is None:  # the run ended before a step after the warm-up
+                self._flops = self._flops_info(None, "no step after the warm-up step was "
+                                               "recorded")
         finally:
             self._begin_run()
             status, reason = "ok", None
@@ -515,17 +602,29 @@ class Recorder:
 
     def _summary(self) -> TrialSummary:
         measured = [s for s in self.steps if not s.warmup]
-        seconds = sum(s.step_ms for s in measured) / 1e3
+        # medians, as a profile trial's: one slow step (a checkpoint save, an evaluation)
+        # does not move them. A skipped step skips the optimiser: timed apart.
+        timed = [s for s in measured if not s.skipped]
+        median_ms = statistics.median(s.step_ms for s in timed) if timed else None
         tokens = [s.tokens for s in measured]
         known_tokens = bool(measured) and all(tokens)
-        tps = sum(tokens) / seconds if known_tokens and seconds > 0 else None
-        flops = [s.tflops * s.step_ms / 1e3 for s in measured if s.tflops is not None]
-        tflops = (sum(flops) / seconds if measured and len(flops) == len(measured)
-                  and seconds > 0 else None)
+
+        def median(values):
+            return statistics.median(values) if timed and None not in values else None
+
+        tps = median([s.tokens_per_s for s in timed])
+        tflops = median([s.tflops for s in timed])
+        counted = self._counted.total if self._counted is not None else None
+        hw_tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
         peak = getattr(self, "_peak", None)
         mfu = mfu_of(tflops * 1e12, peak) if tflops is not None and peak else None
+        hfu = mfu_of(hw_tflops * 1e12, peak) if hw_tflops is not None and peak else None
         if not measured:
-            reason = "no steps measured after the warm-up step"
+            reason = (f"no steps measured after the warm-up and FLOP-counting steps "
+                      f"(0..{COUNT_STEP})")
+        elif not timed:
+            reason = ("every measured step was skipped by the GradScaler (inf/NaN "
+                      "gradients), so there is no step time")
         elif peak is not None and peak.flops_per_s is None:
             reason = peak.reason
         elif tflops is None:
@@ -537,7 +636,7 @@ class Recorder:
         mem = self._memory()
         return TrialSummary(
             steps_measured=len(measured),
-            median_step_ms=statistics.median(s.step_ms for s in measured) if measured else None,
+            median_step_ms=median_ms,
             tokens_per_s=tps,
             tflops=tflops,
             mfu=mfu,
@@ -551,4 +650,6 @@ class Recorder:
             final_loss_scale=last.loss_scale if last else None,
             # its tokens/s interval assumes one token count per step
             spread=step_spread(self.steps, tokens[0]) if same_tokens else None,
+            hardware_tflops=hw_tflops,
+            hfu=hfu,
         )

@@ -79,8 +79,8 @@ def test_trainer_steps_match_the_trainers_own_log(tmp_path, bf16):
         trained = collator.batches[:4]
         assert [s.tokens for s in steps] == [int(b["attention_mask"].sum()) for b in trained]
         assert [s.tokens for s in steps] != [b["input_ids"].numel() for b in trained]
-    # hardware FLOPs of the first step: FlopCounterMode over the same batch, counted here
+    # hardware FLOPs of the counting step (step 1): FlopCounterMode over its batch, here
     counter = FlopCounterMode(display=False)
     with counter:
-        initial(**collator.batches[0]).loss.backward()
+        initial(**collator.batches[1]).loss.backward()
     assert journal.trials[0].flops.counted_per_step == counter.get_total_flops()
