@@ -10,7 +10,8 @@ How each figure reaches a callback that never sees a batch or a loss:
   ``num_items_in_batch`` is summed, any other is averaged over the micro-batches), so
   it is the value the Trainer logs;
 - gradient norm: the Trainer's own (pre-clipping) norm, from its log of that step
-  (``logging_steps=1`` gives every step one; otherwise n/a);
+  (``logging_steps=1`` gives every step one); otherwise the result of the
+  ``clip_grad_norm_`` the Trainer calls, kept by the Recorder (the same number);
 - learning rate: read between the optimiser step and the scheduler step
   (``on_optimizer_step``), the one the Trainer logs;
 - loss scale and skipped steps: the GradScaler accelerate keeps on the optimizer.

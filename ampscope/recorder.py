@@ -30,9 +30,11 @@ Conventions (docs/report-schema.md, "User runs"):
 from __future__ import annotations
 
 import statistics
+import sys
 import threading
 import time
 import uuid
+import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -135,6 +137,14 @@ def _host_tokens(tokens) -> int | None:
     return sum(counts) if counts else None
 
 
+def _base_optimizer(optimizer):
+    """The torch optimizer itself under wrappers (accelerate's AcceleratedOptimizer)."""
+    while optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = getattr(optimizer, "optimizer", None)
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+
+
 def _tensor_bytes(obj) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -155,7 +165,8 @@ class Recorder:
     (``runs/<run id>.jsonl`` in the data folder by default).
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer, scaler=None, out=None, name=None, *,
+    def __init__(self, model: torch.nn.Module, optimizer=None, scaler=None, out=None,
+                 name=None, *,
                  precision: str | None = None, journal=None, monitor_hz: float = 5.0,
                  source: str = SOURCE_LOOP, recipe: str | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
@@ -177,6 +188,10 @@ class Recorder:
         self._recipe_text = recipe
         param = _first_param(model)
         self.device = param.device if param is not None else torch.device("cpu")
+        if self.device.type == "meta":
+            raise ValueError("the model's parameters are on the meta device (shapes without "
+                             "data), so it cannot train: load its weights (from_pretrained, "
+                             "or model.to_empty(device=...) and initialise) before recording")
         self.device_info = probe("cpu" if self.device.type == "cpu"
                                  else f"cuda:{self.device.index or 0}")
         self.run_id = uuid.uuid4().hex[:12]
@@ -210,7 +225,20 @@ class Recorder:
         self._monitor: Monitor | None = None
         self._prev_scale = None
         self._started_s = time.time()
-        self._timed = False
+        self._run_begun = False
+        # what the optimizer step of the current step used: lr, and the grad norm when the
+        # loop gives none (measured on the device, or clip_grad_norm_'s own result)
+        self._step_lr = None
+        self._step_norm = None
+        self._norm_methods: Counter = Counter()
+        self._measure_norm = True
+        self._clip_patch = None
+        self._warned: set[str] = set()
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"ampscope: {message}", RuntimeWarning, stacklevel=3)
 
     # --- life cycle --------------------------------------------------------------------
 
@@ -223,10 +251,20 @@ class Recorder:
         return False  # the user's exception goes on
 
     def start(self) -> None:
+        if self._finished:
+            raise RuntimeError(f"this Recorder already finished its run ({self.run_id}): make "
+                               "a new ampscope.Recorder for a new run")
         if self._started:
             return
         self._started = True
         self._started_s = time.time()
+        self._journal = JournalWriter(self.journal_file)
+        print(f"ampscope: recording run {self.run_id} to {self.journal_file} "
+              f"(follow it with: python3 main.py watch {self.journal_file})", file=sys.stderr)
+        base = _base_optimizer(self.optimizer)
+        if base is not None:
+            self._hooks.append(base.register_step_pre_hook(self._before_optimizer_step))
+        self._patch_clip()
         self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
                                                                 with_kwargs=True))
         self._hooks.append(self.model.register_forward_hook(self._after_forward))
@@ -246,6 +284,43 @@ class Recorder:
         except Exception as exc:  # a config without the usual names: no analytic formula
             self._model_flops_reason = f"model FLOPs need a transformers config ({exc})"
             return None
+
+    def _before_optimizer_step(self, optimizer, args, kwargs):
+        """The lr this optimizer step uses (a scheduler changes it after the step), and the
+        gradients' norm when the loop gives none: device tensors, read one step late."""
+        lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+        self._step_lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
+        if self._measure_norm and self._step_norm is None:
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                     if p.grad is not None]
+            if grads:
+                self._step_norm = (torch.nn.utils.get_total_norm(grads).detach(), "measured")
+        return None
+
+    def _patch_clip(self) -> None:
+        """Keep ``torch.nn.utils.clip_grad_norm_``'s result (the pre-clipping norm, which
+        nanoGPT's train.py computes and drops) for the model's own parameters."""
+        real = torch.nn.utils.clip_grad_norm_
+        mine = {id(p) for p in self.model.parameters()}
+
+        def clip_grad_norm_(parameters, *args, **kwargs):
+            if isinstance(parameters, torch.Tensor):
+                parameters = [parameters]
+            parameters = list(parameters)
+            norm = real(parameters, *args, **kwargs)
+            if self._measure_norm and any(id(p) in mine for p in parameters):
+                self._step_norm = (norm.detach(), "clip")
+            return norm
+
+        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+        self._clip_patch = (real, clip_grad_norm_)
+
+    def _unpatch_clip(self) -> None:
+        if self._clip_patch is not None:
+            real, ours = self._clip_patch
+            if torch.nn.utils.clip_grad_norm_ is ours:  # a later patch stays
+                torch.nn.utils.clip_grad_norm_ = real
+            self._clip_patch = None
 
     @property
     def _tf32(self) -> bool:
@@ -312,6 +387,11 @@ class Recorder:
     def step(self, loss=None, tokens: int | None = None, grad_norm=None,
              lr: float | None = None) -> None:
         """Call once per optimiser step, after ``optimizer.step()`` (and ``scaler.update()``)."""
+        if self._finished:
+            self._warn_once("finished", f"this Recorder already finished its run "
+                            f"({self.run_id}): steps after the end are not recorded; make a "
+                            "new ampscope.Recorder for a new run")
+            return
         if not self._started:
             self.start()
         mark = self._timer.stop()
@@ -348,8 +428,16 @@ class Recorder:
         self._forward_tokens = []
         allocated, reserved = self._alloc.sample(measured=self._index > COUNT_STEP)
         before, after = self._scales()
-        if lr is None and self.optimizer is not None and self.optimizer.param_groups:
-            lr = self.optimizer.param_groups[0].get("lr")
+        step_lr, self._step_lr = self._step_lr, None
+        step_norm, self._step_norm = self._step_norm, None
+        if lr is None:
+            lr = step_lr
+        if grad_norm is not None:
+            self._measure_norm = False  # the loop gives it: AmpScope measures nothing more
+            self._norm_methods["given"] += 1
+        elif step_norm is not None:
+            grad_norm, method = step_norm
+            self._norm_methods[method] += 1
         values = {"loss": loss, "grad_norm": grad_norm, "scale_before": before,
                   "scale_after": after, "tokens": _device_tokens(tokens), "lr": lr}
         host = {k: None if isinstance(v, torch.Tensor) else v for k, v in values.items()}
@@ -470,36 +558,52 @@ class Recorder:
             return "fp16"
         if weights == torch.bfloat16:
             return "bf16"
-        if self._autocast == torch.float16 or scaled:
+        autocast = self._autocast or self._matmul_dtype()
+        if autocast == torch.float16 or scaled:
             return "fp16-amp"
-        if self._autocast == torch.bfloat16:
+        if autocast == torch.bfloat16:
             return "bf16-amp"
         if self._tf32:
             return "tf32"
         return "fp32"
+
+    def _matmul_dtype(self) -> torch.dtype | None:
+        """Half precision that most counted matmul FLOPs ran in over fp32 weights: autocast
+        entered where the model's pre-hook cannot see it (accelerate enters it inside the
+        forward it wraps)."""
+        by_dtype = self._counted.by_peak_dtype if self._counted is not None else {}
+        if not by_dtype:
+            return None
+        top = max(by_dtype, key=by_dtype.get)
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(top)
 
     def describe_recipe(self) -> str:
         if self._recipe_text:
             return self._recipe_text
         scaler = "GradScaler" if self.scaler is not None and self.scaler.is_enabled() else (
             "no loss scaling")
+        seen = self._matmul_dtype() if self._autocast is None else None
         autocast = (f"autocast {str(self._autocast).removeprefix('torch.')}"
-                    if self._autocast is not None else "no autocast")
+                    if self._autocast is not None else
+                    f"autocast {str(seen).removeprefix('torch.')} (found from the dtype of the "
+                    "matmuls counted: entered inside the model's forward)"
+                    if seen is not None else "no autocast")
         param = _first_param(self.model)
         weights = str(param.dtype).removeprefix("torch.") if param is not None else "no"
         optimizer = type(self.optimizer).__name__ if self.optimizer is not None else "none"
         return f"user loop: {weights} weights, {autocast}, {scaler}, optimizer {optimizer}"
 
     def _begin_run(self) -> None:
-        if self._journal is not None:
+        if self._run_begun:
             return
+        self._run_begun = True
         self._peak = peak_flops(self.device_info.name if self.device_info.kind == "cuda"
                                 else None, recipe_of(self.precision).peak_dtype)
-        self._journal = JournalWriter(self.journal_file)
         config = {"model": self.name, "precisions": [self.precision],
                   "device": str(self.device), "source": self.source,
-                  "optimizer": type(self.optimizer).__name__ if self.optimizer else None,
                   "recipe": self.describe_recipe()}
+        if self.optimizer is not None:  # a report's config.optimizer is text when present
+            config["optimizer"] = type(self.optimizer).__name__
         now = time.time()
         self._emit(RunStarted(self.run_id, config, collect(self.device_info), self._started_s))
         self._emit(TrialStarted(self.precision, 0, 1, now))
@@ -510,7 +614,7 @@ class Recorder:
 
     def _emit(self, event) -> None:
         with self._lock:
-            if self._journal is None:  # monitor samples before the first step
+            if not self._run_begun:  # monitor samples before the first step
                 self._early.append(event)
                 return
             self._journal.write(event)
@@ -525,8 +629,14 @@ class Recorder:
             self._stop_counting(completed=False)
         for hook in self._hooks:
             hook.remove()
+        self._unpatch_clip()
         if self._monitor is not None:
             self._monitor.stop()
+        if self._journal is None:  # finished without a start: the run still gets a journal
+            self._journal = JournalWriter(self.journal_file)
+        if not self._pending and not self.steps:
+            print(f"ampscope: run {self.run_id} recorded no step: call rec.step() once per "
+                  "optimizer step; the journal and report hold what is known", file=sys.stderr)
         try:
             self.flush()
             if self._flops is None:  # the run ended before a step after the warm-up
@@ -571,7 +681,18 @@ class Recorder:
             started_s=self._started_s,
             finished_s=time.time(),
             source=self.source,
+            notes=self._notes(),
         )
+
+    def _notes(self) -> list[str]:
+        how = {"given": "passed by the loop (rec.step(grad_norm=...))",
+               "clip": "torch.nn.utils.clip_grad_norm_'s own result (before clipping)",
+               "measured": "measured by AmpScope at the optimizer step: the 2-norm of the "
+                           "gradients it used (unscaled, after any clipping), on the device"}
+        if not self._norm_methods:
+            return ["grad_norm: n/a (no optimizer step was seen and none was passed)"]
+        parts = [f"{how[m]} for {n} step{'s' * (n != 1)}" for m, n in self._norm_methods.items()]
+        return ["grad_norm: " + "; ".join(parts)]
 
     def _memory(self) -> MemoryBreakdown:
         params_bytes = inventory.unique_param_bytes(self.model) + sum(

@@ -239,7 +239,7 @@ class FlopsInfo:
 
     counted_per_step: int | None
     counted_method: str
-    analytic_per_step: int
+    analytic_per_step: int | None  # None: a user's model without a transformers config
     analytic_formula: str
     by_op: dict = field(default_factory=dict)
     by_peak_dtype: dict = field(default_factory=dict)  # hardware FLOPs by peak-table dtype

@@ -1,0 +1,202 @@
+"""ampscope.Recorder on loops written the way users write them (issue #19).
+
+Each figure is checked against what the loop itself computed: the lr the scheduler gave
+the optimizer step, clip_grad_norm_'s own result, a norm computed here, FlopCounterMode
+over the training step alone.
+"""
+
+import copy
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import ampscope
+from engine.journal import read_journal
+from engine.report.json_io import read_json
+from tests.engine.test_recorder import padded_batch, tiny_gpt2
+
+
+def test_nanogpt_loop_records_the_lr_used_and_clip_grad_norms_result(tmp_path):
+    """nanoGPT's train.py shape: a warm-up + decay schedule, clip_grad_norm_ after
+    unscaling, an evaluation under model.eval() + no_grad, rec.step() last."""
+    model = tiny_gpt2()
+    reference = copy.deepcopy(model)
+    batches = [padded_batch(i) for i in range(6)]
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / 3) * 0.9**it)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)  # nanoGPT's scaler off in fp32
+    used_lr, clip_norms = [], []
+    with ampscope.Recorder(model, opt, scaler, journal=tmp_path / "n.jsonl") as rec:
+        for it, batch in enumerate(batches):
+            if it == 1:  # evaluation inside the FLOP-counting step
+                model.eval()
+                with torch.no_grad():
+                    model(input_ids=batch["input_ids"])
+                model.train()
+            loss = model(**batch).loss
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            clip_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+            used_lr.append(opt.param_groups[0]["lr"])
+            scaler.step(opt)
+            scaler.update()
+            sched.step()  # the lr changes before rec.step() runs
+            opt.zero_grad(set_to_none=True)
+            rec.step(loss=loss)
+    (trial,) = read_journal(tmp_path / "n.jsonl").trials
+    assert [s.learning_rate for s in trial.steps] == pytest.approx(used_lr, rel=1e-12)
+    assert used_lr[1:] != used_lr[:-1]  # the schedule did move the lr at every step
+    # the pre-clipping norm the loop's clip_grad_norm_ returned, not the clipped one
+    assert [s.grad_norm for s in trial.steps] == pytest.approx(clip_norms, rel=1e-6)
+    assert all(n > 0.5 for n in clip_norms)  # every step was clipped: the two differ
+    assert any("clip_grad_norm_'s own result" in note for note in trial.notes)
+    # hardware FLOPs of the training step only: the evaluation forward is left out
+    counter = FlopCounterMode(display=False)
+    with counter:
+        reference(**batches[1]).loss.backward()
+    assert trial.flops.counted_per_step == counter.get_total_flops()
+    assert torch.nn.utils.clip_grad_norm_.__module__ == "torch.nn.utils.clip_grad"  # restored
+
+
+def test_grad_norm_measured_when_the_loop_gives_none(tmp_path):
+    model = tiny_gpt2()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    expected_norms, used_lr = [], []
+    with ampscope.Recorder(model, opt, journal=tmp_path / "g.jsonl") as rec:
+        for i in range(4):
+            model(**padded_batch(i)).loss.backward()
+            # the 2-norm over all gradients, computed here by its definition
+            squares = sum(float((p.grad.double() ** 2).sum()) for p in model.parameters()
+                          if p.grad is not None)
+            expected_norms.append(squares ** 0.5)
+            used_lr.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            rec.step()
+    (trial,) = read_journal(tmp_path / "g.jsonl").trials
+    assert [s.grad_norm for s in trial.steps] == pytest.approx(expected_norms, rel=1e-5)
+    assert [s.learning_rate for s in trial.steps] == pytest.approx(used_lr)
+    assert any("measured by AmpScope at the optimizer step" in n for n in trial.notes)
+
+
+def test_accelerate_bf16_loop_is_recorded_as_bf16_autocast(tmp_path):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    try:
+        accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+        model = tiny_gpt2()
+        reference = copy.deepcopy(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model, opt = accelerator.prepare(model, opt)
+        batches = [padded_batch(i) for i in range(4)]
+        with ampscope.Recorder(model, opt, journal=tmp_path / "a.jsonl") as rec:
+            for batch in batches:
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                rec.step(loss=loss)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    (trial,) = read_journal(tmp_path / "a.jsonl").trials
+    assert trial.precision == "bf16-amp"
+    assert "autocast bfloat16" in trial.recipe
+    # what ran: FlopCounterMode over the same step under bf16 autocast, counted here
+    by_dtype = {}
+    counter = FlopCounterMode(display=False)
+    with counter:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = reference(**batches[1]).loss
+        loss.backward()
+    assert trial.flops.counted_per_step == counter.get_total_flops()
+    by_dtype = trial.flops.by_peak_dtype
+    assert by_dtype["bf16"] > 0.5 * trial.flops.counted_per_step
+
+
+def test_run_says_where_it_is_and_its_journal_exists_from_the_start(tmp_path, capfd):
+    model = tiny_gpt2()
+    journal = tmp_path / "start.jsonl"
+    rec = ampscope.Recorder(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            journal=journal)
+    rec.start()
+    err = capfd.readouterr().err
+    assert err.count(rec.run_id) >= 1 and str(journal) in err
+    assert len(err.strip().splitlines()) == 1  # once
+    assert json.loads(journal.read_text().splitlines()[0])["e"] == "journal"
+    rec.finish()
+
+
+def test_step_never_called_keeps_the_users_exception_and_writes_what_is_known(tmp_path):
+    model = tiny_gpt2()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError) as info:
+        with ampscope.Recorder(model, opt, out=tmp_path / "r.json", journal=tmp_path / "r.jsonl"):
+            raise ValueError("my data is wrong")
+    assert str(info.value) == "my data is wrong"
+    assert info.value.__context__ is None  # nothing of AmpScope's chained over it
+    for record in (read_journal(tmp_path / "r.jsonl"), read_json(tmp_path / "r.json")):
+        assert record.status == "error"
+        (trial,) = record.trials
+        assert trial.steps == [] and "my data is wrong" in trial.reason
+
+
+def test_step_never_called_says_so_in_one_line(tmp_path, capfd):
+    model = tiny_gpt2()
+    with ampscope.Recorder(model, None, out=tmp_path / "r.json", journal=tmp_path / "r.jsonl"):
+        pass
+    err = capfd.readouterr().err.strip().splitlines()
+    assert sum("recorded no step" in line for line in err) == 1
+    assert read_json(tmp_path / "r.json").trials[0].summary.steps_measured == 0
+
+
+def test_finished_recorder_refuses_to_be_used_again(tmp_path):
+    model = tiny_gpt2()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampscope.Recorder(model, opt, journal=tmp_path / "f.jsonl") as rec:
+        for i in range(2):
+            model(**padded_batch(i)).loss.backward()
+            opt.step()
+            rec.step()
+    with pytest.warns(RuntimeWarning, match="already finished"):
+        rec.step()
+        rec.step()
+    assert len(read_journal(tmp_path / "f.jsonl").trials[0].steps) == 2
+    with pytest.raises(RuntimeError, match="new ampscope.Recorder"):
+        with rec:
+            pass
+
+
+def test_meta_device_model_is_named_as_such():
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=96, n_positions=32)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config)
+    with pytest.raises(ValueError, match="meta device") as info:
+        ampscope.Recorder(model, None)
+    assert "cuda" not in str(info.value)
+
+
+def test_recorder_without_optimizer_records_what_it_can(tmp_path):
+    model = tiny_gpt2()
+    losses = []
+    with ampscope.Recorder(model, journal=tmp_path / "o.jsonl") as rec:
+        for i in range(3):
+            loss = model(**padded_batch(i)).loss
+            loss.backward()
+            with torch.no_grad():  # a hand-written SGD update, no torch optimizer
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+                    p.grad = None
+            losses.append(loss.item())
+            rec.step(loss=loss)
+    record = read_journal(tmp_path / "o.jsonl")
+    (trial,) = record.trials
+    assert "optimizer" not in record.config
+    assert [s.loss for s in trial.steps] == pytest.approx(losses)
+    assert all(s.learning_rate is None and s.grad_norm is None for s in trial.steps)
+    assert trial.memory.optimizer_bytes == 0
