@@ -29,6 +29,7 @@ Conventions (docs/report-schema.md, "User runs"):
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import threading
@@ -52,6 +53,7 @@ from engine.events import (
     MemoryBreakdown,
     RunFinished,
     RunStarted,
+    ScalarLog,
     StepSample,
     TrialFinished,
     TrialResult,
@@ -234,6 +236,7 @@ class Recorder:
         self._measure_norm = True
         self._clip_patch = None
         self._warned: set[str] = set()
+        self._logged: list[tuple[int, str, object, float]] = []  # rec.log(), not yet written
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -401,6 +404,42 @@ class Recorder:
         self._timer.start()
         self._alloc.start()
 
+    def log(self, **scalars) -> None:
+        """Journal scalars at the current step: ``rec.log(eval_loss=..., accuracy=...)``.
+
+        A tensor is read with its step's other values, one step late (no host sync)."""
+        if self._finished:
+            self._warn_once("finished", f"this Recorder already finished its run "
+                            f"({self.run_id}): rec.log() after the end is not recorded")
+            return
+        now = time.time()
+        for name, value in scalars.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    self._warn_once(f"log-{name}", f"rec.log({name}=...) got a tensor of shape "
+                                    f"{tuple(value.shape)}: pass one number")
+                    continue
+                value = value.detach().reshape(()).clone()
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                self._warn_once(f"log-{name}", f"rec.log({name}=...) got "
+                                f"{type(value).__name__}: pass a number")
+                continue
+            self._logged.append((self._index, name, value, now))
+
+    def _emit_logged(self, upto: int | None) -> None:
+        """Write the logged scalars of the steps up to ``upto`` (all when None)."""
+        keep = []
+        for item in self._logged:
+            step, name, value, when = item
+            if upto is not None and step > upto:
+                keep.append(item)
+                continue
+            number = _as_float(value)
+            self._emit(ScalarLog(self.precision, step, name,
+                                 number if number is not None and math.isfinite(number)
+                                 else None, when))
+        self._logged = keep
+
     @contextmanager
     def step_timer(self):
         """Times one optimiser step: ``with rec.step_timer() as s: ...; s.loss = loss``."""
@@ -476,6 +515,8 @@ class Recorder:
         """Write the recorded steps, all but the last ``keep``."""
         while len(self._pending) > keep:
             self._emit_step(self._pending.pop(0))
+        if self._logged and self._run_begun:  # a step was written: its step's scalars follow
+            self._emit_logged(None if keep == 0 else self.steps[-1].step if self.steps else -1)
 
     def patch_pending(self, index: int, **values) -> None:
         """Fill a step not yet written with host values (the Trainer's log: grad_norm)."""
@@ -644,6 +685,7 @@ class Recorder:
                                                "recorded")
         finally:
             self._begin_run()
+            self._emit_logged(None)
             status, reason = "ok", None
             if exc is not None:
                 if isinstance(exc, KeyboardInterrupt):

@@ -140,6 +140,17 @@ class LogEvent:
 
 
 @dataclass(frozen=True)
+class ScalarLog:
+    """A scalar a user's loop logged at one of its steps (``Recorder.log``: eval loss...)."""
+
+    precision: str
+    step: int  # the optimiser step in progress when it was logged
+    name: str
+    value: float | None  # None: the value was not a finite number (inf, NaN)
+    time_s: float
+
+
+@dataclass(frozen=True)
 class ErrorEvent:
     """A failure outside any trial (the run could not start, the model did not load)."""
 
@@ -486,6 +497,7 @@ Event = (
     | StepSample
     | MonitorSample
     | LogEvent
+    | ScalarLog
     | ErrorEvent
     | TrialFinished
     | RunFinished

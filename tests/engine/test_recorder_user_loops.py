@@ -200,3 +200,32 @@ def test_recorder_without_optimizer_records_what_it_can(tmp_path):
     assert [s.loss for s in trial.steps] == pytest.approx(losses)
     assert all(s.learning_rate is None and s.grad_norm is None for s in trial.steps)
     assert trial.memory.optimizer_bytes == 0
+
+
+def test_log_journals_scalars_at_the_current_step(tmp_path):
+    model = tiny_gpt2()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    evals = {}
+    val = padded_batch(99)
+    with ampscope.Recorder(model, opt, out=tmp_path / "l.json",
+                           journal=tmp_path / "l.jsonl") as rec:
+        for it in range(5):
+            if it % 2 == 0:  # nanoGPT's estimate_loss at the top of the iteration
+                model.eval()
+                with torch.no_grad():
+                    eval_loss = model(**val).loss
+                model.train()
+                evals[it] = float(eval_loss)
+                rec.log(eval_loss=eval_loss, tokens_seen=it * 23)
+            model(**padded_batch(it)).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            rec.step()
+        with pytest.warns(RuntimeWarning, match="pass a number"):
+            rec.log(note="not a number")
+    for record in (read_journal(tmp_path / "l.jsonl"), read_json(tmp_path / "l.json")):
+        eval_losses = {s.step: s.value for s in record.scalars if s.name == "eval_loss"}
+        assert eval_losses == pytest.approx(evals)
+        seen = {s.step: s.value for s in record.scalars if s.name == "tokens_seen"}
+        assert seen == {it: it * 23 for it in evals}
+        assert not any(s.name == "note" for s in record.scalars)
