@@ -29,6 +29,7 @@ Conventions (docs/report-schema.md, "User runs"):
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import sys
@@ -39,6 +40,7 @@ import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -109,6 +111,23 @@ class _Pending:
     allocated: int | None
     reserved: int | None
     time_s: float
+
+
+def _never_raises(method):
+    """After construction AmpScope never breaks the user's loop: a failure of its own is
+    warned about once and the loop goes on; the journal keeps what was recorded."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            self._warn_once("internal", f"recording failed in {method.__name__}() "
+                            f"({type(exc).__name__}: {exc}); your training goes on and the "
+                            f"journal {self.journal_file} keeps what was recorded")
+            return None
+
+    return guarded
 
 
 def _first_param(model: torch.nn.Module) -> torch.nn.Parameter | None:
@@ -197,7 +216,11 @@ class Recorder:
         self.device_info = probe("cpu" if self.device.type == "cpu"
                                  else f"cuda:{self.device.index or 0}")
         self.run_id = uuid.uuid4().hex[:12]
-        self.journal_file = journal or journal_path(self.run_id)
+        self.journal_file = Path(journal) if journal is not None else journal_path(self.run_id)
+        if journal is not None and self.journal_file.exists():
+            raise ValueError(f"the journal file {self.journal_file} already exists (a run "
+                             "journal holds one run): pick a new file name, or leave "
+                             "journal= out for runs/<run id>.jsonl in the data folder")
         self.record = RunRecord()
         self.report_path = None
         self._monitor_hz = monitor_hz
@@ -261,7 +284,7 @@ class Recorder:
             return
         self._started = True
         self._started_s = time.time()
-        self._journal = JournalWriter(self.journal_file)
+        self._journal = self._open_journal()
         print(f"ampscope: recording run {self.run_id} to {self.journal_file} "
               f"(follow it with: python3 main.py watch {self.journal_file})", file=sys.stderr)
         base = _base_optimizer(self.optimizer)
@@ -287,6 +310,12 @@ class Recorder:
         except Exception as exc:  # a config without the usual names: no analytic formula
             self._model_flops_reason = f"model FLOPs need a transformers config ({exc})"
             return None
+
+    def _open_journal(self) -> JournalWriter:
+        """The journal; when it cannot be written (an unwritable data folder, a full disk)
+        the run goes on without it, and the user is told once."""
+        return JournalWriter(self.journal_file, on_failure=lambda reason: self._warn_once(
+            "journal", f"{reason}: the run goes on without a journal"))
 
     def _before_optimizer_step(self, optimizer, args, kwargs):
         """The lr this optimizer step uses (a scheduler changes it after the step), and the
@@ -387,6 +416,7 @@ class Recorder:
 
     # --- steps -------------------------------------------------------------------------
 
+    @_never_raises
     def step(self, loss=None, tokens: int | None = None, grad_norm=None,
              lr: float | None = None) -> None:
         """Call once per optimiser step, after ``optimizer.step()`` (and ``scaler.update()``)."""
@@ -398,12 +428,15 @@ class Recorder:
         if not self._started:
             self.start()
         mark = self._timer.stop()
-        self._record(mark, loss, tokens, grad_norm, lr)
-        if self._index == COUNT_STEP:
-            self._start_counting()
-        self._timer.start()
-        self._alloc.start()
+        try:
+            self._record(mark, loss, tokens, grad_norm, lr)
+        finally:  # the next step is timed whatever happened to this one's record
+            if self._index == COUNT_STEP and self._counter is None:
+                self._start_counting()
+            self._timer.start()
+            self._alloc.start()
 
+    @_never_raises
     def log(self, **scalars) -> None:
         """Journal scalars at the current step: ``rec.log(eval_loss=..., accuracy=...)``.
 
@@ -450,12 +483,14 @@ class Recorder:
         yield step
         self.end_step(step.loss, step.tokens, step.grad_norm, step.lr)
 
+    @_never_raises
     def begin_step(self) -> None:
         if self._index == COUNT_STEP and self._counter is None:
             self._start_counting()
         self._timer.start()
         self._alloc.start()
 
+    @_never_raises
     def end_step(self, loss=None, tokens=None, grad_norm=None, lr=None) -> None:
         self._record(self._timer.stop(), loss, tokens, grad_norm, lr)
 
@@ -477,6 +512,9 @@ class Recorder:
         elif step_norm is not None:
             grad_norm, method = step_norm
             self._norm_methods[method] += 1
+        loss = self._one_number(loss, "loss", "pass loss.mean() (or the loss you "
+                                "backpropagated)")
+        grad_norm = self._one_number(grad_norm, "grad_norm", "pass the total norm")
         values = {"loss": loss, "grad_norm": grad_norm, "scale_before": before,
                   "scale_after": after, "tokens": _device_tokens(tokens), "lr": lr}
         host = {k: None if isinstance(v, torch.Tensor) else v for k, v in values.items()}
@@ -487,6 +525,18 @@ class Recorder:
                                       allocated, reserved, time.time()))
         self._index += 1
         self.flush(LAG)
+
+    def _one_number(self, value, name: str, fix: str):
+        """``value`` when it is one number, else None with a warning (once per name)."""
+        if isinstance(value, torch.Tensor) and value.numel() != 1:
+            self._warn_once(name, f"rec.step({name}=...) got a tensor of shape "
+                            f"{tuple(value.shape)}, not one number: {fix}; not recorded")
+            return None
+        if value is not None and not isinstance(value, (torch.Tensor, int, float)):
+            self._warn_once(name, f"rec.step({name}=...) got {type(value).__name__}, not a "
+                            f"number: {fix}; not recorded")
+            return None
+        return value
 
     def _scales(self):
         scaler = self.scaler
@@ -662,19 +712,51 @@ class Recorder:
             self.record.apply(event)
 
     def finish(self, exc: BaseException | None = None) -> RunRecord:
-        """End the run: the last steps, the trial's result, the report. Idempotent."""
+        """End the run: the last steps, the trial's result, the report. Idempotent, and
+        never raises: the user's own exception (``exc``) is what goes on."""
         if self._finished:
             return self.record
         self._finished = True
+        for release in (self._stop_counter, self._remove_hooks, self._unpatch_clip,
+                         self._stop_monitor):
+            self._guarded(release)  # each one, whatever the others did
+        self._guarded(self._write_end, exc)
+        if self.out is not None:
+            from engine.report.writer import write_report
+
+            try:
+                self.report_path = write_report(self.record, self.out)
+            except Exception as err:  # the out folder vanished, the disk filled up...
+                reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+                self._warn_once("report", f"the report could not be written to {self.out} "
+                                f"({reason}); the run is in its journal: python3 main.py "
+                                f"report {self.journal_file} --out <report file>")
+        return self.record
+
+    def _guarded(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as err:
+            self._warn_once("internal", f"ending the run failed in {fn.__name__}() "
+                            f"({type(err).__name__}: {err}); the journal {self.journal_file} "
+                            "keeps what was recorded")
+
+    def _stop_counter(self) -> None:
         if self._counter is not None:  # the run ended inside its counting step
             self._stop_counting(completed=False)
-        for hook in self._hooks:
+
+    def _remove_hooks(self) -> None:
+        hooks, self._hooks = self._hooks, []
+        for hook in hooks:
             hook.remove()
-        self._unpatch_clip()
+
+    def _stop_monitor(self) -> None:
         if self._monitor is not None:
             self._monitor.stop()
+
+    def _write_end(self, exc: BaseException | None) -> None:
         if self._journal is None:  # finished without a start: the run still gets a journal
-            self._journal = JournalWriter(self.journal_file)
+            self._journal = self._open_journal()
         if not self._pending and not self.steps:
             print(f"ampscope: run {self.run_id} recorded no step: call rec.step() once per "
                   "optimizer step; the journal and report hold what is known", file=sys.stderr)
@@ -698,11 +780,6 @@ class Recorder:
             self._emit(TrialFinished(result, time.time()))
             self._emit(RunFinished("ok" if status == "ok" else status, time.time()))
             self._journal.close()
-        if self.out is not None:
-            from engine.report.writer import write_report
-
-            self.report_path = write_report(self.record, self.out)
-        return self.record
 
     def _result(self, status: str, reason: str | None) -> TrialResult:
         params, trainable = inventory.count_params(self.model)

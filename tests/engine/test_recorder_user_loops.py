@@ -229,3 +229,86 @@ def test_log_journals_scalars_at_the_current_step(tmp_path):
         seen = {s.step: s.value for s in record.scalars if s.name == "tokens_seen"}
         assert seen == {it: it * 23 for it in evals}
         assert not any(s.name == "note" for s in record.scalars)
+
+
+# --- a user's loop is never broken by AmpScope (issue #21) -----------------------------
+
+
+def _train(model, opt, rec, steps, loss_of=lambda loss: loss, before_step=None):
+    losses = []
+    for i in range(steps):
+        if before_step is not None:
+            before_step(i)
+        out = model(**padded_batch(i))
+        loss = out.loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+        rec.step(loss=loss_of(loss))
+    return losses
+
+
+def test_step_before_the_first_forward_and_a_per_sample_loss_do_not_break_the_loop(tmp_path):
+    model = tiny_gpt2()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with ampscope.Recorder(model, opt, journal=tmp_path / "v.jsonl") as rec:
+        rec.step()  # before any forward: an empty step
+        with pytest.warns(RuntimeWarning, match=r"shape \(3,\)") as caught:
+            # a per-sample loss vector, as a loss with reduction="none" gives
+            _train(model, opt, rec, 4, loss_of=lambda loss: loss.detach().expand(3))
+    assert sum("shape (3,)" in str(w.message) for w in caught) == 1  # warned once
+    (trial,) = read_journal(tmp_path / "v.jsonl").trials
+    assert trial.status == "ok" and len(trial.steps) == 5
+    assert trial.steps[0].tokens is None and trial.steps[0].loss is None
+    assert all(s.loss is None for s in trial.steps[1:])
+    assert [s.tokens for s in trial.steps[1:]] == [23] * 4  # the rest still recorded
+
+
+def test_vanished_out_folder_never_replaces_the_users_exception(tmp_path):
+    import shutil
+
+    model = tiny_gpt2()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    out_dir = tmp_path / "reports"
+    out_dir.mkdir()
+
+    def vanish_then_fail(i):
+        if i == 2:
+            shutil.rmtree(out_dir)
+        if i == 3:
+            raise KeyError("my own bug")
+
+    with pytest.warns(RuntimeWarning, match="could not be written") as caught:
+        with pytest.raises(KeyError) as info:
+            with ampscope.Recorder(model, opt, out=out_dir / "run.json",
+                                   journal=tmp_path / "x.jsonl") as rec:
+                _train(model, opt, rec, 5, before_step=vanish_then_fail)
+    assert info.value.args == ("my own bug",) and info.value.__context__ is None
+    (warning,) = [w for w in caught if "could not be written" in str(w.message)]
+    assert str(tmp_path / "x.jsonl") in str(warning.message)  # where the run is instead
+    record = read_journal(tmp_path / "x.jsonl")
+    assert record.status == "error" and len(record.trials[0].steps) == 3
+
+
+def test_unwritable_data_folder_warns_and_the_loop_goes_on(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the data folder should be")
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(blocker))
+    model = tiny_gpt2()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with pytest.warns(RuntimeWarning, match="could not be written.*goes on without a journal"):
+        with ampscope.Recorder(model, opt, out=tmp_path / "r.json") as rec:
+            losses = _train(model, opt, rec, 3)
+    # the report still holds the run
+    assert [s.loss for s in read_json(tmp_path / "r.json").trials[0].steps] == pytest.approx(
+        losses, rel=1e-6)
+
+
+def test_journal_pointing_at_an_existing_file_is_refused(tmp_path):
+    existing = tmp_path / "old.jsonl"
+    existing.write_text('{"e":"journal","version":1,"pid":1}\n')
+    before = existing.read_text()
+    with pytest.raises(ValueError, match="already exists"):
+        ampscope.Recorder(tiny_gpt2(), None, journal=existing)
+    assert existing.read_text() == before
