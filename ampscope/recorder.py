@@ -240,6 +240,9 @@ class Recorder:
         self._counted_reason = "the run ended before its FLOP-counting step (step 1) ended"
         self._eval_mark = None  # the counter's tallies when an evaluation forward began
         self._excluded = (Counter(), Counter())  # evaluation FLOPs: by op, by dtype
+        self._count_ops: Counter = Counter()  # the counting step's FLOPs so far, by op
+        self._count_dtypes: Counter = Counter()  # ... and by peak dtype
+        self.scoped_counting = False  # True: only counting() blocks count (the Trainer)
         self._flops: FlopsInfo | None = None
         self._model_flops_reason: str | None = None
         self._hooks: list = []
@@ -363,19 +366,40 @@ class Recorder:
         self._counter, self._by_dtype = flops_mod.counting_mode(self._tf32)
         self._counter.__enter__()
 
+    def _pause_counting(self) -> None:
+        """Leave the counter (its mode is popped), keeping what it counted so far."""
+        ops, dtypes = self._tallies()
+        self._counter.__exit__(None, None, None)
+        self._counter = None
+        ops.subtract(self._excluded[0])
+        dtypes.subtract(self._excluded[1])
+        self._excluded = (Counter(), Counter())
+        self._count_ops.update(ops)
+        self._count_dtypes.update(dtypes)
+
     def _stop_counting(self, completed: bool) -> None:
-        counter, self._counter = self._counter, None
-        counter.__exit__(None, None, None)
-        if not completed:
+        if self._counter is not None:
+            self._pause_counting()
+        ops, dtypes = self._count_ops, self._count_dtypes
+        self._count_ops, self._count_dtypes = Counter(), Counter()
+        if completed and ops:
+            self._counted = flops_mod.Counted(
+                sum(ops.values()), {k: v for k, v in ops.items() if v > 0},
+                {k: v for k, v in sorted(dtypes.items()) if v > 0})
+
+    @contextmanager
+    def counting(self):
+        """Count the FLOPs of the code inside when it runs in the counting step; the
+        Trainer callback wraps each ``training_step`` in it, so no exception can leave
+        the counter's dispatch mode pushed."""
+        if self._index != COUNT_STEP or self._counter is not None or self._finished:
+            yield
             return
-        ops, dtypes = self._excluded
-        by_op = Counter({str(op): int(n) for op, n in counter.flop_counts["Global"].items()})
-        by_op.subtract(ops)
-        by_dtype = Counter(self._by_dtype)
-        by_dtype.subtract(dtypes)
-        self._counted = flops_mod.Counted(
-            sum(by_op.values()), {k: v for k, v in by_op.items() if v > 0},
-            {k: v for k, v in sorted(by_dtype.items()) if v > 0})
+        self._start_counting()
+        try:
+            yield
+        finally:
+            self._pause_counting()
 
     def _tallies(self) -> tuple[Counter, Counter]:
         return (Counter({str(op): int(n) for op, n in self._counter.flop_counts["Global"].items()}),
@@ -431,7 +455,7 @@ class Recorder:
         try:
             self._record(mark, loss, tokens, grad_norm, lr)
         finally:  # the next step is timed whatever happened to this one's record
-            if self._index == COUNT_STEP and self._counter is None:
+            if self._index == COUNT_STEP and self._counter is None and not self.scoped_counting:
                 self._start_counting()
             self._timer.start()
             self._alloc.start()
@@ -480,12 +504,16 @@ class Recorder:
             self.start()
         step = TimedStep()
         self.begin_step()
-        yield step
+        try:
+            yield step
+        except BaseException:
+            self._guarded(self._stop_counter)  # the user's exception goes on, no mode left
+            raise
         self.end_step(step.loss, step.tokens, step.grad_norm, step.lr)
 
     @_never_raises
     def begin_step(self) -> None:
-        if self._index == COUNT_STEP and self._counter is None:
+        if self._index == COUNT_STEP and self._counter is None and not self.scoped_counting:
             self._start_counting()
         self._timer.start()
         self._alloc.start()
@@ -495,7 +523,7 @@ class Recorder:
         self._record(self._timer.stop(), loss, tokens, grad_norm, lr)
 
     def _record(self, mark, loss, tokens, grad_norm, lr) -> None:
-        if self._counter is not None and self._index == COUNT_STEP:
+        if self._index == COUNT_STEP:
             self._stop_counting(completed=True)
         if tokens is None:
             tokens = self._forward_tokens
