@@ -29,6 +29,7 @@ Conventions (docs/report-schema.md, "User runs"):
 
 from __future__ import annotations
 
+import atexit
 import functools
 import math
 import statistics
@@ -301,8 +302,14 @@ class Recorder:
         self._matmul = flops_mod.matmul_param_counts(self.model)
         self._monitor = Monitor.for_device(self.device_info, self._emit, self._monitor_hz)
         self._monitor.start()
+        atexit.register(self._at_exit)  # a script that dies without finish() still ends
         self._timer.start()
         self._alloc.start()
+
+    def _at_exit(self) -> None:
+        # the interpreter keeps an unhandled exception here before it runs atexit
+        self.finish(getattr(sys, "last_value", None) or RuntimeError(
+            "the process exited without finishing the Recorder (no finish(), no with block)"))
 
     def _model_dims(self) -> dict | None:
         from engine.models import dims
@@ -745,6 +752,7 @@ class Recorder:
         if self._finished:
             return self.record
         self._finished = True
+        atexit.unregister(self._at_exit)
         for release in (self._stop_counter, self._remove_hooks, self._unpatch_clip,
                          self._stop_monitor):
             self._guarded(release)  # each one, whatever the others did

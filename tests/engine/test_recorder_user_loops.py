@@ -312,3 +312,40 @@ def test_journal_pointing_at_an_existing_file_is_refused(tmp_path):
     with pytest.raises(ValueError, match="already exists"):
         ampscope.Recorder(tiny_gpt2(), None, journal=existing)
     assert existing.read_text() == before
+
+
+CRASHING_SCRIPT = """
+import sys, torch
+from tests.engine.test_recorder import padded_batch, tiny_gpt2
+import ampscope
+model = tiny_gpt2()
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+rec = ampscope.Recorder(model, opt, journal=sys.argv[1])  # no with block, no finish()
+rec.start()
+for i in range(3):
+    model(**padded_batch(i)).loss.backward()
+    opt.step()
+    opt.zero_grad()
+    rec.step()
+raise SystemError("script crashed")
+"""
+
+
+def test_script_dying_without_finish_ends_the_run_at_exit(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "crash.py"
+    script.write_text(CRASHING_SCRIPT)
+    journal = tmp_path / "c.jsonl"
+    proc = subprocess.run([sys.executable, str(script), str(journal)], capture_output=True,
+                          text=True, timeout=300, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 1 and "script crashed" in proc.stderr
+    record = read_journal(journal)
+    assert record.status == "error"  # ended, not "interrupted"
+    (trial,) = record.trials
+    assert "script crashed" in trial.reason and len(trial.steps) == 3
