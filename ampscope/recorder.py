@@ -112,6 +112,7 @@ class _Pending:
     allocated: int | None
     reserved: int | None
     time_s: float
+    phases: list  # (phase, time mark) in order: "forward", "forward_end", "optimizer"
 
 
 def _never_raises(method):
@@ -157,6 +158,23 @@ def _host_tokens(tokens) -> int | None:
         return int(tokens) if tokens is not None else None
     counts = [t for t in tokens if not isinstance(t, torch.Tensor)]
     return sum(counts) if counts else None
+
+
+def _ms(a, b) -> float:
+    """Milliseconds between two time marks (CUDA events: the later one has completed)."""
+    return a.elapsed_time(b) if isinstance(a, torch.cuda.Event) else (b - a) * 1e3
+
+
+def _breakdown(mark, phases: list) -> tuple[float | None, ...]:
+    """(data, forward, backward, optimizer) milliseconds of one step from its time marks:
+    every span between two marks goes to the phase that began it, so they add up."""
+    if not any(kind == "forward" for kind, _ in phases):
+        return None, None, None, None
+    totals = {"data": 0.0, "forward": 0.0, "forward_end": 0.0, "optimizer": None}
+    marks = [("data", mark.start), *phases, ("end", mark.end)]
+    for (kind, t), (_, following) in zip(marks, marks[1:]):
+        totals[kind] = (totals[kind] or 0.0) + _ms(t, following)
+    return totals["data"], totals["forward"], totals["forward_end"], totals["optimizer"]
 
 
 def _base_optimizer(optimizer):
@@ -263,6 +281,8 @@ class Recorder:
         self._measure_norm = True
         self._clip_patch = None
         self._warned: set[str] = set()
+        self._phases: list = []  # this step's time marks (see _Pending.phases)
+        self._in_forward = False
         self._logged: list[tuple[int, str, object, float]] = []  # rec.log(), not yet written
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -330,6 +350,7 @@ class Recorder:
     def _before_optimizer_step(self, optimizer, args, kwargs):
         """The lr this optimizer step uses (a scheduler changes it after the step), and the
         gradients' norm when the loop gives none: device tensors, read one step late."""
+        self._phases.append(("optimizer", self._now()))
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
         self._step_lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
         if self._measure_norm and self._step_norm is None:
@@ -412,7 +433,19 @@ class Recorder:
         return (Counter({str(op): int(n) for op, n in self._counter.flop_counts["Global"].items()}),
                 Counter(self._by_dtype))
 
+    def _now(self):
+        """A time mark: a CUDA event on a GPU (recorded, never waited on now)."""
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
+        return time.perf_counter()
+
+    @_never_raises
     def _after_forward(self, module, args, output):
+        if self._in_forward:
+            self._in_forward = False
+            self._phases.append(("forward_end", self._now()))
         mark, self._eval_mark = self._eval_mark, None
         if mark is not None and self._counter is not None:
             # an evaluation forward inside the counting step: its FLOPs are not training's
@@ -421,6 +454,7 @@ class Recorder:
             self._excluded[1].update(dtypes - mark[1])
         return None
 
+    @_never_raises
     def _on_forward(self, module, args, kwargs):
         if not (module.training and torch.is_grad_enabled()):
             # evaluation (model.eval() or no_grad) is neither a training step's tokens nor
@@ -428,6 +462,8 @@ class Recorder:
             if self._counter is not None:
                 self._eval_mark = self._tallies()
             return None
+        self._in_forward = True
+        self._phases.append(("forward", self._now()))
         if not self._autocast_seen:
             self._autocast_seen = True
             kind = self.device.type
@@ -522,6 +558,7 @@ class Recorder:
     def begin_step(self) -> None:
         if self._index == COUNT_STEP and self._counter is None and not self.scoped_counting:
             self._start_counting()
+        self._phases = []
         self._timer.start()
         self._alloc.start()
 
@@ -556,8 +593,9 @@ class Recorder:
         host["tokens"] = _host_tokens(tokens)
         scalars = self._readback.push([values[k] if host[k] is None or k == "tokens" else None
                                        for k in _SCALARS])
+        phases, self._phases = self._phases, []
         self._pending.append(_Pending(self._index, mark, scalars, host, self._seq_len,
-                                      allocated, reserved, time.time()))
+                                      allocated, reserved, time.time(), phases))
         self._index += 1
         self.flush(LAG)
 
@@ -626,6 +664,7 @@ class Recorder:
         mfu = mfu_of(tflops * 1e12, self._peak) if tflops is not None else None
         counted = self._counted.total if self._counted is not None else None
         hfu = mfu_of(counted / seconds, self._peak) if counted and seconds > 0 else None
+        data, forward, backward, optimizer = _breakdown(p.mark, p.phases)
         scale, before = got["scale_after"], got["scale_before"]
         skipped = scale is not None and before is not None and scale < before
         norm = None if skipped else got["grad_norm"]
@@ -647,6 +686,10 @@ class Recorder:
             tokens=tokens,
             learning_rate=got["lr"],
             hfu=hfu,
+            data_ms=data,
+            forward_ms=forward,
+            backward_ms=backward,
+            optimizer_ms=optimizer,
         )
         self.steps.append(sample)
         self._emit(sample)

@@ -349,3 +349,51 @@ def test_script_dying_without_finish_ends_the_run_at_exit(tmp_path):
     assert record.status == "error"  # ended, not "interrupted"
     (trial,) = record.trials
     assert "script crashed" in trial.reason and len(trial.steps) == 3
+
+
+def test_each_steps_time_is_split_into_data_forward_backward_optimizer(tmp_path):
+    import time
+
+    model = tiny_gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    spans = []  # what this loop measured around each phase, in ms
+    with ampscope.Recorder(model, opt, out=tmp_path / "t.csv",
+                           journal=tmp_path / "t.jsonl") as rec:
+        for i in range(4):
+            t0 = time.perf_counter()
+            time.sleep(0.03)  # "loading data"
+            batch = padded_batch(i)
+            t1 = time.perf_counter()
+            loss = model(**batch).loss
+            t2 = time.perf_counter()
+            loss.backward()
+            time.sleep(0.02)  # work between backward and the optimizer step
+            t3 = time.perf_counter()
+            opt.step()
+            time.sleep(0.01)
+            opt.zero_grad()
+            t4 = time.perf_counter()
+            rec.step(loss=loss)
+            spans.append({"data": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
+                          "backward": (t3 - t2) * 1e3, "optimizer": (t4 - t3) * 1e3})
+    (trial,) = read_journal(tmp_path / "t.jsonl").trials
+    for s, span in zip(trial.steps, spans):
+        parts = [s.data_ms, s.forward_ms, s.backward_ms, s.optimizer_ms]
+        assert sum(parts) == pytest.approx(s.step_ms, rel=1e-9)
+        # each phase holds its sleep, and no more than the span around it (plus the step
+        # boundary's few Python lines, which the loop's clocks do not see)
+        assert 30 <= s.data_ms
+        assert 0 < s.forward_ms <= span["forward"]
+        assert 20 <= s.backward_ms <= span["backward"] + span["forward"]
+        assert 10 <= s.optimizer_ms
+    for s, span in zip(trial.steps[1:], spans[1:]):  # step 0 also holds the warm-up start
+        assert s.data_ms <= span["data"] + 15
+        assert s.optimizer_ms <= span["optimizer"] + 15
+    # the same four as columns of the CSV report
+    import csv
+
+    with open(tmp_path / "t.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    for row, s in zip(rows, trial.steps, strict=True):
+        for column in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms"):
+            assert float(row[column]) == getattr(s, column)
