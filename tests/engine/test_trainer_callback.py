@@ -196,3 +196,25 @@ def test_failure_outside_the_wrapped_methods_is_ended_at_exit(tmp_path):
     assert record.status == "error"
     (trial,) = record.trials
     assert "optimizer broke" in trial.reason and len(trial.steps) == 2
+
+
+def test_gradient_accumulation_counts_every_micro_batch_of_the_counting_step(tmp_path):
+    callback = ampscope.AmpScopeCallback(journal=tmp_path / "ga.jsonl")
+    collator = Collator()
+    trainer = tiny_trainer(tmp_path, callback, collator, gradient_accumulation_steps=2,
+                           max_grad_norm=0.5)
+    initial = copy.deepcopy(trainer.model)
+    trainer.train()
+    (trial,) = read_journal(tmp_path / "ga.jsonl").trials
+    # step 1 trained on the third and fourth batches the collator made
+    counter = FlopCounterMode(display=False)
+    with counter:
+        for batch in collator.batches[2:4]:
+            initial(**batch).loss.backward()
+    assert trial.flops.counted_per_step == counter.get_total_flops()
+    assert torch._C._len_torch_dispatch_stack() == 0
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert [s.grad_norm for s in trial.steps] == pytest.approx([h["grad_norm"] for h in logs],
+                                                               rel=1e-6)
+    assert [s.learning_rate for s in trial.steps] == pytest.approx(
+        [h["learning_rate"] for h in logs])
