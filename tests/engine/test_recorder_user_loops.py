@@ -397,3 +397,26 @@ def test_each_steps_time_is_split_into_data_forward_backward_optimizer(tmp_path)
     for row, s in zip(rows, trial.steps, strict=True):
         for column in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms"):
             assert float(row[column]) == getattr(s, column)
+
+
+def test_watch_shows_the_logged_scalars(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model = tiny_gpt2()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    journal = tmp_path / "w.jsonl"
+    with ampscope.Recorder(model, opt, journal=journal) as rec:
+        for i in range(3):
+            model(**padded_batch(i)).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            rec.log(eval_loss=0.25 * (i + 1))
+            rec.step()
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "main.py"), "watch", str(journal)],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert proc.returncode == 0
+    shown = [line.split() for line in proc.stdout.splitlines() if "eval_loss" in line]
+    assert [(int(w[1]), float(w[-1])) for w in shown] == [(0, 0.25), (1, 0.5), (2, 0.75)]
