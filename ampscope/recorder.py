@@ -888,9 +888,22 @@ class Recorder:
                "measured": "measured by AmpScope at the optimizer step: the 2-norm of the "
                            "gradients it used (unscaled, after any clipping), on the device"}
         if not self._norm_methods:
-            return ["grad_norm: n/a (no optimizer step was seen and none was passed)"]
-        parts = [f"{how[m]} for {n} step{'s' * (n != 1)}" for m, n in self._norm_methods.items()]
-        return ["grad_norm: " + "; ".join(parts)]
+            notes = ["grad_norm: n/a (no optimizer step was seen and none was passed)"]
+        else:
+            parts = [f"{how[m]} for {n} step{'s' * (n != 1)}"
+                     for m, n in self._norm_methods.items()]
+            notes = ["grad_norm: " + "; ".join(parts)]
+        split = [s for s in self.steps if not s.warmup and s.data_ms is not None]
+        total = sum(s.step_ms for s in split)
+        if split and total > 0:
+            shares = {name: 100 * sum(getattr(s, f"{name}_ms") or 0.0 for s in split) / total
+                      for name in ("data", "forward", "backward", "optimizer")}
+            notes.append(
+                f"where the step time went over the {len(split)} measured steps: "
+                f"{shares['data']:.0f}% waiting for data (a step's start to its first "
+                f"forward), {shares['forward']:.0f}% forward, {shares['backward']:.0f}% "
+                f"backward (to the optimizer step), {shares['optimizer']:.0f}% optimizer")
+        return notes
 
     def _memory(self) -> MemoryBreakdown:
         params_bytes = inventory.unique_param_bytes(self.model) + sum(

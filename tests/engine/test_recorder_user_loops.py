@@ -389,6 +389,12 @@ def test_each_steps_time_is_split_into_data_forward_backward_optimizer(tmp_path)
     for s, span in zip(trial.steps[1:], spans[1:]):  # step 0 also holds the warm-up start
         assert s.data_ms <= span["data"] + 15
         assert s.optimizer_ms <= span["optimizer"] + 15
+    # the report's line: each phase's share of the measured steps' time
+    measured = [s for s in trial.steps if not s.warmup]
+    total = sum(s.step_ms for s in measured)
+    data_share = 100 * sum(s.data_ms for s in measured) / total
+    (line,) = [n for n in trial.notes if n.startswith("where the step time went")]
+    assert f"{data_share:.0f}% waiting for data" in line
     # the same four as columns of the CSV report
     import csv
 
