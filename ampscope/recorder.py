@@ -21,7 +21,13 @@ Conventions (docs/report-schema.md, "User runs"):
   engine/flops.py over those tokens at the batch's sequence length; a model without a
   transformers config has none (n/a, with the reason);
 - a skipped step is one where the GradScaler's scale went down;
-- a step's scalars (loss, grad norm, loss scale, tokens) are copied to pinned host memory
+- lr: the one the optimizer step used (an optimizer step pre-hook, before a scheduler
+  moves it); grad norm: the one passed, else ``clip_grad_norm_``'s result on the model's
+  parameters, else measured on the device just before the optimizer step (notes say which);
+- evaluation forwards (``model.eval()`` or ``no_grad``) count neither tokens nor FLOPs;
+- a step's time is split at the model's training forwards and the optimizer step into
+  data, forward, backward and optimizer milliseconds (CUDA events on a GPU);
+- a step's scalars (loss, grad norm, loss scale, tokens, lr) are copied to pinned host memory
   and read one step later through engine.trackers.ScalarReadback, so ``step()`` never
   waits for the GPU's current work; the journal is one step behind, on every device (the
   CPU runs the same path the GPU does).
@@ -200,9 +206,11 @@ class Recorder:
 
     ``out``: a report written when the loop ends (``.json``, ``.html`` or ``.csv``).
     ``name``: the run's name (the model's class by default). ``precision``: one of
-    AmpScope's precision names, inferred when not given (the first forward's autocast
-    dtype, the weights' dtype and the scaler). ``journal``: the journal file
-    (``runs/<run id>.jsonl`` in the data folder by default).
+    AmpScope's precision names, inferred when not given (the first training forward's
+    autocast dtype, else the dtype most counted matmul FLOPs ran in; the weights' dtype;
+    the scaler; TF32 through ``fp32_precision``). ``journal``: a new journal file
+    (``runs/<run id>.jsonl`` in the data folder by default). ``optimizer`` may be None:
+    no lr, optimizer state or measured grad norm then.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer=None, scaler=None, out=None,
