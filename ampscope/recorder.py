@@ -773,7 +773,6 @@ class Recorder:
     def _begin_run(self) -> None:
         if self._run_begun:
             return
-        self._run_begun = True
         self._peak = peak_flops(self.device_info.name if self.device_info.kind == "cuda"
                                 else None, recipe_of(self.precision).peak_dtype)
         config = {"model": self.name, "precisions": [self.precision],
@@ -782,6 +781,7 @@ class Recorder:
         if self.optimizer is not None:  # a report's config.optimizer is text when present
             config["optimizer"] = type(self.optimizer).__name__
         now = time.time()
+        self._run_begun = True  # from here on events go to the journal, not the buffer
         self._emit(RunStarted(self.run_id, config, collect(self.device_info), self._started_s))
         self._emit(TrialStarted(self.precision, 0, 1, now))
         with self._lock:
