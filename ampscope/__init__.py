@@ -1,6 +1,7 @@
 """AmpScope's public API for your own training scripts (the only module meant to be imported).
 
-- ``Recorder(model, optimizer, scaler=None, out=None, name=None)``: a hand-written loop.
+- ``Recorder(model, optimizer=None, scaler=None, out=None, name=None)``: a hand-written
+  loop (``rec.step()`` per optimiser step, ``rec.log(name=value)`` for other scalars).
 - ``AmpScopeCallback(out=None, name=None)``: a ``transformers.TrainerCallback``.
 
 Both write the run journal as they go and a report at the end. ``engine`` and ``gui``

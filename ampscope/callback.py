@@ -10,14 +10,28 @@ How each figure reaches a callback that never sees a batch or a loss:
   ``num_items_in_batch`` is summed, any other is averaged over the micro-batches), so
   it is the value the Trainer logs;
 - gradient norm: the Trainer's own (pre-clipping) norm, from its log of that step
-  (``logging_steps=1`` gives every step one; otherwise n/a);
+  (``logging_steps=1`` gives every step one); otherwise the result of the
+  ``clip_grad_norm_`` the Trainer calls, kept by the Recorder (the same number);
 - learning rate: read between the optimiser step and the scheduler step
   (``on_optimizer_step``), the one the Trainer logs;
 - loss scale and skipped steps: the GradScaler accelerate keeps on the optimizer.
-A step is written once its log is in, or when the next step begins.
+Every ending ends the run: ``trainer.train()`` returning, an exception or Ctrl-C in a
+training step, the data loading or the logging/evaluation/saving between steps (the
+Trainer's own methods, wrapped on that Trainer instance only, re-raise it unchanged), and
+the interpreter exiting with the run still open (any other place). The journal gets its
+end line and the report is written; the monitor thread stops; FLOPs are counted inside
+each training step of the counting step only, so no dispatch mode is left pushed.
+
+A step is written when the next one ends (its log is in by then), as the Recorder reads
+every step one step late.
 """
 
 from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import sys
 
 import torch
 from transformers import TrainerCallback
@@ -85,6 +99,22 @@ def trainer_recipe(args, model) -> tuple[str, str]:
     return precision, ", ".join(parts)
 
 
+def _calling_trainer():
+    """The ``Trainer`` whose ``train()`` called this callback (found on the call stack)."""
+    from transformers import Trainer
+
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, Trainer):
+                return candidate
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
 class AmpScopeCallback(TrainerCallback):
     """Records every optimiser step of a ``Trainer`` (``out``: report at the end)."""
 
@@ -98,6 +128,8 @@ class AmpScopeCallback(TrainerCallback):
         self._losses: list[tuple[torch.Tensor, bool]] = []
         self._hook = None
         self._lr: float | None = None
+        self._trainer = None
+        self._wrapped: list[str] = []
 
     # --- Trainer events ------------------------------------------------------------------
 
@@ -108,9 +140,44 @@ class AmpScopeCallback(TrainerCallback):
         self.recorder = Recorder(model, optimizer, scaler, self.out, name, precision=precision,
                                  journal=self.journal, monitor_hz=self.monitor_hz,
                                  source=SOURCE_TRAINER, recipe=recipe)
-        self.recorder.hold = True
         self._hook = model.register_forward_hook(self._on_output, with_kwargs=True)
+        self.recorder.scoped_counting = True
+        self._trainer = _calling_trainer()
+        if self._trainer is not None:
+            self._wrap(self._trainer)
+        atexit.register(self._at_exit)
         self.recorder.start()
+
+    # the Trainer's methods a step's time is spent in; the counting step's FLOPs are
+    # counted inside training_step
+    WRAPPED = ("training_step", "get_batch_samples", "_maybe_log_save_evaluate")
+
+    def _wrap(self, trainer) -> None:
+        for name in self.WRAPPED:
+            real = getattr(trainer, name, None)
+            if real is not None:
+                setattr(trainer, name, self._ending_on_failure(real, name == "training_step"))
+                self._wrapped.append(name)
+
+    def _ending_on_failure(self, real, counted: bool):
+        @functools.wraps(real)
+        def wrapper(*args, **kwargs):
+            try:
+                if counted and self.recorder is not None:
+                    with self.recorder.counting():
+                        return real(*args, **kwargs)
+                return real(*args, **kwargs)
+            except BaseException as exc:
+                self._end(exc)
+                raise
+
+        return wrapper
+
+    def _at_exit(self) -> None:
+        # the interpreter keeps an unhandled exception here before it runs atexit
+        exc = getattr(sys, "last_value", None) or RuntimeError(
+            "the process exited before trainer.train() returned")
+        self._end(exc)
 
     def _on_output(self, module, args, kwargs, output):
         loss = getattr(output, "loss", None)
@@ -120,7 +187,6 @@ class AmpScopeCallback(TrainerCallback):
             self._losses.append((loss.detach(), kwargs.get("num_items_in_batch") is not None))
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.recorder.flush()
         self._losses = []
         self.recorder.begin_step()
 
@@ -140,12 +206,16 @@ class AmpScopeCallback(TrainerCallback):
         covers_one_step = (previous[-1] if previous else 0) == state.global_step - 1
         if covers_one_step and "grad_norm" in logs:  # the Trainer's norm of exactly this step
             rec.patch_pending(index, grad_norm=logs["grad_norm"])
-        rec.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
         self._end(None)
 
     def _end(self, exc) -> None:
+        atexit.unregister(self._at_exit)
+        trainer, self._trainer = self._trainer, None
+        for name in self._wrapped:  # the instance attributes go: the class's methods return
+            trainer.__dict__.pop(name, None)
+        self._wrapped = []
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

@@ -9,8 +9,11 @@ Conventions (docs/report-schema.md, "User runs"):
 - a step's time runs from the previous ``step()`` call (or from the start) to this one,
   so it includes the loop's data loading; ``with rec.step_timer() as s:`` times only
   the block instead (set ``s.loss`` inside it);
-- step 0 is a warm-up step: hardware FLOPs are counted in it with FlopCounterMode (the
-  counter watches the ops, it changes no value), and its time includes the counter;
+- step 0 is a warm-up step (``torch.compile`` compiles there); step 1 is the counting
+  step: hardware FLOPs are counted over it with FlopCounterMode (the counter watches the
+  ops, it changes no value; a compiled model runs eagerly under it, so nothing compiles
+  while it counts), and its time includes the counter. Both are left out of the summary,
+  whose figures are medians over the measured steps, as a profile trial's are;
 - tokens: ``tokens=`` when given, else the non-padding tokens of the training forwards
   since the last step (``attention_mask.sum()`` when the model gets a mask, else the
   input ids' size), read by a forward pre-hook on the model;
@@ -18,18 +21,33 @@ Conventions (docs/report-schema.md, "User runs"):
   engine/flops.py over those tokens at the batch's sequence length; a model without a
   transformers config has none (n/a, with the reason);
 - a skipped step is one where the GradScaler's scale went down;
-- on a GPU a step is read back while the next one runs (no extra host sync), so the
-  journal is one step behind; on the CPU each step is written when it ends.
+- lr: the one the optimizer step used (an optimizer step pre-hook, before a scheduler
+  moves it); grad norm: the one passed, else ``clip_grad_norm_``'s result on the model's
+  parameters, else measured on the device just before the optimizer step (notes say which);
+- evaluation forwards (``model.eval()`` or ``no_grad``) count neither tokens nor FLOPs;
+- a step's time is split at the model's training forwards and the optimizer step into
+  data, forward, backward and optimizer milliseconds (CUDA events on a GPU);
+- a step's scalars (loss, grad norm, loss scale, tokens, lr) are copied to pinned host memory
+  and read one step later through engine.trackers.ScalarReadback, so ``step()`` never
+  waits for the GPU's current work; the journal is one step behind, on every device (the
+  CPU runs the same path the GPU does).
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
+import math
 import statistics
+import sys
 import threading
 import time
 import uuid
+import warnings
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -44,6 +62,7 @@ from engine.events import (
     MemoryBreakdown,
     RunFinished,
     RunStarted,
+    ScalarLog,
     StepSample,
     TrialFinished,
     TrialResult,
@@ -57,10 +76,26 @@ from engine.peaks import peak_flops
 from engine.recipes import recipe as recipe_of
 from engine.record import RunRecord
 from engine.spread import step_spread
-from engine.trackers import AllocatorTracker, StepTimer
+from engine.trackers import AllocatorTracker, ScalarReadback, StepTimer
 
 SOURCE_LOOP = "user-loop"
 SOURCE_TRAINER = "user-trainer"
+COUNT_STEP = 1  # step 0 warms up (and compiles); FLOPs are counted over step 1
+LAG = 1  # steps read back one step late: the GPU is never drained by a read
+_SCALARS = ("loss", "grad_norm", "scale_before", "scale_after", "tokens", "lr")
+
+
+def tf32_matmuls() -> bool:
+    """Whether cuBLAS runs fp32 matmuls as TF32, read through the ``fp32_precision`` API.
+
+    The legacy ``torch.backends.cuda.matmul.allow_tf32`` raises once the new API was set
+    (transformers' ``TrainingArguments(tf32=True)`` sets ``torch.backends.fp32_precision``),
+    while the new one also reflects the legacy flag and ``set_float32_matmul_precision``.
+    """
+    mode = torch.backends.cuda.matmul.fp32_precision
+    if mode == "none":  # the matmul backend inherits the global setting
+        mode = torch.backends.fp32_precision
+    return mode == "tf32"
 
 
 @dataclass
@@ -77,16 +112,30 @@ class TimedStep:
 class _Pending:
     index: int
     mark: object
-    loss: object
-    tokens: object
+    scalars: object  # the ScalarReadback handle of the device tensors in _SCALARS
+    host: dict  # the values of _SCALARS already on the host (None where on the device)
     seq_len: int | None
-    grad_norm: object
-    lr: float | None
-    scale_before: object
-    scale_after: object
     allocated: int | None
     reserved: int | None
     time_s: float
+    phases: list  # (phase, time mark) in order: "forward", "forward_end", "optimizer"
+
+
+def _never_raises(method):
+    """After construction AmpScope never breaks the user's loop: a failure of its own is
+    warned about once and the loop goes on; the journal keeps what was recorded."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            self._warn_once("internal", f"recording failed in {method.__name__}() "
+                            f"({type(exc).__name__}: {exc}); your training goes on and the "
+                            f"journal {self.journal_file} keeps what was recorded")
+            return None
+
+    return guarded
 
 
 def _first_param(model: torch.nn.Module) -> torch.nn.Parameter | None:
@@ -97,6 +146,49 @@ def _as_float(value) -> float | None:
     if value is None:
         return None
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def _device_tokens(tokens):
+    """The tokens counted on the device (attention masks' sums), as one tensor or None."""
+    if not isinstance(tokens, list):
+        return tokens if isinstance(tokens, torch.Tensor) else None
+    on_device = [t for t in tokens if isinstance(t, torch.Tensor)]
+    return torch.stack(on_device).sum() if on_device else None
+
+
+def _host_tokens(tokens) -> int | None:
+    """The tokens known on the host (input ids' sizes, or the ``tokens=`` given)."""
+    if isinstance(tokens, torch.Tensor):
+        return None
+    if not isinstance(tokens, list):
+        return int(tokens) if tokens is not None else None
+    counts = [t for t in tokens if not isinstance(t, torch.Tensor)]
+    return sum(counts) if counts else None
+
+
+def _ms(a, b) -> float:
+    """Milliseconds between two time marks (CUDA events: the later one has completed)."""
+    return a.elapsed_time(b) if isinstance(a, torch.cuda.Event) else (b - a) * 1e3
+
+
+def _breakdown(mark, phases: list) -> tuple[float | None, ...]:
+    """(data, forward, backward, optimizer) milliseconds of one step from its time marks:
+    every span between two marks goes to the phase that began it, so they add up."""
+    if not any(kind == "forward" for kind, _ in phases):
+        return None, None, None, None
+    totals = {"data": 0.0, "forward": 0.0, "forward_end": 0.0, "optimizer": None}
+    marks = [("data", mark.start), *phases, ("end", mark.end)]
+    for (kind, t), (_, following) in zip(marks, marks[1:]):
+        totals[kind] = (totals[kind] or 0.0) + _ms(t, following)
+    return totals["data"], totals["forward"], totals["forward_end"], totals["optimizer"]
+
+
+def _base_optimizer(optimizer):
+    """The torch optimizer itself under wrappers (accelerate's AcceleratedOptimizer)."""
+    while optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = getattr(optimizer, "optimizer", None)
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
 
 
 def _tensor_bytes(obj) -> int:
@@ -114,12 +206,15 @@ class Recorder:
 
     ``out``: a report written when the loop ends (``.json``, ``.html`` or ``.csv``).
     ``name``: the run's name (the model's class by default). ``precision``: one of
-    AmpScope's precision names, inferred when not given (the first forward's autocast
-    dtype, the weights' dtype and the scaler). ``journal``: the journal file
-    (``runs/<run id>.jsonl`` in the data folder by default).
+    AmpScope's precision names, inferred when not given (the first training forward's
+    autocast dtype, else the dtype most counted matmul FLOPs ran in; the weights' dtype;
+    the scaler; TF32 through ``fp32_precision``). ``journal``: a new journal file
+    (``runs/<run id>.jsonl`` in the data folder by default). ``optimizer`` may be None:
+    no lr, optimizer state or measured grad norm then.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer, scaler=None, out=None, name=None, *,
+    def __init__(self, model: torch.nn.Module, optimizer=None, scaler=None, out=None,
+                 name=None, *,
                  precision: str | None = None, journal=None, monitor_hz: float = 5.0,
                  source: str = SOURCE_LOOP, recipe: str | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
@@ -141,10 +236,18 @@ class Recorder:
         self._recipe_text = recipe
         param = _first_param(model)
         self.device = param.device if param is not None else torch.device("cpu")
+        if self.device.type == "meta":
+            raise ValueError("the model's parameters are on the meta device (shapes without "
+                             "data), so it cannot train: load its weights (from_pretrained, "
+                             "or model.to_empty(device=...) and initialise) before recording")
         self.device_info = probe("cpu" if self.device.type == "cpu"
                                  else f"cuda:{self.device.index or 0}")
         self.run_id = uuid.uuid4().hex[:12]
-        self.journal_file = journal or journal_path(self.run_id)
+        self.journal_file = Path(journal) if journal is not None else journal_path(self.run_id)
+        if journal is not None and self.journal_file.exists():
+            raise ValueError(f"the journal file {self.journal_file} already exists (a run "
+                             "journal holds one run): pick a new file name, or leave "
+                             "journal= out for runs/<run id>.jsonl in the data folder")
         self.record = RunRecord()
         self.report_path = None
         self._monitor_hz = monitor_hz
@@ -154,12 +257,19 @@ class Recorder:
         self._timer = StepTimer(self.device)
         self._alloc = AllocatorTracker(self.device)
         self._pending: list[_Pending] = []
+        self._readback = ScalarReadback(self.device, width=len(_SCALARS), slots=LAG + 3)
         self.steps: list[StepSample] = []
-        self.hold = False  # the Trainer callback emits a step only once its log is in
         self._index = 0
         self._started = False
         self._finished = False
         self._counter = None
+        self._counted: flops_mod.Counted | None = None
+        self._counted_reason = "the run ended before its FLOP-counting step (step 1) ended"
+        self._eval_mark = None  # the counter's tallies when an evaluation forward began
+        self._excluded = (Counter(), Counter())  # evaluation FLOPs: by op, by dtype
+        self._count_ops: Counter = Counter()  # the counting step's FLOPs so far, by op
+        self._count_dtypes: Counter = Counter()  # ... and by peak dtype
+        self.scoped_counting = False  # True: only counting() blocks count (the Trainer)
         self._flops: FlopsInfo | None = None
         self._model_flops_reason: str | None = None
         self._hooks: list = []
@@ -170,7 +280,23 @@ class Recorder:
         self._monitor: Monitor | None = None
         self._prev_scale = None
         self._started_s = time.time()
-        self._timed = False
+        self._run_begun = False
+        # what the optimizer step of the current step used: lr, and the grad norm when the
+        # loop gives none (measured on the device, or clip_grad_norm_'s own result)
+        self._step_lr = None
+        self._step_norm = None
+        self._norm_methods: Counter = Counter()
+        self._measure_norm = True
+        self._clip_patch = None
+        self._warned: set[str] = set()
+        self._phases: list = []  # this step's time marks (see _Pending.phases)
+        self._in_forward = False
+        self._logged: list[tuple[int, str, object, float]] = []  # rec.log(), not yet written
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"ampscope: {message}", RuntimeWarning, stacklevel=3)
 
     # --- life cycle --------------------------------------------------------------------
 
@@ -183,22 +309,35 @@ class Recorder:
         return False  # the user's exception goes on
 
     def start(self) -> None:
+        if self._finished:
+            raise RuntimeError(f"this Recorder already finished its run ({self.run_id}): make "
+                               "a new ampscope.Recorder for a new run")
         if self._started:
             return
         self._started = True
         self._started_s = time.time()
+        self._journal = self._open_journal()
+        print(f"ampscope: recording run {self.run_id} to {self.journal_file} "
+              f"(follow it with: python3 main.py watch {self.journal_file})", file=sys.stderr)
+        base = _base_optimizer(self.optimizer)
+        if base is not None:
+            self._hooks.append(base.register_step_pre_hook(self._before_optimizer_step))
+        self._patch_clip()
         self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
                                                                 with_kwargs=True))
+        self._hooks.append(self.model.register_forward_hook(self._after_forward))
         self._dims = self._model_dims()
         self._matmul = flops_mod.matmul_param_counts(self.model)
         self._monitor = Monitor.for_device(self.device_info, self._emit, self._monitor_hz)
         self._monitor.start()
-        # hardware FLOPs: everything torch runs up to the end of the first step
-        tf32 = self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
-        self._counter, self._by_dtype = flops_mod.counting_mode(tf32)
-        self._counter.__enter__()
+        atexit.register(self._at_exit)  # a script that dies without finish() still ends
         self._timer.start()
         self._alloc.start()
+
+    def _at_exit(self) -> None:
+        # the interpreter keeps an unhandled exception here before it runs atexit
+        self.finish(getattr(sys, "last_value", None) or RuntimeError(
+            "the process exited without finishing the Recorder (no finish(), no with block)"))
 
     def _model_dims(self) -> dict | None:
         from engine.models import dims
@@ -210,9 +349,129 @@ class Recorder:
             self._model_flops_reason = f"model FLOPs need a transformers config ({exc})"
             return None
 
+    def _open_journal(self) -> JournalWriter:
+        """The journal; when it cannot be written (an unwritable data folder, a full disk)
+        the run goes on without it, and the user is told once."""
+        return JournalWriter(self.journal_file, on_failure=lambda reason: self._warn_once(
+            "journal", f"{reason}: the run goes on without a journal"))
+
+    def _before_optimizer_step(self, optimizer, args, kwargs):
+        """The lr this optimizer step uses (a scheduler changes it after the step), and the
+        gradients' norm when the loop gives none: device tensors, read one step late."""
+        self._phases.append(("optimizer", self._now()))
+        lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+        self._step_lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
+        if self._measure_norm and self._step_norm is None:
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                     if p.grad is not None]
+            if grads:
+                self._step_norm = (torch.nn.utils.get_total_norm(grads).detach(), "measured")
+        return None
+
+    def _patch_clip(self) -> None:
+        """Keep ``torch.nn.utils.clip_grad_norm_``'s result (the pre-clipping norm, which
+        nanoGPT's train.py computes and drops) for the model's own parameters."""
+        real = torch.nn.utils.clip_grad_norm_
+        mine = {id(p) for p in self.model.parameters()}
+
+        def clip_grad_norm_(parameters, *args, **kwargs):
+            if isinstance(parameters, torch.Tensor):
+                parameters = [parameters]
+            parameters = list(parameters)
+            norm = real(parameters, *args, **kwargs)
+            if self._measure_norm and any(id(p) in mine for p in parameters):
+                self._step_norm = (norm.detach(), "clip")
+            return norm
+
+        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+        self._clip_patch = (real, clip_grad_norm_)
+
+    def _unpatch_clip(self) -> None:
+        if self._clip_patch is not None:
+            real, ours = self._clip_patch
+            if torch.nn.utils.clip_grad_norm_ is ours:  # a later patch stays
+                torch.nn.utils.clip_grad_norm_ = real
+            self._clip_patch = None
+
+    @property
+    def _tf32(self) -> bool:
+        return self.device_info.kind == "cuda" and tf32_matmuls()
+
+    def _start_counting(self) -> None:
+        """Hardware FLOPs: FlopCounterMode over the counting step, nothing else."""
+        self._counter, self._by_dtype = flops_mod.counting_mode(self._tf32)
+        self._counter.__enter__()
+
+    def _pause_counting(self) -> None:
+        """Leave the counter (its mode is popped), keeping what it counted so far."""
+        ops, dtypes = self._tallies()
+        self._counter.__exit__(None, None, None)
+        self._counter = None
+        ops.subtract(self._excluded[0])
+        dtypes.subtract(self._excluded[1])
+        self._excluded = (Counter(), Counter())
+        self._count_ops.update(ops)
+        self._count_dtypes.update(dtypes)
+
+    def _stop_counting(self, completed: bool) -> None:
+        if self._counter is not None:
+            self._pause_counting()
+        ops, dtypes = self._count_ops, self._count_dtypes
+        self._count_ops, self._count_dtypes = Counter(), Counter()
+        if completed and ops:
+            self._counted = flops_mod.Counted(
+                sum(ops.values()), {k: v for k, v in ops.items() if v > 0},
+                {k: v for k, v in sorted(dtypes.items()) if v > 0})
+
+    @contextmanager
+    def counting(self):
+        """Count the FLOPs of the code inside when it runs in the counting step; the
+        Trainer callback wraps each ``training_step`` in it, so no exception can leave
+        the counter's dispatch mode pushed."""
+        if self._index != COUNT_STEP or self._counter is not None or self._finished:
+            yield
+            return
+        self._start_counting()
+        try:
+            yield
+        finally:
+            self._pause_counting()
+
+    def _tallies(self) -> tuple[Counter, Counter]:
+        return (Counter({str(op): int(n) for op, n in self._counter.flop_counts["Global"].items()}),
+                Counter(self._by_dtype))
+
+    def _now(self):
+        """A time mark: a CUDA event on a GPU (recorded, never waited on now)."""
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
+        return time.perf_counter()
+
+    @_never_raises
+    def _after_forward(self, module, args, output):
+        if self._in_forward:
+            self._in_forward = False
+            self._phases.append(("forward_end", self._now()))
+        mark, self._eval_mark = self._eval_mark, None
+        if mark is not None and self._counter is not None:
+            # an evaluation forward inside the counting step: its FLOPs are not training's
+            ops, dtypes = self._tallies()
+            self._excluded[0].update(ops - mark[0])
+            self._excluded[1].update(dtypes - mark[1])
+        return None
+
+    @_never_raises
     def _on_forward(self, module, args, kwargs):
-        if not module.training:  # evaluation forwards are not training steps
+        if not (module.training and torch.is_grad_enabled()):
+            # evaluation (model.eval() or no_grad) is neither a training step's tokens nor
+            # its FLOPs
+            if self._counter is not None:
+                self._eval_mark = self._tallies()
             return None
+        self._in_forward = True
+        self._phases.append(("forward", self._now()))
         if not self._autocast_seen:
             self._autocast_seen = True
             kind = self.device.type
@@ -232,15 +491,62 @@ class Recorder:
 
     # --- steps -------------------------------------------------------------------------
 
+    @_never_raises
     def step(self, loss=None, tokens: int | None = None, grad_norm=None,
              lr: float | None = None) -> None:
         """Call once per optimiser step, after ``optimizer.step()`` (and ``scaler.update()``)."""
+        if self._finished:
+            self._warn_once("finished", f"this Recorder already finished its run "
+                            f"({self.run_id}): steps after the end are not recorded; make a "
+                            "new ampscope.Recorder for a new run")
+            return
         if not self._started:
             self.start()
         mark = self._timer.stop()
-        self._record(mark, loss, tokens, grad_norm, lr)
-        self._timer.start()
-        self._alloc.start()
+        try:
+            self._record(mark, loss, tokens, grad_norm, lr)
+        finally:  # the next step is timed whatever happened to this one's record
+            if self._index == COUNT_STEP and self._counter is None and not self.scoped_counting:
+                self._start_counting()
+            self._timer.start()
+            self._alloc.start()
+
+    @_never_raises
+    def log(self, **scalars) -> None:
+        """Journal scalars at the current step: ``rec.log(eval_loss=..., accuracy=...)``.
+
+        A tensor is read with its step's other values, one step late (no host sync)."""
+        if self._finished:
+            self._warn_once("finished", f"this Recorder already finished its run "
+                            f"({self.run_id}): rec.log() after the end is not recorded")
+            return
+        now = time.time()
+        for name, value in scalars.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    self._warn_once(f"log-{name}", f"rec.log({name}=...) got a tensor of shape "
+                                    f"{tuple(value.shape)}: pass one number")
+                    continue
+                value = value.detach().reshape(()).clone()
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                self._warn_once(f"log-{name}", f"rec.log({name}=...) got "
+                                f"{type(value).__name__}: pass a number")
+                continue
+            self._logged.append((self._index, name, value, now))
+
+    def _emit_logged(self, upto: int | None) -> None:
+        """Write the logged scalars of the steps up to ``upto`` (all when None)."""
+        keep = []
+        for item in self._logged:
+            step, name, value, when = item
+            if upto is not None and step > upto:
+                keep.append(item)
+                continue
+            number = _as_float(value)
+            self._emit(ScalarLog(self.precision, step, name,
+                                 number if number is not None and math.isfinite(number)
+                                 else None, when))
+        self._logged = keep
 
     @contextmanager
     def step_timer(self):
@@ -249,53 +555,82 @@ class Recorder:
             self.start()
         step = TimedStep()
         self.begin_step()
-        yield step
+        try:
+            yield step
+        except BaseException:
+            self._guarded(self._stop_counter)  # the user's exception goes on, no mode left
+            raise
         self.end_step(step.loss, step.tokens, step.grad_norm, step.lr)
 
+    @_never_raises
     def begin_step(self) -> None:
+        if self._index == COUNT_STEP and self._counter is None and not self.scoped_counting:
+            self._start_counting()
+        self._phases = []
         self._timer.start()
         self._alloc.start()
 
+    @_never_raises
     def end_step(self, loss=None, tokens=None, grad_norm=None, lr=None) -> None:
         self._record(self._timer.stop(), loss, tokens, grad_norm, lr)
 
     def _record(self, mark, loss, tokens, grad_norm, lr) -> None:
-        if self._counter is not None:
-            self._count_flops()
+        if self._index == COUNT_STEP:
+            self._stop_counting(completed=True)
         if tokens is None:
             tokens = self._forward_tokens
         self._forward_tokens = []
-        allocated, reserved = self._alloc.sample(measured=self._index > 0)  # step 0: warm-up
+        allocated, reserved = self._alloc.sample(measured=self._index > COUNT_STEP)
         before, after = self._scales()
-        if isinstance(loss, torch.Tensor):
-            loss = loss.detach()
-        if lr is None and self.optimizer is not None and self.optimizer.param_groups:
-            lr = self.optimizer.param_groups[0].get("lr")
-        self._pending.append(_Pending(
-            self._index, mark, loss, tokens, self._seq_len, grad_norm,
-            _as_float(lr), before, after, allocated, reserved, time.time()))
+        step_lr, self._step_lr = self._step_lr, None
+        step_norm, self._step_norm = self._step_norm, None
+        if lr is None:
+            lr = step_lr
+        if grad_norm is not None:
+            self._measure_norm = False  # the loop gives it: AmpScope measures nothing more
+            self._norm_methods["given"] += 1
+        elif step_norm is not None:
+            grad_norm, method = step_norm
+            self._norm_methods[method] += 1
+        loss = self._one_number(loss, "loss", "pass loss.mean() (or the loss you "
+                                "backpropagated)")
+        grad_norm = self._one_number(grad_norm, "grad_norm", "pass the total norm")
+        values = {"loss": loss, "grad_norm": grad_norm, "scale_before": before,
+                  "scale_after": after, "tokens": _device_tokens(tokens), "lr": lr}
+        host = {k: None if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+        host["tokens"] = _host_tokens(tokens)
+        scalars = self._readback.push([values[k] if host[k] is None or k == "tokens" else None
+                                       for k in _SCALARS])
+        phases, self._phases = self._phases, []
+        self._pending.append(_Pending(self._index, mark, scalars, host, self._seq_len,
+                                      allocated, reserved, time.time(), phases))
         self._index += 1
-        # on the CPU reading a value costs nothing; on a GPU wait for the next step
-        keep = 0 if self.device.type == "cpu" else 1
-        if not self.hold:
-            self.flush(keep)
+        self.flush(LAG)
+
+    def _one_number(self, value, name: str, fix: str):
+        """``value`` when it is one number, else None with a warning (once per name)."""
+        if isinstance(value, torch.Tensor) and value.numel() != 1:
+            self._warn_once(name, f"rec.step({name}=...) got a tensor of shape "
+                            f"{tuple(value.shape)}, not one number: {fix}; not recorded")
+            return None
+        if value is not None and not isinstance(value, (torch.Tensor, int, float)):
+            self._warn_once(name, f"rec.step({name}=...) got {type(value).__name__}, not a "
+                            f"number: {fix}; not recorded")
+            return None
+        return value
 
     def _scales(self):
         scaler = self.scaler
         if scaler is None or not scaler.is_enabled():
             return None, None
         scale = getattr(scaler, "_scale", None)
+        # a copy on the device: read one step late, with the step's other scalars
         after = scale.detach().clone() if scale is not None else float(scaler.get_scale())
         before = self._prev_scale
         if before is None:
             before = float(getattr(scaler, "_init_scale", 0.0) or 0.0) or None
         self._prev_scale = after
         return before, after
-
-    def _count_flops(self) -> None:
-        counter, self._counter = self._counter, None
-        counter.__exit__(None, None, None)
-        self._counted = flops_mod.counted(counter, self._by_dtype)
 
     def _model_flops(self, tokens: int | None, seq_len: int | None) -> tuple[int | None, str]:
         if self._dims is None:
@@ -311,47 +646,41 @@ class Recorder:
         """Write the recorded steps, all but the last ``keep``."""
         while len(self._pending) > keep:
             self._emit_step(self._pending.pop(0))
+        if self._logged and self._run_begun:  # a step was written: its step's scalars follow
+            self._emit_logged(None if keep == 0 else self.steps[-1].step if self.steps else -1)
 
     def patch_pending(self, index: int, **values) -> None:
-        """Fill a held step's fields (the Trainer callback's log: loss, grad_norm, lr)."""
+        """Fill a step not yet written with host values (the Trainer's log: grad_norm)."""
         for item in self._pending:
             if item.index == index:
-                for key, value in values.items():
-                    setattr(item, key, value)
+                item.host.update(values)
 
     def _emit_step(self, p: _Pending) -> None:
         self._begin_run()
         step_ms = self._timer.sample(p.mark)
-        tokens = p.tokens
-        if isinstance(tokens, list):
-            tokens = sum(int(t.item()) if isinstance(t, torch.Tensor) else int(t)
-                         for t in tokens) if tokens else None
+        device = dict(zip(_SCALARS, self._readback.read(p.scalars)))
+        got = {k: _as_float(p.host[k]) if p.host[k] is not None else device[k]
+               for k in _SCALARS}
+        # forwards with a mask count on the device, the others on the host: both add up
+        parts = [v for v in (p.host["tokens"], device["tokens"]) if v is not None]
+        tokens = int(sum(parts)) if parts else None
         model_flops, formula = self._model_flops(tokens, p.seq_len)
-        if self._flops is None:
-            counted = self._counted
-            self._flops = FlopsInfo(
-                counted_per_step=counted.total or None,
-                counted_method=("torch.utils.flop_counter.FlopCounterMode over the first "
-                                "optimiser step of the user's run (hardware FLOPs)"),
-                analytic_per_step=model_flops,
-                analytic_formula=formula if model_flops else f"n/a: {formula}",
-                by_op=counted.by_op,
-                by_peak_dtype=counted.by_peak_dtype,
-                model_convention=flops_mod.MODEL_FLOPS_CONVENTION,
-                hardware_convention=flops_mod.HARDWARE_FLOPS_CONVENTION,
-            )
+        if self._flops is None and p.index >= COUNT_STEP:
+            self._flops = self._flops_info(model_flops, formula)
         seconds = step_ms / 1e3
         tflops = model_flops / seconds / 1e12 if model_flops and seconds > 0 else None
         mfu = mfu_of(tflops * 1e12, self._peak) if tflops is not None else None
-        scale = _as_float(p.scale_after)
-        before = _as_float(p.scale_before)
+        counted = self._counted.total if self._counted is not None else None
+        hfu = mfu_of(counted / seconds, self._peak) if counted and seconds > 0 else None
+        data, forward, backward, optimizer = _breakdown(p.mark, p.phases)
+        scale, before = got["scale_after"], got["scale_before"]
         skipped = scale is not None and before is not None and scale < before
-        norm = None if skipped else _as_float(p.grad_norm)
+        norm = None if skipped else got["grad_norm"]
         sample = StepSample(
             precision=self.precision,
             step=p.index,
-            warmup=p.index == 0,
-            loss=_as_float(p.loss),
+            warmup=p.index <= COUNT_STEP,
+            loss=got["loss"],
             step_ms=step_ms,
             tokens_per_s=tokens / seconds if tokens and seconds > 0 else None,
             tflops=tflops,
@@ -363,10 +692,32 @@ class Recorder:
             grad_norm=norm,
             time_s=p.time_s,
             tokens=tokens,
-            learning_rate=p.lr,
+            learning_rate=got["lr"],
+            hfu=hfu,
+            data_ms=data,
+            forward_ms=forward,
+            backward_ms=backward,
+            optimizer_ms=optimizer,
         )
         self.steps.append(sample)
         self._emit(sample)
+
+    def _flops_info(self, model_flops: int | None, formula: str) -> FlopsInfo:
+        counted = self._counted
+        return FlopsInfo(
+            counted_per_step=(counted.total or None) if counted else None,
+            counted_method=(
+                "torch.utils.flop_counter.FlopCounterMode over the user's optimiser step "
+                f"{COUNT_STEP} (hardware FLOPs; eager, after the warm-up step; forwards under "
+                "no_grad or model.eval() left out)" if counted
+                else f"n/a: {self._counted_reason}"),
+            analytic_per_step=model_flops,
+            analytic_formula=formula if model_flops else f"n/a: {formula}",
+            by_op=counted.by_op if counted else {},
+            by_peak_dtype=counted.by_peak_dtype if counted else {},
+            model_convention=flops_mod.MODEL_FLOPS_CONVENTION,
+            hardware_convention=flops_mod.HARDWARE_FLOPS_CONVENTION,
+        )
 
     # --- the run's events --------------------------------------------------------------
 
@@ -384,39 +735,55 @@ class Recorder:
             return "fp16"
         if weights == torch.bfloat16:
             return "bf16"
-        if self._autocast == torch.float16 or scaled:
+        autocast = self._autocast or self._matmul_dtype()
+        if autocast == torch.float16 or scaled:
             return "fp16-amp"
-        if self._autocast == torch.bfloat16:
+        if autocast == torch.bfloat16:
             return "bf16-amp"
-        if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        if self._tf32:
             return "tf32"
         return "fp32"
+
+    def _matmul_dtype(self) -> torch.dtype | None:
+        """Half precision that most counted matmul FLOPs ran in over fp32 weights: autocast
+        entered where the model's pre-hook cannot see it (accelerate enters it inside the
+        forward it wraps)."""
+        by_dtype = self._counted.by_peak_dtype if self._counted is not None else {}
+        if not by_dtype:
+            return None
+        top = max(by_dtype, key=by_dtype.get)
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(top)
 
     def describe_recipe(self) -> str:
         if self._recipe_text:
             return self._recipe_text
         scaler = "GradScaler" if self.scaler is not None and self.scaler.is_enabled() else (
             "no loss scaling")
+        seen = self._matmul_dtype() if self._autocast is None else None
         autocast = (f"autocast {str(self._autocast).removeprefix('torch.')}"
-                    if self._autocast is not None else "no autocast")
+                    if self._autocast is not None else
+                    f"autocast {str(seen).removeprefix('torch.')} (found from the dtype of the "
+                    "matmuls counted: entered inside the model's forward)"
+                    if seen is not None else "no autocast")
         param = _first_param(self.model)
         weights = str(param.dtype).removeprefix("torch.") if param is not None else "no"
         optimizer = type(self.optimizer).__name__ if self.optimizer is not None else "none"
         return f"user loop: {weights} weights, {autocast}, {scaler}, optimizer {optimizer}"
 
     def _begin_run(self) -> None:
-        if self._journal is not None:
+        if self._run_begun:
             return
         info = self.device_info  # a MIG slice's peak is its share of the GPU's SMs
         self._peak = peak_flops(info.name if info.kind == "cuda" else None,
                                 recipe_of(self.precision).peak_dtype,
                                 sm_count=info.sm_count, mig=info.mig)
-        self._journal = JournalWriter(self.journal_file)
         config = {"model": self.name, "precisions": [self.precision],
                   "device": str(self.device), "source": self.source,
-                  "optimizer": type(self.optimizer).__name__ if self.optimizer else None,
                   "recipe": self.describe_recipe()}
+        if self.optimizer is not None:  # a report's config.optimizer is text when present
+            config["optimizer"] = type(self.optimizer).__name__
         now = time.time()
+        self._run_begun = True  # from here on events go to the journal, not the buffer
         self._emit(RunStarted(self.run_id, config, collect(self.device_info), self._started_s))
         self._emit(TrialStarted(self.precision, 0, 1, now))
         with self._lock:
@@ -426,29 +793,70 @@ class Recorder:
 
     def _emit(self, event) -> None:
         with self._lock:
-            if self._journal is None:  # monitor samples before the first step
+            if not self._run_begun:  # monitor samples before the first step
                 self._early.append(event)
                 return
             self._journal.write(event)
             self.record.apply(event)
 
     def finish(self, exc: BaseException | None = None) -> RunRecord:
-        """End the run: the last steps, the trial's result, the report. Idempotent."""
+        """End the run: the last steps, the trial's result, the report. Idempotent, and
+        never raises: the user's own exception (``exc``) is what goes on."""
         if self._finished:
             return self.record
         self._finished = True
-        if self._counter is not None:
-            self._count_flops()
-        for hook in self._hooks:
+        atexit.unregister(self._at_exit)
+        for release in (self._stop_counter, self._remove_hooks, self._unpatch_clip,
+                         self._stop_monitor):
+            self._guarded(release)  # each one, whatever the others did
+        self._guarded(self._write_end, exc)
+        if self.out is not None:
+            from engine.report.writer import write_report
+
+            try:
+                self.report_path = write_report(self.record, self.out)
+            except Exception as err:  # the out folder vanished, the disk filled up...
+                reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+                self._warn_once("report", f"the report could not be written to {self.out} "
+                                f"({reason}); the run is in its journal: python3 main.py "
+                                f"report {self.journal_file} --out <report file>")
+        return self.record
+
+    def _guarded(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as err:
+            self._warn_once("internal", f"ending the run failed in {fn.__name__}() "
+                            f"({type(err).__name__}: {err}); the journal {self.journal_file} "
+                            "keeps what was recorded")
+
+    def _stop_counter(self) -> None:
+        if self._counter is not None:  # the run ended inside its counting step
+            self._stop_counting(completed=False)
+
+    def _remove_hooks(self) -> None:
+        hooks, self._hooks = self._hooks, []
+        for hook in hooks:
             hook.remove()
+
+    def _stop_monitor(self) -> None:
         if self._monitor is not None:
             self._monitor.stop()
-        if not hasattr(self, "_counted"):
-            self._counted = flops_mod.Counted(0)
+
+    def _write_end(self, exc: BaseException | None) -> None:
+        if self._journal is None:  # finished without a start: the run still gets a journal
+            self._journal = self._open_journal()
+        if not self._pending and not self.steps:
+            print(f"ampscope: run {self.run_id} recorded no step: call rec.step() once per "
+                  "optimizer step; the journal and report hold what is known", file=sys.stderr)
         try:
             self.flush()
+            if self._flops is None:  # the run ended before a step after the warm-up
+                self._flops = self._flops_info(None, "no step after the warm-up step was "
+                                               "recorded")
         finally:
             self._begin_run()
+            self._emit_logged(None)
             status, reason = "ok", None
             if exc is not None:
                 if isinstance(exc, KeyboardInterrupt):
@@ -461,11 +869,6 @@ class Recorder:
             self._emit(TrialFinished(result, time.time()))
             self._emit(RunFinished("ok" if status == "ok" else status, time.time()))
             self._journal.close()
-        if self.out is not None:
-            from engine.report.writer import write_report
-
-            self.report_path = write_report(self.record, self.out)
-        return self.record
 
     def _result(self, status: str, reason: str | None) -> TrialResult:
         params, trainable = inventory.count_params(self.model)
@@ -486,7 +889,31 @@ class Recorder:
             started_s=self._started_s,
             finished_s=time.time(),
             source=self.source,
+            notes=self._notes(),
         )
+
+    def _notes(self) -> list[str]:
+        how = {"given": "passed by the loop (rec.step(grad_norm=...))",
+               "clip": "torch.nn.utils.clip_grad_norm_'s own result (before clipping)",
+               "measured": "measured by AmpScope at the optimizer step: the 2-norm of the "
+                           "gradients it used (unscaled, after any clipping), on the device"}
+        if not self._norm_methods:
+            notes = ["grad_norm: n/a (no optimizer step was seen and none was passed)"]
+        else:
+            parts = [f"{how[m]} for {n} step{'s' * (n != 1)}"
+                     for m, n in self._norm_methods.items()]
+            notes = ["grad_norm: " + "; ".join(parts)]
+        split = [s for s in self.steps if not s.warmup and s.data_ms is not None]
+        total = sum(s.step_ms for s in split)
+        if split and total > 0:
+            shares = {name: 100 * sum(getattr(s, f"{name}_ms") or 0.0 for s in split) / total
+                      for name in ("data", "forward", "backward", "optimizer")}
+            notes.append(
+                f"where the step time went over the {len(split)} measured steps: "
+                f"{shares['data']:.0f}% waiting for data (a step's start to its first "
+                f"forward), {shares['forward']:.0f}% forward, {shares['backward']:.0f}% "
+                f"backward (to the optimizer step), {shares['optimizer']:.0f}% optimizer")
+        return notes
 
     def _memory(self) -> MemoryBreakdown:
         params_bytes = inventory.unique_param_bytes(self.model) + sum(
@@ -517,17 +944,29 @@ class Recorder:
 
     def _summary(self) -> TrialSummary:
         measured = [s for s in self.steps if not s.warmup]
-        seconds = sum(s.step_ms for s in measured) / 1e3
+        # medians, as a profile trial's: one slow step (a checkpoint save, an evaluation)
+        # does not move them. A skipped step skips the optimiser: timed apart.
+        timed = [s for s in measured if not s.skipped]
+        median_ms = statistics.median(s.step_ms for s in timed) if timed else None
         tokens = [s.tokens for s in measured]
         known_tokens = bool(measured) and all(tokens)
-        tps = sum(tokens) / seconds if known_tokens and seconds > 0 else None
-        flops = [s.tflops * s.step_ms / 1e3 for s in measured if s.tflops is not None]
-        tflops = (sum(flops) / seconds if measured and len(flops) == len(measured)
-                  and seconds > 0 else None)
+
+        def median(values):
+            return statistics.median(values) if timed and None not in values else None
+
+        tps = median([s.tokens_per_s for s in timed])
+        tflops = median([s.tflops for s in timed])
+        counted = self._counted.total if self._counted is not None else None
+        hw_tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
         peak = getattr(self, "_peak", None)
         mfu = mfu_of(tflops * 1e12, peak) if tflops is not None and peak else None
+        hfu = mfu_of(hw_tflops * 1e12, peak) if hw_tflops is not None and peak else None
         if not measured:
-            reason = "no steps measured after the warm-up step"
+            reason = (f"no steps measured after the warm-up and FLOP-counting steps "
+                      f"(0..{COUNT_STEP})")
+        elif not timed:
+            reason = ("every measured step was skipped by the GradScaler (inf/NaN "
+                      "gradients), so there is no step time")
         elif peak is not None and peak.flops_per_s is None:
             reason = peak.reason
         elif tflops is None:
@@ -539,7 +978,7 @@ class Recorder:
         mem = self._memory()
         return TrialSummary(
             steps_measured=len(measured),
-            median_step_ms=statistics.median(s.step_ms for s in measured) if measured else None,
+            median_step_ms=median_ms,
             tokens_per_s=tps,
             tflops=tflops,
             mfu=mfu,
@@ -553,4 +992,6 @@ class Recorder:
             final_loss_scale=last.loss_scale if last else None,
             # its tokens/s interval assumes one token count per step
             spread=step_spread(self.steps, tokens[0]) if same_tokens else None,
+            hardware_tflops=hw_tflops,
+            hfu=hfu,
         )

@@ -2,7 +2,7 @@
 
 Trains the same GPT-2-shaped model (4 layers, 256 wide, batch 4 x 128 tokens) in
 alternating blocks with and without a Recorder (ABBA, so drift in the machine's
-speed hits both), drops each block's first steps (the Recorder's step 0 counts FLOPs), and
+speed hits both), drops each block's first steps (the Recorder's step 1 counts FLOPs), and
 prints the ratio of the median step times. Goal: <= 1.02.
 
     python benchmarks/recorder_overhead.py [--device cuda] [--blocks 12] [--steps 20]

@@ -100,6 +100,11 @@ class StepSample:
     hfu: float | None = None  # hardware FLOPs (counted, recompute included) / time / peak
     tokens: int | None = None  # tokens this step trained on (user runs: padding excluded)
     learning_rate: float | None = None  # user runs: the optimiser's lr at this step
+    # user runs: where the step's time went (they add up to step_ms; None: not seen)
+    data_ms: float | None = None  # step start to the first training forward
+    forward_ms: float | None = None  # inside the model's training forwards
+    backward_ms: float | None = None  # each forward's end to the next forward or optimizer step
+    optimizer_ms: float | None = None  # the optimizer step's start to the step's end
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,17 @@ class LogEvent:
     message: str
     precision: str | None = None
     time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ScalarLog:
+    """A scalar a user's loop logged at one of its steps (``Recorder.log``: eval loss...)."""
+
+    precision: str
+    step: int  # the optimiser step in progress when it was logged
+    name: str
+    value: float | None  # None: the value was not a finite number (inf, NaN)
+    time_s: float
 
 
 @dataclass(frozen=True)
@@ -239,7 +255,7 @@ class FlopsInfo:
 
     counted_per_step: int | None
     counted_method: str
-    analytic_per_step: int
+    analytic_per_step: int | None  # None: a user's model without a transformers config
     analytic_formula: str
     by_op: dict = field(default_factory=dict)
     by_peak_dtype: dict = field(default_factory=dict)  # hardware FLOPs by peak-table dtype
@@ -489,6 +505,7 @@ Event = (
     | StepSample
     | MonitorSample
     | LogEvent
+    | ScalarLog
     | ErrorEvent
     | TrialFinished
     | RunFinished

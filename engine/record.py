@@ -16,6 +16,7 @@ from engine.events import (
     MonitorSample,
     RunFinished,
     RunStarted,
+    ScalarLog,
     StepSample,
     TrialFinished,
     TrialResult,
@@ -36,6 +37,7 @@ class RunRecord:
     monitor_samples: list[MonitorSample] = field(default_factory=list)
     live_steps: dict[str, list[StepSample]] = field(default_factory=dict)
     logs: list[LogEvent] = field(default_factory=list)
+    scalars: list[ScalarLog] = field(default_factory=list)  # a user's loop's rec.log(...)
     numerics: dict | None = None
     status: str = "running"
     started_s: float = field(default_factory=time.time)
@@ -60,6 +62,8 @@ class RunRecord:
             self.trials.append(event.result)
         elif isinstance(event, LogEvent):
             self.logs.append(event)
+        elif isinstance(event, ScalarLog):
+            self.scalars.append(event)
         elif isinstance(event, ErrorEvent):
             self.logs.append(LogEvent("error", event.message, event.precision, event.time_s))
             self.status = "error"
@@ -90,6 +94,7 @@ class RunRecord:
             "monitor_samples": [to_dict(m) for m in self.monitor_samples],
             "numerics": self.numerics,
             "logs": [to_dict(x) for x in self.logs],
+            "scalars": [to_dict(x) for x in self.scalars],
         }
 
     @classmethod
@@ -112,6 +117,7 @@ class RunRecord:
             trials=[from_dict(TrialResult, t) for t in data["trials"]],
             monitor_samples=[from_dict(MonitorSample, m) for m in data.get("monitor_samples", [])],
             logs=[from_dict(LogEvent, x) for x in data.get("logs", [])],
+            scalars=[from_dict(ScalarLog, x) for x in data.get("scalars", [])],
             numerics=data.get("numerics"),
             status=data.get("status", "ok"),
             started_s=data.get("started_s", 0.0),

@@ -184,9 +184,16 @@ class NvmlTracker:
 
 
 class HostTracker:
-    """CPU load and resident memory of this process and its trial children (psutil)."""
+    """CPU use and resident memory of this process and its descendants (trial children,
+    data-loader workers), from psutil: not the machine's, which other work would fill.
+
+    Walking the process table for descendants is the costly part of a poll (tens of ms
+    with many processes), so it is redone every ``CHILDREN_REFRESH_S`` only; each poll
+    reads the known processes' counters alone.
+    """
 
     source = "host"
+    CHILDREN_REFRESH_S = 2.0
 
     def __init__(self):
         import psutil
@@ -194,29 +201,41 @@ class HostTracker:
         self._psutil = psutil
         self._proc = psutil.Process()
         self._children: dict[int, object] = {}
+        self._walked_s: float | None = None
 
     def start(self) -> None:
-        self._psutil.cpu_percent(None)  # first call primes the counter
+        self._proc.cpu_percent(None)  # the first call primes the counter
+        self._walk()
 
-    def _tree(self) -> list:
-        procs = [self._proc]
+    def _walk(self) -> None:
         try:
-            for child in self._proc.children(recursive=True):
-                # keep one Process object per pid so cpu_percent has a previous reading
-                procs.append(self._children.setdefault(child.pid, child))
+            found = self._proc.children(recursive=True)
         except self._psutil.Error:
-            pass
-        return procs
+            found = []
+        # one Process object per pid, kept, so cpu_percent has a previous reading
+        known = {child.pid: self._children.get(child.pid, child) for child in found}
+        for pid, proc in known.items():
+            if pid not in self._children:
+                try:
+                    proc.cpu_percent(None)
+                except self._psutil.Error:
+                    pass
+        self._children = known
+        self._walked_s = time.monotonic()
 
     def sample(self) -> dict:
-        rss = 0
-        for proc in self._tree():
+        if self._walked_s is None or time.monotonic() - self._walked_s >= self.CHILDREN_REFRESH_S:
+            self._walk()
+        cpu, rss = 0.0, 0
+        for proc in (self._proc, *self._children.values()):
             try:
-                rss += proc.memory_info().rss
-            except self._psutil.Error:
+                with proc.oneshot():
+                    cpu += proc.cpu_percent(None)  # percent of one core, since the last poll
+                    rss += proc.memory_info().rss
+            except self._psutil.Error:  # a child that ended since the last walk
                 continue
         return {
-            "cpu_pct": float(self._psutil.cpu_percent(None)),
+            "cpu_pct": float(cpu),
             "host_rss_bytes": int(rss),
             "host_mem_used_bytes": int(self._psutil.virtual_memory().used),
         }

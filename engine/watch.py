@@ -1,8 +1,9 @@
 """``main.py watch``: a live terminal view of a run journal, for servers without a desktop.
 
-One line per optimiser step (step, loss, loss scale, tokens/s, MFU, memory) as the
-journal grows; it ends when the run ends (exit 0), when the process writing the journal
-is gone without ending the run (exit 1), or on Ctrl-C (exit 0, one line).
+One line per optimiser step (step, loss, loss scale, tokens/s, MFU, memory) and one per
+scalar a user's loop logged (``Recorder.log``: eval loss...) as the journal grows; it
+ends when the run ends (exit 0), when the process writing the journal is gone without
+ending the run (exit 1), or on Ctrl-C (exit 0, one line).
 Memory is the allocator's (GPU) when the step has it, else the monitor's latest reading
 (the GPU's used memory from NVML, or the host's resident memory).
 """
@@ -18,6 +19,7 @@ from engine.events import (
     MonitorSample,
     RunFinished,
     RunStarted,
+    ScalarLog,
     StepSample,
     TrialFinished,
     TrialStarted,
@@ -71,6 +73,9 @@ def watch(path, say: Callable[[str], None], interval_s: float = 0.5) -> int:
             elif isinstance(event, StepSample):
                 steps += 1
                 say(step_line(event, monitor))
+            elif isinstance(event, ScalarLog):
+                value = "n/a (not a finite number)" if event.value is None else f"{event.value:.6g}"
+                say(f"{event.precision:<10} {event.step:>6} {event.name} = {value}")
             elif isinstance(event, LogEvent) and event.level in ("warning", "error"):
                 say(f"{event.level}: {event.message}")
             elif isinstance(event, ErrorEvent):

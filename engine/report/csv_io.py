@@ -32,6 +32,10 @@ STEP_COLUMNS = (
     "round",
     "tokens",
     "learning_rate",
+    "data_ms",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
 )
 
 
