@@ -87,7 +87,7 @@ class StepSample:
     warmup: bool
     loss: float | None
     step_ms: float
-    tokens_per_s: float
+    tokens_per_s: float | None  # None: a user's step whose tokens are unknown
     tflops: float | None  # model FLOPs (no recompute) / step time, in TFLOP/s
     mfu: float | None  # model FLOPs utilisation: tflops / the (blended) peak
     allocated_bytes: int | None

@@ -29,6 +29,11 @@ NAME_FIELDS = frozenset({"precision", "precisions", "status", "run_id", "model",
                          "host", "strategy", "backend", "source", "level", "collective",
                          "dtype", "recipe"})
 MAX_MAGNITUDE = 1e30  # any other finite number: charts add and pad ranges, 1e308 overflows
+# a loss, a gradient norm or a loss scale may legitimately reach fp32's largest value
+# (a GradScaler grows to 2^127); above it, a chart's padded range overflows
+MAX_FP32 = 3.4028234663852886e38
+FP32_RANGE_FIELDS = frozenset({"loss", "final_loss", "grad_norm", "loss_scale",
+                               "final_loss_scale", "init_scale"})
 # counts, indices and depths that cannot be negative
 NON_NEGATIVE = frozenset({"depth", "rank", "local_rank", "world_size", "round"})
 MAX_STEPS = 10_000_000  # any step index or step count
@@ -93,6 +98,8 @@ def _number_checker(name: str, numerics: bool = False):
         limits.append((0, MAX_STEPS, f"is not a plausible number of steps (0 to {MAX_STEPS:,})"))
     if name in NON_NEGATIVE:
         limits.append((0, MAX_INT, "cannot be negative"))
+    if name in FP32_RANGE_FIELDS:
+        limits.append((-MAX_FP32, MAX_FP32, "is beyond fp32's range"))
     if not limits and not numerics:
         limits.append((-MAX_MAGNITUDE, MAX_MAGNITUDE, "is not a plausible value"))
     nonfinite_ok = name in NONFINITE_FIELDS
