@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--isolation", default="process", choices=("process", "inline"),
                       help="each trial in a child process (default) or in this one")
     prof.add_argument("--interleave", default="auto", choices=INTERLEAVE,
-                      help="run the precisions in alternating rounds (ABAB) to cancel drift; "
+                      help="run the precisions in mirrored rounds (ABBA) to cancel drift; "
                            "auto: where each trial is cheap (at most 400 M parameters, no "
                            "--compile, 5+ measured steps per round)")
     prof.add_argument("--rounds", type=int, default=2,

@@ -84,7 +84,7 @@ class RunConfig:
     strategy: str = "none"
     nproc_per_node: int = 1
     torchrun_args: tuple[str, ...] = ()
-    interleave: str = "auto"  # ABAB rounds of the precisions; auto: where trials are cheap
+    interleave: str = "auto"  # ABBA rounds of the precisions; auto: where trials are cheap
     rounds: int = 2
     extra: dict = field(default_factory=dict, compare=False)
 

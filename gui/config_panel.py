@@ -183,7 +183,7 @@ class ConfigPanel(QWidget):
         self.reduce_dtype.setToolTip("dtype gradients are reduced in: a DDP compression hook "
                                      "or FSDP2's reduce_dtype")
 
-        self.interleave = QCheckBox("Interleave precisions (ABAB rounds) where cheap")
+        self.interleave = QCheckBox("Interleave precisions (ABBA rounds) where cheap")
         self.interleave.setChecked(defaults.interleave != "off")
         self.interleave.setToolTip(
             f"Split each precision's steps over {defaults.rounds} rounds run in turn (fp32, "
