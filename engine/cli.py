@@ -182,6 +182,11 @@ def _check_out(out: str):
     return check_writable(out)
 
 
+def _verdict_text(v) -> str:
+    """The verdict as the CLI prints it first: the headline, then what to do."""
+    return f"verdict: {v.headline}" + (f"\n  to do: {v.advice}" if v.advice else "")
+
+
 def _journaled_record(runner):
     """The run as its journal holds it (the record in memory may stop mid-event)."""
     from engine.journal import read_journal
@@ -226,7 +231,9 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
 def _finish(record, runner, out, signals, trace: str | None = None) -> int:
     """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
     from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
+    from engine.verdict import verdict as recommend
 
+    _say(_verdict_text(recommend(record)))
     verdict = speed_verdict(record.trials)
     _say(format_table(comparison_rows(record, verdict)))
     if record.config.get("strategy", "none") != "none":
