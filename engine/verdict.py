@@ -140,7 +140,8 @@ def verdict(record: RunRecord) -> Verdict:
         return _none("only fp32 ran, so there is nothing to compare it with",
                      "profile fp32 with bf16-amp and fp16-amp (the default precisions)")
     base = rows[BASELINE]
-    device = record.environment.get("device") or {}
+    device = record.environment.get("device")
+    device = device if isinstance(device, dict) else {}  # older reports: a description
     bf16_emulated = device.get("bf16_hardware") is False
     base_group = _group(speed, BASELINE)
     reasons = [f"speed: {speed.text}", *gated]

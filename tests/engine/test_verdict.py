@@ -6,64 +6,21 @@ built with, not read back from engine.compare.
 
 from __future__ import annotations
 
-import statistics
-
-import numpy as np
 import pytest
 
 from engine.compare import format_bytes
-from engine.events import HostLoad, StepSample, TrialResult, TrialSummary
-from engine.record import RunRecord
-from engine.spread import step_spread
+from engine.events import HostLoad
 from engine.verdict import verdict
-
-GiB = 1024**3
-TOKENS = 512
-STEPS = 20
-
-
-def _trial(precision, step_ms, peak_bytes, final_loss, *, cv=0.01, skipped=0, status="ok",
-           lora=None, seed=0, host_load=None, steps=STEPS):
-    if status != "ok":
-        return TrialResult(precision, status, f"{precision} failed in the test")
-    rng = np.random.default_rng([seed, len(precision)])
-    times = step_ms * (1 + cv * rng.standard_normal(steps))
-    samples = [
-        StepSample(precision=precision, step=i, warmup=i == 0,
-                   loss=final_loss + 0.01 * (steps - 1 - i), step_ms=float(ms),
-                   tokens_per_s=TOKENS / (ms / 1e3), tflops=None, mfu=None,
-                   allocated_bytes=None, reserved_bytes=None, loss_scale=None,
-                   skipped=0 < i <= skipped, grad_norm=None, time_s=1e9 + i)
-        for i, ms in enumerate(times)
-    ]
-    timed = [s.step_ms for s in samples if not s.warmup and not s.skipped]
-    summary = TrialSummary(
-        steps_measured=steps - 1, median_step_ms=statistics.median(timed),
-        tokens_per_s=TOKENS / (statistics.median(timed) / 1e3), tflops=None, mfu=None,
-        mfu_reason="test", peak_flops=None, peak_flops_source=None,
-        peak_memory_bytes=peak_bytes, peak_memory_method="test", skipped_steps=skipped,
-        final_loss=final_loss, final_loss_scale=None, spread=step_spread(samples, TOKENS))
-    return TrialResult(precision, "ok", steps=samples, summary=summary, lora=lora,
-                       param_count=1000, trainable_params=1000, host_load=host_load)
-
-
-def _record(*trials, bf16_hardware=True):
-    record = RunRecord(environment={"device": {"kind": "cpu", "bf16_hardware": bf16_hardware}})
-    record.trials = list(trials)
-    return record
-
-
-def _median(trial):
-    return statistics.median(s.step_ms for s in trial.steps if not s.warmup and not s.skipped)
+from tests.engine.verdict_records import STEPS, GiB, median_ms, record, trial
 
 
 def test_clear_winner_cites_its_measured_speed_memory_and_loss():
-    fp32 = _trial("fp32", 100.0, 8 * GiB, 3.000)
-    bf16 = _trial("bf16-amp", 52.0, 5 * GiB, 3.002)
-    fp16 = _trial("fp16-amp", 52.0, 5 * GiB, 3.001, skipped=2)
-    v = verdict(_record(fp32, bf16, fp16))
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.000)
+    bf16 = trial("bf16-amp", 52.0, 5 * GiB, 3.002)
+    fp16 = trial("fp16-amp", 52.0, 5 * GiB, 3.001, skipped=2)
+    v = verdict(record(fp32, bf16, fp16))
     assert v.precision == "bf16-amp"
-    speedup = _median(fp32) / _median(bf16)
+    speedup = median_ms(fp32) / median_ms(bf16)
     assert v.headline.startswith(f"Train in bf16-amp: {speedup:.2f}x fp32's speed [")
     figure = next(f for f in v.figures if f.precision == "bf16-amp")
     assert figure.judgement == "recommended"
@@ -75,8 +32,8 @@ def test_clear_winner_cites_its_measured_speed_memory_and_loss():
 
 
 def test_noisy_run_recommends_nothing_and_says_what_to_do():
-    v = verdict(_record(_trial("fp32", 100.0, 8 * GiB, 3.0, cv=0.4),
-                        _trial("bf16-amp", 50.0, 5 * GiB, 3.0, cv=0.4)))
+    v = verdict(record(trial("fp32", 100.0, 8 * GiB, 3.0, cv=0.4),
+                        trial("bf16-amp", 50.0, 5 * GiB, 3.0, cv=0.4)))
     assert v.precision is None
     assert v.headline.startswith("No recommendation: noisy")
     assert "CV above 10%" in v.headline
@@ -84,86 +41,86 @@ def test_noisy_run_recommends_nothing_and_says_what_to_do():
 
 
 def test_single_precision_has_nothing_to_compare():
-    v = verdict(_record(_trial("fp32", 100.0, 8 * GiB, 3.0)))
+    v = verdict(record(trial("fp32", 100.0, 8 * GiB, 3.0)))
     assert v.precision is None
     assert "only fp32 ran" in v.headline and "bf16-amp" in v.advice
 
 
 def test_all_failed_says_so_with_each_status():
-    v = verdict(_record(_trial("fp32", 0, 0, 0, status="oom"),
-                        _trial("bf16-amp", 0, 0, 0, status="error")))
+    v = verdict(record(trial("fp32", 0, 0, 0, status="oom"),
+                        trial("bf16-amp", 0, 0, 0, status="error")))
     assert v.precision is None
     assert "no trial finished (fp32: oom; bf16-amp: error)" in v.headline
     assert "smaller batch" in v.advice
 
 
 def test_no_fp32_baseline_is_no_recommendation():
-    v = verdict(_record(_trial("bf16-amp", 50.0, 5 * GiB, 3.0),
-                        _trial("fp16-amp", 50.0, 5 * GiB, 3.0)))
+    v = verdict(record(trial("bf16-amp", 50.0, 5 * GiB, 3.0),
+                        trial("fp16-amp", 50.0, 5 * GiB, 3.0)))
     assert v.precision is None and "no fp32 trial" in v.headline
 
 
 @pytest.mark.parametrize("fp16_loss", [float("nan"), 3.0 + 0.5])
 def test_diverged_fp16_is_never_recommended_however_fast(fp16_loss):
-    fp32 = _trial("fp32", 100.0, 8 * GiB, 3.0)
-    bf16 = _trial("bf16-amp", 60.0, 6 * GiB, 3.01)
-    fp16 = _trial("fp16", 30.0, 4 * GiB, fp16_loss)  # faster and smaller, but diverged
-    v = verdict(_record(fp32, bf16, fp16))
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    bf16 = trial("bf16-amp", 60.0, 6 * GiB, 3.01)
+    fp16 = trial("fp16", 30.0, 4 * GiB, fp16_loss)  # faster and smaller, but diverged
+    v = verdict(record(fp32, bf16, fp16))
     assert v.precision == "bf16-amp"
     judged = {f.precision: f.judgement for f in v.figures}
     assert judged == {"fp32": "baseline", "bf16-amp": "recommended", "fp16": "diverged"}
 
 
 def test_nothing_better_recommends_fp32_and_says_why_not_the_others():
-    fp32 = _trial("fp32", 100.0, 8 * GiB, 3.0)
-    same = _trial("bf16-amp", 100.0, 8 * GiB, 3.0, seed=1)  # tied speed, same memory
-    v = verdict(_record(fp32, same))
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    same = trial("bf16-amp", 100.0, 8 * GiB, 3.0, seed=1)  # tied speed, same memory
+    v = verdict(record(fp32, same))
     assert v.precision == "fp32"
     assert v.headline.startswith("Train in fp32: no other precision was significantly faster")
     assert "bf16-amp not better" in v.headline
 
 
 def test_slower_precision_is_not_recommended_for_its_memory():
-    fp32 = _trial("fp32", 100.0, 8 * GiB, 3.0)
-    slow = _trial("fp16-amp", 300.0, 6 * GiB, 3.0)  # 25% less memory, 3x slower
-    v = verdict(_record(fp32, slow))
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    slow = trial("fp16-amp", 300.0, 6 * GiB, 3.0)  # 25% less memory, 3x slower
+    v = verdict(record(fp32, slow))
     assert v.precision == "fp32"
     assert {f.precision: f.judgement for f in v.figures}["fp16-amp"] == "slower"
 
 
 def test_tie_in_speed_is_broken_by_memory():
-    fp32 = _trial("fp32", 100.0, 8 * GiB, 3.0)
-    big = _trial("fp16-amp", 50.0, 6 * GiB, 3.0)
-    small = _trial("bf16-amp", 50.0, 4 * GiB, 3.0, seed=2)
-    v = verdict(_record(fp32, big, small))
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    big = trial("fp16-amp", 50.0, 6 * GiB, 3.0)
+    small = trial("bf16-amp", 50.0, 4 * GiB, 3.0, seed=2)
+    v = verdict(record(fp32, big, small))
     assert v.precision == "bf16-amp"
     assert v.headline.endswith(f"fp16-amp is as fast but uses {format_bytes(2 * GiB)} more")
 
 
 def test_emulated_bf16_is_not_recommended_on_speed():
-    fp32 = _trial("fp32", 100.0, 8 * GiB, 3.0)
-    bf16 = _trial("bf16-amp", 50.0, 8 * GiB, 3.0)  # "faster", no memory saved
-    assert verdict(_record(fp32, bf16)).precision == "bf16-amp"  # with bf16 hardware
-    v = verdict(_record(fp32, bf16, bf16_hardware=False))
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    bf16 = trial("bf16-amp", 50.0, 8 * GiB, 3.0)  # "faster", no memory saved
+    assert verdict(record(fp32, bf16)).precision == "bf16-amp"  # with bf16 hardware
+    v = verdict(record(fp32, bf16, bf16_hardware=False))
     assert v.precision == "fp32"
     assert any("bf16 is emulated" in r for r in v.reasons)
 
 
 def test_lora_recipes_are_listed_apart():
-    fp32 = _trial("fp32", 100.0, 8 * GiB, 3.0)
-    nf4 = _trial("nf4", 50.0, 2 * GiB, 3.0, lora={"r": 8})
-    v = verdict(_record(fp32, nf4))
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    nf4 = trial("nf4", 50.0, 2 * GiB, 3.0, lora={"r": 8})
+    v = verdict(record(fp32, nf4))
     assert v.precision == "fp32"
     assert {f.precision: f.judgement for f in v.figures}["nf4"] == "LoRA only"
 
 
 def test_numerics_lab_breaks_a_tie_in_speed_and_memory():
-    fp32 = _trial("fp32", 100.0, 8 * GiB, 3.0)
-    fp16 = _trial("fp16-amp", 50.0, 5 * GiB, 3.0)
-    bf16 = _trial("bf16-amp", 50.0, 5 * GiB, 3.0, seed=3)
-    record = _record(fp32, fp16, bf16)
-    record.numerics = {"advice": {"recommended": "fp16-amp"}}
-    v = verdict(record)
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    fp16 = trial("fp16-amp", 50.0, 5 * GiB, 3.0)
+    bf16 = trial("bf16-amp", 50.0, 5 * GiB, 3.0, seed=3)
+    rec = record(fp32, fp16, bf16)
+    rec.numerics = {"advice": {"recommended": "fp16-amp"}}
+    v = verdict(rec)
     assert v.precision == "fp16-amp"
     assert "the numerics lab recommends fp16-amp" in v.reasons
 
@@ -174,8 +131,8 @@ def test_busy_host_refuses_to_rank_even_a_steady_slowdown():
                     other_cpu_pct_mean=3.0, other_cpu_pct_max=6.0)
     busy = HostLoad(cpu_count=2, samples=50, load_avg_1m_mean=1.9, load_avg_1m_max=2.0,
                     other_cpu_pct_mean=24.0, other_cpu_pct_max=30.0)
-    v = verdict(_record(_trial("fp32", 110.0, 8 * GiB, 3.0, host_load=busy),
-                        _trial("bf16-amp", 100.0, 8 * GiB, 3.0, host_load=idle)))
+    v = verdict(record(trial("fp32", 110.0, 8 * GiB, 3.0, host_load=busy),
+                        trial("bf16-amp", 100.0, 8 * GiB, 3.0, host_load=idle)))
     assert v.precision is None
     assert "machine was busy" in v.headline
     assert "3% of the CPU during bf16-amp and 24% during fp32" in v.headline
