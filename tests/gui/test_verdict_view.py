@@ -1,0 +1,79 @@
+"""The verdict first in Compare, the device's bf16 truth in the status bar, and each
+precision's description in the Run form."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QFileDialog
+
+from engine.compare import format_bytes
+from engine.report.json_io import write_json
+from gui.main_window import MainWindow
+from tests.engine.verdict_records import GiB, median_ms, record, trial
+
+
+@pytest.fixture
+def window(qtbot):
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+def _open_with_the_file_menu(qtbot, window, monkeypatch, path) -> None:
+    """Click File in the menu bar, then click "Open report or journal" in the menu."""
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
+    bar = window.menuBar()
+    file_action = bar.actions()[0]
+    QTest.mouseClick(bar, Qt.MouseButton.LeftButton,
+                     pos=bar.actionGeometry(file_action).center())
+    menu = file_action.menu()
+    qtbot.waitUntil(menu.isVisible)
+    open_action = next(a for a in menu.actions() if a.text().startswith("&Open report"))
+    with qtbot.waitSignal(window.record_shown, timeout=60_000):
+        QTest.mouseClick(menu, Qt.MouseButton.LeftButton,
+                         pos=menu.actionGeometry(open_action).center())
+
+
+def _tab(window, name: str) -> None:
+    bar = window.tabs.tabBar()
+    index = next(i for i in range(bar.count()) if bar.tabText(i).replace("&", "") == name)
+    QTest.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(index).center())
+
+
+def test_compare_opens_with_the_verdict_above_everything(qtbot, window, monkeypatch, tmp_path):
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    bf16 = trial("bf16-amp", 50.0, 5 * GiB, 3.001)
+    fp16 = trial("fp16-amp", 50.0, 5 * GiB, 3.0, skipped=2, seed=4)
+    rec = record(fp32, bf16, fp16)
+    rec.config = {"model": "tiny", "precisions": ["fp32", "bf16-amp", "fp16-amp"]}
+    rec.status = "ok"
+    path = write_json(rec, tmp_path / "run.json")
+    _open_with_the_file_menu(qtbot, window, monkeypatch, path)
+    _tab(window, "Compare")
+    label = window.compare_view.verdict_label
+    assert label.isVisible()
+    speedup = median_ms(fp32) / median_ms(bf16)
+    text = label.text()
+    assert text.startswith(f"Train in bf16-amp: {speedup:.2f}x fp32's speed [")
+    assert f"saves {format_bytes(3 * GiB)} (38%)" in text
+    assert text.endswith("fp16-amp is as fast but skipped 2 steps")
+    # first: above the charts, the speed note and the table
+    top = label.mapTo(window.compare_view, QPoint(0, 0)).y()
+    for widget in (window.compare_view.charts, window.compare_view.speed_note,
+                   window.compare_view.table):
+        assert widget.mapTo(window.compare_view, QPoint(0, 0)).y() > top
+
+
+def test_a_report_with_nothing_to_recommend_says_why_and_what_to_do(qtbot, window, monkeypatch,
+                                                                     tmp_path):
+    rec = record(trial("fp32", 100.0, 8 * GiB, 3.0))
+    rec.config = {"model": "tiny", "precisions": ["fp32"]}
+    path = write_json(rec, tmp_path / "one.json")
+    _open_with_the_file_menu(qtbot, window, monkeypatch, path)
+    _tab(window, "Compare")
+    text = window.compare_view.verdict_label.text()
+    assert text.startswith("No recommendation: only fp32 ran")
+    assert "\nTo do: profile fp32 with bf16-amp" in text
