@@ -29,7 +29,16 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(f"{message} (see '{help_cmd}')")
 
 
+def precision_lines() -> str:
+    """Each precision and what it trains, one line each (``--help`` and ``presets``)."""
+    from engine.resources import precision_descriptions
+
+    return "\n".join(f"  {name:<9} {text}" for name, text in precision_descriptions().items())
+
+
 def _add_model_args(p: argparse.ArgumentParser, precisions_default: str) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # keep the lines below as written
+    p.epilog = f"precisions:\n{precision_lines()}"
     p.add_argument("--model", default="tiny",
                    help="preset name (see 'presets'), a local model folder, or a cached hub id")
     p.add_argument("--precision", default=precisions_default,
@@ -96,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     num.add_argument("--seq-len", type=int, default=64)
     num.add_argument("--json", action="store_true", help="print JSON")
     num.add_argument("--out", help="also write a report (.json or .html) with the numerics")
-    num.epilog = "--precision takes one precision here"
+    num.epilog = f"--precision takes one precision here\n\n{num.epilog}"
 
     fit = sub.add_parser("fit", help="largest micro-batch per precision within a memory budget")
     _add_model_args(fit, "fp32,bf16-amp,fp16-amp")
@@ -491,6 +500,7 @@ def _presets(args) -> int:
     for item in items:
         print(f"{item['name']:<12} {item['params']:>15,} params  {item['task']:<9}  "
               f"{item['description']}")
+    print(f"\nprecisions (--precision):\n{precision_lines()}")
     return 0
 
 

@@ -49,3 +49,17 @@ def test_profile_prints_the_verdict_before_the_table(tmp_path):
     cited = re.findall(r"(\d+\.\d\d)x fp32's speed", line)
     expected = _median_ms(trials["fp32"]) / _median_ms(trials["bf16-amp"])
     assert all(c == f"{expected:.2f}" for c in cited), (cited, expected)
+
+
+def test_help_and_presets_describe_every_precision():
+    texts = json.loads((ROOT / "resources" / "precisions.json").read_text())
+    assert list(texts) == ["fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", "int8",
+                           "nf4", "fp8"]
+    for args in (["presets"], ["profile", "--help"], ["footprint", "--help"]):
+        run = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        lines = run.stdout.splitlines()
+        for name, text in texts.items():
+            assert f"  {name:<9} {text}" in lines, (args, name)
+        assert max(len(line) for line in lines[-len(texts):]) <= 100

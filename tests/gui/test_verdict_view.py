@@ -77,3 +77,40 @@ def test_a_report_with_nothing_to_recommend_says_why_and_what_to_do(qtbot, windo
     text = window.compare_view.verdict_label.text()
     assert text.startswith("No recommendation: only fp32 ran")
     assert "\nTo do: profile fp32 with bf16-amp" in text
+
+
+def test_each_precision_in_the_picker_says_what_it_trains(qtbot, window):
+    import json
+
+    from engine.resources import RESOURCES
+
+    texts = json.loads((RESOURCES / "precisions.json").read_text())
+    panel = window.config_panel
+    listed = panel.precisions
+    for row in range(listed.count()):
+        item = listed.item(row)
+        name = item.data(Qt.ItemDataRole.UserRole)
+        listed.scrollToItem(item)
+        QTest.mouseMove(listed.viewport(), listed.visualItemRect(item).center())
+        qtbot.waitUntil(lambda n=name: panel.precision_help.text().startswith(f"{n}: "))
+        assert panel.precision_help.text().split("\n")[0] == f"{name}: {texts[name]}"
+        assert item.toolTip().split("\n")[0] == f"{name}: {texts[name]}"
+    # the int8 and nf4 lines say they train LoRA adapters, not the whole model
+    assert "LoRA adapters" in texts["int8"] and "LoRA adapters" in texts["nf4"]
+    # greyed out with the reason, as before, under the description (tf32 on a CPU)
+    tf32 = listed.findItems("tf32", Qt.MatchFlag.MatchExactly)[0]
+    if panel.device_info.kind == "cpu":
+        assert not tf32.flags() & Qt.ItemFlag.ItemIsEnabled
+        assert "\ntf32 cannot run here: TF32 is a Tensor Core matmul mode" in tf32.toolTip()
+
+
+def test_status_bar_says_when_bf16_is_emulated(window):
+    with open("/proc/cpuinfo", encoding="utf-8") as fh:
+        flags = {f for line in fh if line.startswith("flags") for f in line.split(":")[1].split()}
+    text = window.device_status.text()
+    if window.config_panel.device_info.kind != "cpu" or not flags:
+        pytest.skip("a GPU, or a CPU without x86 flags: the CPU rule does not apply")
+    if {"avx512_bf16", "amx_bf16"} & flags:
+        assert "bf16: yes" in text
+    else:
+        assert "bf16: emulated (no AVX512-BF16/AMX), slow" in text
