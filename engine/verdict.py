@@ -15,6 +15,7 @@ from functools import cmp_to_key
 
 from engine.compare import (
     BASELINE,
+    BUSY_TEXT,
     ComparisonRow,
     SpeedVerdict,
     baseline_reason,
@@ -192,9 +193,13 @@ def verdict(record: RunRecord) -> Verdict:
                 judgement, note = "not better", ("neither significantly faster nor "
                                                  f"{MEMORY_MIN_SAVING:.0%} smaller")
         figures[row.precision] = _figure(row, base, judgement, note)
-    if speed.noisy:
-        listed = tuple(figures.values())
-        return _none(speed.text, speed.suggestion, listed, reasons[1:])
+    if speed.noisy:  # the first problem in the headline, all of them in the reasons
+        what = ("speeds not ranked, the machine was busy" if speed.text.startswith(BUSY_TEXT)
+                else "step times too noisy to rank")
+        more = f"; {len(speed.problems) - 1} more below" if len(speed.problems) > 1 else ""
+        first = f" ({speed.problems[0]}{more})" if speed.problems else ""
+        return _none(what + first, speed.suggestion, tuple(figures.values()),
+                     [*speed.problems, *reasons[1:]])
 
     def better(a: ComparisonRow, b: ComparisonRow) -> int:
         """Negative when ``a`` is the better choice (faster, then smaller, then numerics)."""

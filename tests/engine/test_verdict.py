@@ -35,7 +35,7 @@ def test_noisy_run_recommends_nothing_and_says_what_to_do():
     v = verdict(record(trial("fp32", 100.0, 8 * GiB, 3.0, cv=0.4),
                         trial("bf16-amp", 50.0, 5 * GiB, 3.0, cv=0.4)))
     assert v.precision is None
-    assert v.headline.startswith("No recommendation: noisy")
+    assert v.headline.startswith("No recommendation: step times too noisy to rank (")
     assert "CV above 10%" in v.headline
     assert "idle machine" in v.advice
 
