@@ -210,16 +210,18 @@ def verdict(record: RunRecord) -> Verdict:
         if pa is not None and pb is not None and \
                 abs(pa - pb) >= MEMORY_MIN_SAVING * base.peak_memory_bytes:
             return -1 if pa < pb else 1
-        ka, kb = _numerics_key(a), _numerics_key(b)
+        ka, kb = numerics_key(a), numerics_key(b)
         return (ka > kb) - (ka < kb)
 
-    def _numerics_key(row: ComparisonRow) -> tuple:
+    def numerics_key(row: ComparisonRow) -> tuple:
         return (row.precision != lab, row.skipped_steps or 0,
                 abs(row.final_loss_diff_vs_fp32 or 0.0))
 
     if not good:
-        others = ", ".join(f"{f.precision} {f.judgement} ({f.note})" for p, f in
-                           figures.items() if p != BASELINE)
+        # failure reasons are long sentences: the headline names the status, "Why" says more
+        others = ", ".join(f"{f.precision} {f.judgement}"
+                           + (f" ({f.note})" if f.judgement in ("slower", "diverged") else "")
+                           for p, f in figures.items() if p != BASELINE)
         headline = (f"Train in fp32: no other precision was significantly faster or "
                     f"{MEMORY_MIN_SAVING:.0%} smaller without diverging or being slower"
                     + (f"; {others}" if others else ""))

@@ -149,7 +149,7 @@ class ConfigPanel(QWidget):
             self.precisions.addItem(item)
         self.precisions.setMaximumHeight(self.precisions.sizeHintForRow(0) * 10)
         # what the precision under the cursor (or the last one picked) trains, in a line
-        self.precision_help = QLabel()
+        self.precision_help = QLabel("Point at a precision to see what it trains.")
         self.precision_help.setTextFormat(Qt.TextFormat.PlainText)
         self.precision_help.setWordWrap(True)
         self.precisions.setMouseTracking(True)

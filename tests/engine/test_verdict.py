@@ -137,3 +137,17 @@ def test_busy_host_refuses_to_rank_even_a_steady_slowdown():
     assert "machine was busy" in v.headline
     assert "3% of the CPU during bf16-amp and 24% during fp32" in v.headline
     assert "close other programs" in v.advice
+
+
+def test_gated_and_failed_precisions_are_named_and_their_reasons_kept():
+    from engine.events import TrialResult
+
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    oom = trial("fp16", 0, 0, 0, status="oom")
+    fp8 = TrialResult("fp8", "unsupported", "fp8 training needs compute capability 8.9+")
+    v = verdict(record(fp32, oom, fp8))
+    assert v.precision == "fp32"
+    assert v.headline.endswith("fp16 oom, fp8 unsupported")
+    assert "fp8 did not run: fp8 training needs compute capability 8.9+" in v.reasons
+    why = {f.precision: f.note for f in v.figures}
+    assert why["fp16"] == "fp16 failed in the test"  # the trial's own reason, under "Why"
