@@ -110,6 +110,20 @@ def _figure(row: ComparisonRow, base: ComparisonRow, judgement: str, note: str
                          row.final_loss_diff_vs_fp32, row.skipped_steps)
 
 
+def figure_text(f: VerdictFigure) -> str:
+    """A precision's figures in a line: speed-up [CI], memory saved, loss, skipped steps."""
+    speed = "speed-up n/a" if f.speedup_vs_fp32 is None else f"{f.speedup_vs_fp32:.2f}x" + (
+        f" [{f.speedup_ci[0]:.2f}-{f.speedup_ci[1]:.2f}]" if f.speedup_ci else "")
+    memory = ("memory n/a" if f.memory_saved_bytes is None else
+              f"saves {format_bytes(f.memory_saved_bytes)} ({f.memory_saving_vs_fp32:.0%})"
+              if f.memory_saved_bytes >= 0 else
+              f"uses {format_bytes(-f.memory_saved_bytes)} more")
+    loss = ("loss n/a" if f.final_loss_diff_vs_fp32 is None
+            else f"loss {f.final_loss_diff_vs_fp32:+.3g}")
+    skipped = "" if not f.skipped_steps else f", {f.skipped_steps} skipped"
+    return f"{speed}, {memory}, {loss}{skipped}"
+
+
 def _lab_choice(record: RunRecord) -> str | None:
     advice = (record.numerics or {}).get("advice") or {}
     return advice.get("recommended")

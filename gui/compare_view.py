@@ -37,6 +37,7 @@ from engine.compare import (
 )
 from engine.events import TrialResult
 from engine.record import RunRecord
+from engine.verdict import figure_text
 from engine.verdict import verdict as recommend
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.chart_specs import COMPARE_CHARTS
@@ -180,7 +181,7 @@ class CompareView(QWidget):
     def _show_verdict(self, record: RunRecord) -> None:
         v = recommend(record)
         self.verdict_label.setText(v.headline + (f"\nTo do: {v.advice}" if v.advice else ""))
-        why = [f"{f.precision}: {f.judgement} ({f.note})" for f in v.figures]
+        why = [f"{f.precision}: {f.judgement}: {figure_text(f)} ({f.note})" for f in v.figures]
         self.verdict_label.setToolTip(as_html("\n".join([*why, *v.reasons, f"Rules: {v.rules}."])))
         # green for a recommendation, amber when there is none (a run to repeat)
         color = "#E8F5EC; border: 1px solid #9FD3B5" if v.precision else \

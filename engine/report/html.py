@@ -30,7 +30,7 @@ from engine.record import SCHEMA_VERSION, RunRecord
 from engine.report.atomic import atomic_write
 from engine.report.charts import Chart, report_charts
 from engine.resources import RESOURCES
-from engine.verdict import Verdict, verdict
+from engine.verdict import Verdict, figure_text, verdict
 
 TEMPLATE_PATH = RESOURCES / "report_template.html"
 NA = '<span class="na">n/a</span>'
@@ -167,8 +167,9 @@ def _verdict(v: Verdict) -> str:
     cls = "verdict" if v.precision else "verdict none"
     advice = f'<p class="todo">To do: {_e(v.advice)}</p>' if v.advice else ""
     reasons = "".join(f"<li>{_e(r)}</li>" for r in v.reasons)
-    figures = _table(["precision", "judgement", "why"],
-                     [[_swatch(f.precision), _e(f.judgement), _e(f.note)] for f in v.figures])
+    figures = _table(["precision", "judgement", "figures vs fp32 (95% CI)", "why"],
+                     [[_swatch(f.precision), _e(f.judgement), _e(figure_text(f)), _e(f.note)]
+                      for f in v.figures])
     return (f'<section class="{cls}"><p class="headline">{_e(v.headline)}</p>{advice}'
             f"<details><summary>Why: each precision, the reasons and the rules</summary>"
             f"{figures}<ul>{reasons}</ul><p class=\"note\">Rules: {_e(v.rules)}.</p>"

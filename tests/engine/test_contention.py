@@ -47,14 +47,24 @@ def _busy_during_bf16(load: PhasedLoad):
     return on_event
 
 
+# /proc/cpuinfo of an AMD EPYC 7B13 (Zen 3): AVX-512 absent, so no AVX512-BF16 either
+EPYC_FLAGS = ("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu vme de pse tsc "
+              "msr pae mce cx8 apic sse sse2 ht syscall nx mmxext fxsr_opt pdpe1gb rdtscp lm "
+              "avx avx2 bmi1 bmi2 fma f16c sha_ni vaes vpclmulqdq\n")
+
+
 @pytest.fixture(scope="module")
 def busy_run():
+    import engine.device
+
     load = PhasedLoad()
     config = RunConfig(model="tiny", precisions=("fp32", "bf16-amp"), batch_size=1, seq_len=16,
                        steps=6, warmup=1, device="cpu", isolation="inline", interleave="off",
                        profile_step=False, monitor_hz=20.0)
     runner = Runner(config, _busy_during_bf16(load), load=load)
-    return runner.run(), runner.journal_path
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine.device, "_cpuinfo", lambda: EPYC_FLAGS)
+        return runner.run(), runner.journal_path
 
 
 def test_each_trial_keeps_the_load_measured_while_it_ran(busy_run):
@@ -122,3 +132,12 @@ def test_the_real_sampler_reads_loadavg_text_and_cpu_counters():
 ])
 def test_bf16_hardware_is_read_from_cpuinfo_flags(flags, expected):
     assert cpu_bf16_hardware(flags) is expected
+
+
+def test_a_cpu_without_bf16_units_is_said_to_emulate_bf16(busy_run):
+    record, _ = busy_run
+    assert record.environment["device"]["bf16_hardware"] is False
+    warnings = [x.message for x in record.logs if x.level == "warning"]
+    assert any(m.startswith("bf16: emulated (no AVX512-BF16/AMX), slow: ") and "bf16-amp" in m
+               for m in warnings), warnings
+    assert any("bf16 is emulated" in r for r in verdict(record).reasons)

@@ -10,7 +10,7 @@ import pytest
 
 from engine.compare import format_bytes
 from engine.events import HostLoad
-from engine.verdict import verdict
+from engine.verdict import figure_text, verdict
 from tests.engine.verdict_records import STEPS, GiB, median_ms, record, trial
 
 
@@ -26,6 +26,9 @@ def test_clear_winner_cites_its_measured_speed_memory_and_loss():
     assert figure.judgement == "recommended"
     assert figure.speedup_ci[0] < speedup < figure.speedup_ci[1]
     assert f"[{figure.speedup_ci[0]:.2f}-{figure.speedup_ci[1]:.2f}]" in v.headline
+    assert figure_text(figure) == (f"{speedup:.2f}x [{figure.speedup_ci[0]:.2f}-"
+                                   f"{figure.speedup_ci[1]:.2f}], saves 3.00 GiB (38%), "
+                                   f"loss {3.002 - 3.000:+.3g}")
     assert f"saves {format_bytes(3 * GiB)} ({3 / 8:.0%})" in v.headline
     assert f"loss {3.002 - 3.000:+.3g} vs fp32 after {STEPS} steps" in v.headline
     assert v.headline.endswith("fp16-amp is as fast but skipped 2 steps")
