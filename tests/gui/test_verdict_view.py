@@ -114,3 +114,21 @@ def test_status_bar_says_when_bf16_is_emulated(window):
         assert "bf16: yes" in text
     else:
         assert "bf16: emulated (no AVX512-BF16/AMX), slow" in text
+
+
+def test_verdict_and_every_table_row_fit_a_laptop_screen(qtbot, window, monkeypatch,
+                                                         tmp_path):
+    rec = record(trial("fp32", 100.0, 8 * GiB, 3.0), trial("bf16-amp", 50.0, 5 * GiB, 3.0),
+                 trial("fp16-amp", 50.0, 5 * GiB, 3.0, skipped=2, seed=4))
+    rec.config = {"model": "tiny", "precisions": ["fp32", "bf16-amp", "fp16-amp"]}
+    window.resize(1366, 698)  # 768 less a title bar and a panel
+    path = write_json(rec, tmp_path / "run.json")
+    _open_with_the_file_menu(qtbot, window, monkeypatch, path)
+    _tab(window, "Compare")
+    qtbot.wait(50)
+    view = window.compare_view
+    label = view.verdict_label
+    assert label.visibleRegion().boundingRect().size() == label.size()
+    table = view.table
+    last = table.visualRect(table.model().index(table.model().rowCount() - 1, 0))
+    assert table.viewport().rect().contains(last)  # every row shows without scrolling
