@@ -157,7 +157,8 @@ class SpeedVerdict:
     """Whether the run's speeds can rank its precisions, and the ranking when they can.
 
     ``status``: "ranked" (at least two groups told apart), "tied" (spread fine, but no
-    precision measurably faster than another), "noisy" (spread too wide to rank) or
+    precision measurably faster than another), "noisy" (spread too wide to rank, or the
+    host too busy: ``engine.contention``) or
     "n/a" (fewer than two finished trials). ``ranking`` is None unless "ranked": groups
     fastest first, precisions in one group statistically tied.
     """
