@@ -21,6 +21,8 @@ PRECISIONS: tuple[str, ...] = (
     "nf4",
     "fp8",
 )
+# recipes whose matmuls run in bf16: emulated, and slow, on a CPU without bf16 units
+BF16_COMPUTE: tuple[str, ...] = ("bf16-amp", "bf16", "nf4")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")
 ISOLATIONS: tuple[str, ...] = ("process", "inline")
 STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp2")  # "none": one process, no torchrun

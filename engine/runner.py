@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 
 from engine.child import StderrFile, become_child, describe_exit, oom_kill_count, sigint_blocked
-from engine.config import RunConfig
+from engine.config import BF16_COMPUTE, RunConfig
 from engine.contention import cpu_count, summarise
 from engine.device import BF16_EMULATED, DeviceInfo, probe
 from engine.environment import collect
@@ -40,7 +40,6 @@ from engine.monitor import Monitor
 from engine.quiet import quiet_libraries
 from engine.record import RunRecord
 from engine.rounds import RoundBook, TrialRound, choose_rounds, schedule
-from engine.verdict import BF16_RECIPES
 
 CANCEL_GRACE_S = 30.0  # a child that ignores cancel this long is terminated
 TERMINATE_GRACE_S = 5.0  # then killed
@@ -157,7 +156,7 @@ class Runner:
         self._emit(RunStarted(run_id, self.config.to_dict(), collect(info), time.time()))
         if info.fallback_reason:  # e.g. a driver too old for this torch: say why not the GPU
             self._emit(LogEvent("warning", info.fallback_reason, None, time.time()))
-        emulated = [p for p in self.config.precisions if p.partition("@")[0] in BF16_RECIPES]
+        emulated = [p for p in self.config.precisions if p.partition("@")[0] in BF16_COMPUTE]
         if info.bf16_hardware is False and emulated:
             self._emit(LogEvent(
                 "warning", f"bf16: {BF16_EMULATED}: this CPU has no bf16 matrix instructions, "

@@ -23,12 +23,12 @@ from engine.compare import (
     format_bytes,
     speed_verdict,
 )
+from engine.config import BF16_COMPUTE
 from engine.record import RunRecord
 
 LOSS_TOLERANCE_REL = 0.02  # final loss within 2% of fp32's (same data and seed) ...
 LOSS_TOLERANCE_ABS = 0.01  # ... or this much, whichever is larger
 MEMORY_MIN_SAVING = 0.05  # a peak at least 5% below fp32's counts as using less memory
-BF16_RECIPES = ("bf16-amp", "bf16")
 RULES = (
     "a precision is recommended over fp32 when it finished, trains all weights (int8 and "
     "nf4 train LoRA adapters over a frozen base: not a like-for-like replacement), its "
@@ -191,7 +191,7 @@ def verdict(record: RunRecord) -> Verdict:
                                            f"beyond the tolerance of {tolerance:.3g}")
         else:
             group = _group(speed, row.precision)
-            if bf16_emulated and row.precision in BF16_RECIPES and group is not None \
+            if bf16_emulated and row.precision in BF16_COMPUTE and group is not None \
                     and base_group is not None:
                 group = max(group, base_group)  # never faster on emulated bf16
             groups[row.precision] = group
@@ -245,7 +245,7 @@ def verdict(record: RunRecord) -> Verdict:
     ranked = sorted(good, key=cmp_to_key(better))
     best = ranked[0]
     speed_part = (_speed_text(best) if best.speedup_vs_fp32 is not None else "speed n/a")
-    if bf16_emulated and best.precision in BF16_RECIPES:
+    if bf16_emulated and best.precision in BF16_COMPUTE:
         speed_part += " (bf16 emulated here: not judged on speed)"
     elif groups[best.precision] == base_group:
         speed_part += " (not significantly faster)"
