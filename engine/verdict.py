@@ -210,7 +210,7 @@ def verdict(record: RunRecord) -> Verdict:
     if speed.noisy:  # the first problem in the headline, all of them in the reasons
         what = ("speeds not ranked, the machine was busy" if speed.text.startswith(BUSY_TEXT)
                 else "step times too noisy to rank")
-        more = f"; {len(speed.problems) - 1} more below" if len(speed.problems) > 1 else ""
+        more = f"; and {len(speed.problems) - 1} more" if len(speed.problems) > 1 else ""
         first = f" ({speed.problems[0]}{more})" if speed.problems else ""
         return _none(what + first, speed.suggestion, tuple(figures.values()),
                      [*speed.problems, *reasons[1:]])
