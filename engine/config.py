@@ -23,6 +23,7 @@ PRECISIONS: tuple[str, ...] = (
 )
 # recipes whose matmuls run in bf16: emulated, and slow, on a CPU without bf16 units
 BF16_COMPUTE: tuple[str, ...] = ("bf16-amp", "bf16", "nf4")
+BF16_EMULATED = "emulated (no AVX512-BF16/AMX), slow"  # the device's bf16, said so
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")
 ISOLATIONS: tuple[str, ...] = ("process", "inline")
 STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp2")  # "none": one process, no torchrun

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import nvml
-from engine.config import PRECISIONS
+from engine.config import BF16_EMULATED, PRECISIONS
 
 
 def cuda_unavailable_reason() -> str:
@@ -119,7 +119,6 @@ class DeviceInfo:
         return f"{self.name} (compute capability {cc}, CUDA {self.cuda_version})"
 
 
-BF16_EMULATED = "emulated (no AVX512-BF16/AMX), slow"
 # bf16 matrix instructions as /proc/cpuinfo names them: x86 "flags", Arm "Features"
 # (Linux kernel arch/x86/include/asm/cpufeatures.h; arch/arm64/kernel/cpuinfo.c)
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")

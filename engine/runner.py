@@ -20,9 +20,9 @@ import uuid
 from collections.abc import Callable
 
 from engine.child import StderrFile, become_child, describe_exit, oom_kill_count, sigint_blocked
-from engine.config import BF16_COMPUTE, RunConfig
+from engine.config import BF16_COMPUTE, BF16_EMULATED, RunConfig
 from engine.contention import cpu_count, summarise
-from engine.device import BF16_EMULATED, DeviceInfo, probe
+from engine.device import DeviceInfo, probe
 from engine.environment import collect
 from engine.events import (
     ErrorEvent,

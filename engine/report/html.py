@@ -25,6 +25,7 @@ from engine.compare import (
     speed_verdict,
     trained_text,
 )
+from engine.config import BF16_EMULATED
 from engine.events import TrialResult
 from engine.record import SCHEMA_VERSION, RunRecord
 from engine.report.atomic import atomic_write
@@ -122,7 +123,10 @@ def _flatten(data: dict, prefix: str = "") -> list[tuple[str, object]]:
 def _device(record: RunRecord) -> str:
     device = record.environment.get("device")
     if isinstance(device, dict):
+        emulated = device.get("bf16_hardware") is False
         device = device.get("description") or device.get("name")
+        if device and emulated:  # bf16 trials ran in emulation: their speeds are no guide
+            device += f"; bf16: {BF16_EMULATED}"
     if not device:
         device = next((t.device for t in record.trials if t.device), None)
     return _e(device) if device else NA

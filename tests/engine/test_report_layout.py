@@ -77,3 +77,14 @@ def test_verdict_comes_first_then_a_table_that_fits_then_charts():
     assert any("Throughput" in t and "MFU (model FLOPs)" in t for t in folded)
     assert all("torch" not in t for t, depth in zip(page.tables, page.details_of_table)
                if not depth)
+
+
+def test_header_says_when_the_device_emulated_bf16():
+    rec = record(trial("fp32", 100.0, 8 * GiB, 3.0), trial("bf16-amp", 300.0, 7 * GiB, 3.0),
+                 bf16_hardware=False)
+    rec.environment["device"]["description"] = "CPU (AMD EPYC 7B13)"
+    page = render_html(rec)
+    meta = page[page.index('<p class="meta">'):page.index("</p>", page.index('<p class="meta">'))]
+    assert "CPU (AMD EPYC 7B13); bf16: emulated (no AVX512-BF16/AMX), slow" in meta
+    rec.environment["device"]["bf16_hardware"] = True
+    assert "emulated" not in render_html(rec).split("</header>")[0]
