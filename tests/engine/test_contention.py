@@ -23,7 +23,8 @@ from engine.runner import Runner
 from engine.verdict import verdict
 
 IDLE = ("0.52 0.58 0.59 2/812 4242", 2.0)  # /proc/loadavg text, other processes' CPU %
-BUSY = ("3.71 2.90 1.80 6/812 4242", 45.0)
+# oversubscribed on any machine the suite runs on: above twice the cores of a 64-core host
+BUSY = ("171.3 2.90 1.80 6/812 4242", 45.0)
 
 
 class PhasedLoad:
@@ -77,7 +78,7 @@ def test_each_trial_keeps_the_load_measured_while_it_ran(busy_run):
     assert fp32.other_cpu_pct_mean == pytest.approx(IDLE[1], abs=3)
     assert bf16.other_cpu_pct_mean == pytest.approx(BUSY[1], abs=5)
     # and the monitor samples carry it, so charts and reports can show it
-    assert {m.load_avg_1m for m in record.monitor_samples} >= {0.52, 3.71}
+    assert {m.load_avg_1m for m in record.monitor_samples} >= {0.52, 171.3}
 
 
 def test_busy_host_refuses_to_rank_and_the_verdict_says_why(busy_run):
@@ -117,7 +118,7 @@ def test_an_old_report_without_load_fields_opens_and_still_ranks(busy_run):
 def test_the_real_sampler_reads_loadavg_text_and_cpu_counters():
     sampler = LoadSampler(loadavg=lambda: BUSY[0])
     first = sampler.sample()
-    assert first == {"load_avg_1m": 3.71, "other_cpu_pct": None}  # no interval yet
+    assert first == {"load_avg_1m": 171.3, "other_cpu_pct": None}  # no interval yet
     sum(i * i for i in range(200_000))  # let some CPU time pass
     share = sampler.sample()["other_cpu_pct"]
     assert share is None or 0.0 <= share <= 100.0
