@@ -330,7 +330,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
         state.memory = _memory_at_rest(model, optimizer, batches[0], device)
         return True
-    measured = _tracked_step(state, model, optimizer, scaler, batches)
+    measured = tracked_step(config, rec, device, model, optimizer, scaler, batches)
     state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
     shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
     predicted = predict_memory(rec, config.optimizer, shape, config.batch_size, config.seq_len,
@@ -569,11 +569,11 @@ def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, 
     emit(sample)
 
 
-def _tracked_step(state: _State, model, optimizer, scaler, batches) -> memtrack.MeasuredPeak:
+def tracked_step(config: RunConfig, rec: Recipe, device: torch.device, model, optimizer, scaler,
+                 batches) -> memtrack.MeasuredPeak:
     """One more optimiser step, untimed, watched by engine.memtrack from a steady state
-    (optimiser state exists, gradients were freed), as the timed steps ran it."""
-    config, rec = state.config, state.rec
-    device = state.device_info.torch_device
+    (optimiser state exists, gradients were freed), as the timed steps ran it. engine.plan
+    runs the same step on fake tensors."""
     watcher = memtrack.MemoryWatcher(device)
     watcher.track_training(model, optimizer, batches[0])
     with watcher:
@@ -611,14 +611,11 @@ def _memory_at_rest(model, optimizer, batch, device) -> MemoryBreakdown:
         notes="a stopped trial: its peak (activations, gradients in flight) was not measured")
 
 
-def _memory(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: DeviceInfo,
-            compiled: bool, nvml_baseline_bytes: int | None = None) -> MemoryBreakdown:
+def breakdown_fields(measured: memtrack.MeasuredPeak, method: str) -> dict:
+    """MemoryBreakdown's fields from a watched step (measured here, or traced on fake
+    tensors by engine.plan)."""
     at = measured.at_peak
-    method = ("engine.memtrack: every storage from allocation to release over one step; "
-              "the largest sum of live bytes")
-    if compiled:
-        method += " (an eager step: compiled kernels fuse and may allocate less)"
-    fields = dict(
+    return dict(
         params_bytes=at["params"],
         buffers_bytes=at["buffers"],
         quant_state_bytes=at["quant_state"],
@@ -635,6 +632,15 @@ def _memory(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: Devi
         peak_phase=measured.phase,
         at_phase_start_bytes=measured.at_phase_start,
     )
+
+
+def _memory(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: DeviceInfo,
+            compiled: bool, nvml_baseline_bytes: int | None = None) -> MemoryBreakdown:
+    method = ("engine.memtrack: every storage from allocation to release over one step; "
+              "the largest sum of live bytes")
+    if compiled:
+        method += " (an eager step: compiled kernels fuse and may allocate less)"
+    fields = breakdown_fields(measured, method)
     peak_alloc, peak_res, covers = alloc.stop()
     if peak_alloc is None:  # the CPU, or no step ran before a cancel
         return MemoryBreakdown(**fields, notes="categories are what was held at the peak; "
