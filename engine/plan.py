@@ -151,7 +151,7 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from engine.models import load_model, make_batches
-    from engine.recipes import fp32_precision, recipe
+    from engine.recipes import autocast_for, fp32_precision, recipe
     from engine.trial import adam_eps, make_optimizer, make_scaler, tracked_step
 
     rec = recipe(precision)
@@ -167,19 +167,27 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
         optimizer = make_optimizer(config.optimizer, params, run.lr, eps)
         scaler = make_scaler(rec, device, run)
         scaler = _NoReadScaler(scaler) if scaler is not None else None
-        # the state a trial's warm-up steps leave: the optimiser's state exists
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
     real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len, 1, run.seed,
                         device)
     with fp32_precision(rec), mode:
         batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
-        counter, by_dtype = flops_mod.counting_mode(tf32=False)
-        with counter:
-            measured = tracked_step(run, rec, device, model, optimizer, scaler, batches)
-    counted = flops_mod.counted(counter, by_dtype)
+
+        # a warm-up step, its forward and backward counted as a trial's probe counts them
+        # (apart from the watched step: FlopCounterMode's module hooks keep checkpointed
+        # layers' recomputed tensors alive); it leaves the optimiser's state in place
+        def probe():
+            with autocast_for(rec, device):
+                loss = model(**batches[0]).loss
+            (scaler.scale(loss) if scaler else loss).backward()
+
+        counted = flops_mod.count_flops(probe, tf32=False)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        measured = tracked_step(run, rec, device, model, optimizer, scaler, batches)
     return measured, dict(counted.by_peak_dtype)
 
 
