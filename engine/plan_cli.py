@@ -36,7 +36,7 @@ def add_plan_parser(sub) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     from engine.fit import parse_bytes
-    from engine.models import load_config, resolve_source
+    from engine.model_health import check_model
     from engine.plan import PlanConfig, format_plan, plan
 
     out = Path(args.out) if args.out else None
@@ -50,7 +50,7 @@ def run_plan(args: argparse.Namespace) -> int:
                         grad_checkpointing=args.grad_checkpointing, optimizer=args.optimizer,
                         cards=cards, context_bytes=parse_bytes(args.cuda_context),
                         max_batch=args.max_batch)
-    load_config(resolve_source(config.model))  # an unknown model is bad input, before tracing
+    check_model(config.model, config.seq_len)  # bad input exits 2 before any tracing
 
     def log(msg: str) -> None:
         if not args.quiet:

@@ -156,6 +156,7 @@ def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
     (("--batch-size", "0"), "batch size"),
     (("--model", "no-such-model"), "no-such-model"),
     (("--precision", "fp7"), "fp7"),
+    (("--model", "tiny", "--seq-len", "513"), "--seq-len 512"),  # tiny has 512 positions
 ])
 def test_cli_bad_input_exits_2_with_one_line(args, needle):
     run = _cli(*args, timeout=120)
