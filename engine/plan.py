@@ -78,7 +78,7 @@ class PlanConfig:
 @dataclass(frozen=True)
 class CardVerdict:
     card: str  # the table's name
-    memory_bytes: int | None  # as CUDA reports it (torch total_memory); None: not in the table
+    memory_bytes: int | None  # as the driver reports it (nvidia-smi); None: not in the table
     memory_source: str
     usable_bytes: int | None  # memory minus the context allowance
     fits: bool | None
@@ -215,7 +215,7 @@ def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBrea
 
 
 def card_memory(card: str) -> tuple[str, int | None, str]:
-    """(table name, memory as CUDA reports it, its source or why it is missing)."""
+    """(table name, memory as the driver reports it, its source or why it is missing)."""
     entry = peak_entry(card)
     memory = entry.get("memory_bytes")
     if memory is None:

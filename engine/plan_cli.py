@@ -90,6 +90,6 @@ def plan_html(result) -> str:
              f"{result.seq_len}")
     return (f"<!doctype html><meta charset='utf-8'><title>{title}</title><h1>{title}</h1>"
             f"<table border='1'><tr><th>recipe</th><th>traced peak</th>{head}</tr>"
-            f"{''.join(rows)}</table><p>Usable memory is the card's memory as CUDA reports "
+            f"{''.join(rows)}</table><p>Usable memory is the card's memory as the driver reports "
             f"it minus a CUDA context allowance of {result.context_bytes / 2**30:.2f} GiB. "
             "Step times are roofline predictions, not measurements.</p>")

@@ -197,3 +197,22 @@ def test_quantised_recipes_are_not_traced_and_say_why():
     assert trial.method == "n/a" and trial.memory is None
     assert "fake tensors cannot run" in trial.reason
     assert all(c.fits is None for c in trial.cards)
+
+
+def test_8bit_adamw_falls_back_to_the_memory_model_and_says_so():
+    """bitsandbytes' 8-bit AdamW cannot run on fake tensors; its state is worked out here
+    from bitsandbytes' layout: per tensor of 4096+ elements two uint8 states and one fp32
+    absmax per 256-element block each, fp32 states below that, two 256-entry fp32 maps."""
+    config = PlanConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
+                        optimizer="adamw8bit", max_batch=0)
+    trial = plan(config).trials[0]
+    assert trial.method == "memory model"
+    assert "8-bit AdamW" in trial.reason and "memory model predicts" in trial.reason
+    assert "not traced" in trial.memory.total_method
+    cfg = tf.GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1024, n_positions=512)
+    with torch.device("meta"):
+        sizes = [p.numel() for p in tf.GPT2LMHeadModel(cfg).parameters()]
+    state = sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in sizes)
+    assert trial.memory.optimizer_bytes == state + 2 * 256 * 4
+    assert trial.memory.params_bytes == 4 * sum(sizes)
+    assert all(c.fits is True for c in trial.cards)  # a 2-layer model on a 24 GB card
