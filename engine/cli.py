@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     wat = sub.add_parser("watch", help="follow a run journal live in the terminal (Ctrl-C ends)")
     wat.add_argument("journal", help="a run journal (runs/<run id>.jsonl), local or mounted")
     wat.add_argument("--interval", type=float, default=0.5, help="seconds between reads")
+
+    # plan lives in engine/plan_cli.py (arguments and handler together)
+    from engine.plan_cli import add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
                    "numerics": _numerics, "report": _report, "fit": _fit,
-                   "watch": _watch}[args.command]
+                   "watch": _watch, "plan": _plan}[args.command]
         return handler(args)
     except ValueError as exc:
         _say(f"ampscope: error: {exc}", err=True)
@@ -603,6 +608,15 @@ def _fit(args) -> int:
     else:
         print(format_fit(budget, results))
     return 0
+# --- plan --------------------------------------------------------------------------
+
+
+def _plan(args) -> int:
+    from engine.plan_cli import run_plan
+
+    return run_plan(args)
+
+
 # --- watch -------------------------------------------------------------------------
 
 
