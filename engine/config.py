@@ -22,6 +22,8 @@ PRECISIONS: tuple[str, ...] = (
     "int8",
     "nf4",
     "fp8",
+    "fp8-rowwise",
+    "fp8-rowwise-gw-hp",
 )
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")
 ISOLATIONS: tuple[str, ...] = ("process", "inline")

@@ -37,7 +37,14 @@ from engine.gpm import GpmWindow
 from engine.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_bytes, profile_step
 from engine.memory_model import predict_memory, with_errors
 from engine.memory_model import shape_of as memory_shape
-from engine.models import dims, load_config, load_model, make_batches, resolve_source
+from engine.models import (
+    dims,
+    float8_scaling,
+    load_config,
+    load_model,
+    make_batches,
+    resolve_source,
+)
 from engine.peaks import PeakLookup, peak_flops, table
 from engine.peaks import mfu as mfu_of
 from engine.recipes import (
@@ -295,6 +302,9 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.module_tree = inventory.module_tree(model)
     state.param_count, state.trainable_params = inventory.count_params(model)
     state.lora = loaded.lora
+    if rec.fp8:
+        state.notes.append(float8_scaling(model) or "no Linear layer had float8-compatible "
+                           "shapes: every matmul ran in bf16")
     mib = loaded.footprint_bytes / 2**20
     log(f"loaded {config.model}: {state.param_count:,} parameters "
         f"({state.trainable_params:,} trainable), footprint {mib:.2f} MiB")
