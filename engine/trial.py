@@ -139,6 +139,7 @@ class _State:
     lora: dict | None = None
 
     def result(self, status: str, reason: str | None) -> TrialResult:
+        verdict = self.device_info.verdict(self.rec.precision)
         return TrialResult(
             precision=self.rec.precision,
             status=status,
@@ -165,6 +166,8 @@ class _State:
             gpm=self.gpm,
             profiled_step_reason=None if self.profiled else (
                 self.profiled_reason or "the trial ended before its measured steps finished"),
+            support=verdict.support if verdict else None,
+            support_reason=verdict.reason if verdict else None,
         )
 
     def _summary(self) -> TrialSummary:
@@ -327,8 +330,13 @@ def _measure(state: _State, emit, cancelled) -> bool:
 
     _probe(state, loaded, batches[0])
     state.peak = _peak(info, rec, state.flops.by_peak_dtype)
-    # float8 is only fast compiled; compiling needs a warm-up step to land in
-    state.compiled = config.compile or (rec.fp8 and config.warmup >= 1)
+    # float8 is only fast compiled; compiling needs a warm-up step to land in. Emulated
+    # float8 (the CPU) is not fast either way: compiling it would only cost minutes
+    verdict = info.verdict(rec.precision)
+    emulated = verdict is not None and verdict.support == "emulated"
+    state.compiled = config.compile or (rec.fp8 and config.warmup >= 1 and not emulated)
+    if emulated:
+        state.notes.append(f"emulated: {verdict.reason}")
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, config.optimizer,
                                           device.type))
     step_model = torch.compile(model) if state.compiled else model

@@ -3,6 +3,7 @@
 It holds form values only; ``RunConfig`` decides what is valid. Every edit rebuilds the
 config, and its ``ValueError`` message is shown inline in red while Run stays disabled.
 Precisions the device cannot run are greyed out, with the engine's reason as tooltip,
+and those it would run emulated (engine/gating.py) are marked "(emulated)" in italics,
 once the device probe (in a thread: it imports torch) has answered; until then the form
 says "probing device…" and Run waits.
 """
@@ -414,14 +415,20 @@ class ConfigPanel(QWidget):
         for i in range(self.precisions.count()):
             item = self.precisions.item(i)
             name = item.data(Qt.ItemDataRole.UserRole)
-            reason = self.device_info.unsupported_reason(name) if self.device_info else None
-            if reason:
+            verdict = self.device_info.verdict(name) if self.device_info else None
+            support = verdict.support if verdict else None
+            font = item.font()
+            font.setItalic(support == "emulated")
+            item.setFont(font)
+            item.setText(f"{name} (emulated)" if support == "emulated" else name)
+            if support == "unsupported":
                 item.setFlags(Qt.ItemFlag.NoItemFlags)
                 item.setCheckState(Qt.CheckState.Unchecked)
-                item.setToolTip(f"{name} cannot run here: {reason}")
+                item.setToolTip(f"{name} cannot run here: {verdict.reason}")
             else:
                 item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
-                item.setToolTip("")
+                item.setToolTip(f"{name} runs emulated here: {verdict.reason}"
+                                if support == "emulated" else "")
         self.precisions.blockSignals(False)
 
     def _on_edit(self, *_args) -> None:

@@ -27,7 +27,7 @@ MAX_TEXT = 100_000  # characters in one string (a reason, a note, a kernel name)
 MAX_NAME = 4096  # a model may be a local folder's path
 NAME_FIELDS = frozenset({"precision", "precisions", "status", "run_id", "model", "device",
                          "host", "strategy", "backend", "source", "level", "collective",
-                         "dtype", "recipe"})
+                         "dtype", "recipe", "support"})
 MAX_MAGNITUDE = 1e30  # any other finite number: charts add and pad ranges, 1e308 overflows
 # counts, indices and depths that cannot be negative
 NON_NEGATIVE = frozenset({"depth", "rank", "local_rank", "world_size", "round"})

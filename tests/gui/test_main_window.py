@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QFileDialog
 from engine.config import RunConfig
 from engine.record import RunRecord
 from gui.main_window import MainWindow
-from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form
+from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form, list_item, tick
 
 
 def _config(**changes) -> RunConfig:
@@ -59,7 +59,7 @@ def test_the_window_shows_before_the_device_probe_answers(qtbot, monkeypatch):
     qtbot.waitUntil(lambda: not panel.device_pending(), timeout=RUN_TIMEOUT_MS)
     assert "CPU" in win.device_status.text()
     assert win.run_button.isEnabled()
-    assert not _precision_item(win, "fp8").flags() & Qt.ItemFlag.ItemIsEnabled
+    assert not _precision_item(win, "tf32").flags() & Qt.ItemFlag.ItemIsEnabled
 
 
 def _run(qtbot, win: MainWindow, config: RunConfig) -> RunRecord:
@@ -79,9 +79,7 @@ def _run_config(qtbot, win: MainWindow, config: RunConfig) -> RunRecord:
 
 
 def _precision_item(win: MainWindow, name: str):
-    items = win.config_panel.precisions.findItems(name, Qt.MatchFlag.MatchExactly)
-    assert len(items) == 1
-    return items[0]
+    return list_item(win.config_panel.precisions, name)
 
 
 def test_window_opens_with_device_status(window):
@@ -94,12 +92,25 @@ def test_window_opens_with_device_status(window):
 
 
 def test_precisions_the_cpu_cannot_run_are_greyed_with_reason(window):
-    for name in ("tf32", "fp8"):
-        item = _precision_item(window, name)
-        assert not item.flags() & Qt.ItemFlag.ItemIsEnabled
-        assert item.checkState() == Qt.CheckState.Unchecked
-        assert window.config_panel.device_info.unsupported_reason(name) in item.toolTip()
+    item = _precision_item(window, "tf32")
+    assert not item.flags() & Qt.ItemFlag.ItemIsEnabled
+    assert item.checkState() == Qt.CheckState.Unchecked
+    assert "tf32 cannot run here" in item.toolTip() and item.text() == "tf32"
+    assert window.config_panel.device_info.unsupported_reason("tf32") in item.toolTip()
     assert _precision_item(window, "bf16").flags() & Qt.ItemFlag.ItemIsEnabled
+
+
+def test_precisions_the_cpu_runs_emulated_are_marked_and_can_be_ticked(window):
+    panel = window.config_panel
+    for name in ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp"):
+        item = _precision_item(window, name)
+        assert item.text() == f"{name} (emulated)" and item.font().italic()
+        assert "runs emulated here" in item.toolTip() and "fp8 matrix unit" in item.toolTip()
+        tick(panel.precisions, name)
+        assert name in panel.checked_precisions()
+    for name in ("fp32", "bf16-amp"):  # native on the CPU: plain, not marked
+        item = _precision_item(window, name)
+        assert item.text() == name and not item.font().italic() and item.toolTip() == ""
 
 
 def test_invalid_input_shows_inline_and_disables_run(window):
