@@ -87,6 +87,9 @@ def test_window_opens_with_device_status(window):
     assert [window.tabs.tabText(i) for i in range(4)] == ["Run", "Compare", "Model", "History"]
     status = window.device_status.text()
     assert "CPU" in status and "NVML" in status and "bf16: yes" in status
+    assert "fp8: emulated" in status  # float8 runs on the CPU, not on fp8 hardware
+    assert "fp8-rowwise (emulated): the CPU has no fp8 matrix unit" in (
+        window.device_status.toolTip())
     assert window.run_button.isEnabled()
     assert not window.stop_button.isEnabled()
 
