@@ -6,6 +6,7 @@ Each GPU is described by the fields ``torch.cuda.get_device_properties`` returns
 """
 
 import dataclasses
+import html
 import json
 from types import SimpleNamespace
 
@@ -17,6 +18,7 @@ from engine import gating
 from engine.config import PRECISIONS, RunConfig
 from engine.device import probe
 from engine.record import RunRecord
+from engine.report.html import render_html
 from engine.report.json_io import read_json, write_json
 from engine.trial import run_trial
 
@@ -151,6 +153,9 @@ def test_each_trial_carries_its_verdict_into_the_report(tmp_path):
     write_json(record, path)
     back = read_json(path)
     assert [t.support for t in back.trials] == ["emulated", "unsupported", "native"]
+    page = render_html(back)
+    assert html.escape(f"emulated: {emulated.support_reason}") in page
+    assert html.escape(f"native: {native.support_reason}") in page
 
 
 def test_an_older_report_without_verdicts_still_loads(tmp_path):
