@@ -91,6 +91,7 @@ BLACKWELL_AND_NEWER = [
     # RTX 5090: FP16 838 TFLOPS sparse with fp16 accumulate; GeForce fp32 accumulate is half
     ("NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 5090", "fp16", 838 / 2 / 2),
     ("NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 5090", "fp4", 3352 / 2),
+    ("NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 5090", "mxfp8", 838 / 2),  # fp32 acc
     ("NVIDIA GeForce RTX 4080", "NVIDIA GeForce RTX 4080", "bf16", 97.5),
     ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA RTX PRO 6000 Blackwell",
      "fp32", 125),
@@ -119,7 +120,7 @@ def test_new_rows_give_the_datasheet_figure(device, entry, dtype, tflops):
     ("NVIDIA GB300", "int8", "disagree"),
     ("NVIDIA B300 SXM6 AC", "nvfp4", "disagree"),
     ("AMD Instinct MI355X", "fp4", "sparsity"),
-    ("NVIDIA GeForce RTX 5090", "int8", "not stated"),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "bf16", "not stated"),
 ])
 def test_a_figure_the_sources_do_not_settle_is_na_with_the_reason(device, dtype, words):
     lookup = peak_flops(device, dtype)
@@ -186,6 +187,13 @@ def test_a_mig_slice_with_an_unknown_sm_count_has_no_peak():
 def test_a_b200_mig_slice_is_scaled_by_its_sms():
     lookup = peak_flops("NVIDIA B200 MIG 1g.23gb", "fp8", sm_count=16, mig=True)
     assert lookup.flops_per_s == pytest.approx(4.5e15 * 16 / 148)
+
+
+def test_a_blackwell_ultra_mig_slice_is_na_while_its_sm_count_is_disputed():
+    lookup = peak_flops("NVIDIA B300 SXM6 AC MIG 1g.34gb", "fp8", sm_count=18, mig=True)
+    assert lookup.flops_per_s is None and "MIG" in lookup.reason
+    row = next(g for g in table()["gpus"] if g["name"] == "NVIDIA B300")
+    assert row["sm_count"] is None and "disagree" in row["sm_count_note"]
 
 
 def test_the_whole_gpu_keeps_its_datasheet_peak():
