@@ -3,6 +3,7 @@
 import multiprocessing
 import signal
 import threading
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -14,7 +15,15 @@ from PySide6.QtWidgets import QFileDialog
 from engine.config import RunConfig
 from engine.record import RunRecord
 from gui.main_window import MainWindow
-from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form, list_item, tick
+from tests.gui.clicks import (
+    RUN_TIMEOUT_MS,
+    choose,
+    click,
+    fill_form,
+    list_item,
+    tick,
+    wait_for_device,
+)
 
 
 def _config(**changes) -> RunConfig:
@@ -376,3 +385,37 @@ def test_run_and_numerics_lab_wait_for_each_other(qtbot, window):
         assert not window.start_run(_config())
     qtbot.waitUntil(window.run_button.isEnabled)
     assert window.numerics_view.numerics["precision"]
+
+
+def _fake_gpu(monkeypatch, **props):
+    """torch.cuda answering as on one real GPU (the fields get_device_properties gives)."""
+    import torch
+
+    device = SimpleNamespace(multi_processor_count=108, total_memory=80 * 2**30, **props)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: device)
+    monkeypatch.setattr(torch.version, "cuda", None if "gcnArchName" in props else "12.9")
+
+
+@pytest.mark.parametrize(("props", "greyed", "runs"), [
+    (dict(name="NVIDIA A100-SXM4-80GB", major=8, minor=0), ("fp8", "fp8-rowwise"),
+     ("bf16-amp", "tf32")),
+    (dict(name="AMD Instinct MI300X", major=9, minor=4, gcnArchName="gfx942:sramecc+:xnack-"),
+     (), ("fp8", "fp8-rowwise-gw-hp", "tf32")),
+])
+def test_choosing_a_gpu_greys_what_its_hardware_cannot_run(window, monkeypatch, props, greyed,
+                                                           runs):
+    _fake_gpu(monkeypatch, **props)
+    panel = window.config_panel
+    choose(panel.device, "cuda")
+    wait_for_device(panel)
+    assert panel.device_info.name == props["name"]
+    for name in greyed:
+        item = _precision_item(window, name)
+        assert not item.flags() & Qt.ItemFlag.ItemIsEnabled
+        assert "compute capability 8.0" in item.toolTip()
+    for name in runs:
+        item = _precision_item(window, name)
+        assert item.flags() & Qt.ItemFlag.ItemIsEnabled
+        assert item.text() == name and not item.font().italic()  # native, not emulated
