@@ -86,6 +86,8 @@ def _cpu(precision: str) -> Verdict:
         return Verdict("emulated", "the CPU has no fp8 matrix unit: torch's CPU _scaled_mm "
                        "does the float8 GEMMs in software, so memory and numerics are real "
                        "but the speed is not representative")
+    if rec.quant:
+        return Verdict("native", "runs on bitsandbytes' CPU backend")
     return Verdict("native", "runs on torch's CPU kernels")
 
 
@@ -95,6 +97,8 @@ def _cuda(precision: str, dev: DeviceDescription) -> Verdict:
     where = dev.describe()
     if rec.fp8:
         if cc >= _FP8_MIN_CC:
+            # rowwise scales go to cuBLASLt as outer-vector scaling (CUDA 12.9+, torch's
+            # Blas.cpp), so every fp8-capable compute capability takes both granularities
             granularity = "rowwise" if "rowwise" in precision else "tensorwise"
             return Verdict("native", f"{where} has fp8 Tensor Cores; torch._scaled_mm runs "
                            f"{granularity}-scaled float8 GEMMs on them")
@@ -119,11 +123,14 @@ def _rocm(precision: str, dev: DeviceDescription) -> Verdict:
         return Verdict("native", f"{where} runs {precision} through ROCm")
     family = _ROCM_NAMES[arch]
     if rec.fp8:
+        # hipBLASLt's rowwise scaled_mm wants a bf16 output, which bf16 autocast gives
         return Verdict("native", f"{where}, {family}: fp8 matrix cores in "
                        f"{_ROCM_FP8[arch]}; torchao picks that flavour")
     if rec.tf32:
         # torch.cuda.is_tf32_supported accepts gfx94x and gfx95x on ROCm
         return Verdict("native", f"{where}, {family}: TF32 (XF32) through hipBLASLt")
+    if rec.quant:  # bitsandbytes ships ROCm builds (libbitsandbytes_rocm*)
+        return Verdict("native", f"{where}, {family}: bitsandbytes' ROCm build")
     return Verdict("native", f"{where}, {family} runs {precision} through ROCm")
 
 
