@@ -1,7 +1,6 @@
 """The float8 recipes (tensorwise, rowwise, rowwise with a high-precision weight gradient)
 run through a real inline CPU trial and report the scaling torchao's config prescribes."""
 
-import dataclasses
 import json
 import math
 import re
@@ -18,8 +17,8 @@ from engine.recipes import RECIPES
 from engine.resources import RESOURCES
 from engine.trial import run_trial
 
-# torchao float8 runs on the CPU through torch._scaled_mm, as the fp8 tests do
-FP8_CPU = dataclasses.replace(probe("cpu"), unsupported={}, fp8_supported=True)
+# torchao float8 runs on the CPU through torch._scaled_mm: emulated, uncompiled
+CPU = probe("cpu")
 
 PRESETS = {p["name"]: p["config"] for p in
            json.loads((RESOURCES / "presets.json").read_text())["presets"]}
@@ -56,8 +55,9 @@ def _reported(note: str) -> dict:
 def test_float8_recipe_trains_and_reports_torchaos_scaling(precision, torchao_recipe):
     config = RunConfig(model="tiny", precisions=(precision,), batch_size=1, seq_len=16,
                        steps=2, warmup=0, device="cpu", isolation="inline")
-    result = run_trial(config, precision, FP8_CPU, lambda e: None, lambda: False)
+    result = run_trial(config, precision, CPU, lambda e: None, lambda: False)
     assert result.status == "ok", result.reason
+    assert result.support == "emulated"
     assert math.isfinite(result.summary.final_loss)
     (note,) = [n for n in result.notes if n.startswith("float8 scaling")]
     expected_cfg = Float8LinearConfig.from_recipe_name(torchao_recipe)
