@@ -95,7 +95,7 @@ BLACKWELL_AND_NEWER = [
     ("NVIDIA GeForce RTX 4080", "NVIDIA GeForce RTX 4080", "bf16", 97.5),
     ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA RTX PRO 6000 Blackwell",
      "fp32", 125),
-    ("NVIDIA A40", "NVIDIA A40", "tf32", 149.7 / 2),  # A40: TF32 149.7 sparse
+    ("NVIDIA A40", "NVIDIA A40", "tf32", 149.6 / 2),  # A40: TF32 149.6 sparse
     ("NVIDIA A30", "NVIDIA A30", "bf16", 330 / 2),
     ("NVIDIA L20", "NVIDIA L20", "fp8", 478 / 2),
     ("NVIDIA H800", "NVIDIA H800 SXM", "bf16", 1979 / 2),  # H100 SXM5's 1,979 sparse
