@@ -3,7 +3,8 @@
 Qt-free so the report writers and the window share it. The first seven are the
 Okabe-Ito palette (distinguishable with the common colour-vision deficiencies) minus
 black and yellow, which vanish on dark and light backgrounds respectively; the last
-two come from Paul Tol's muted palette and a neutral grey.
+two come from Paul Tol's muted palette and a neutral grey; the float8 rowwise
+recipes take two more of Tol's muted colours.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ PRECISION_COLORS: dict[str, str] = {
     "int8": "#882255",  # wine
     "nf4": "#999933",  # olive
     "fp8": "#777777",  # grey
+    "fp8-rowwise": "#44AA99",  # teal (Tol muted)
+    "fp8-rowwise-gw-hp": "#332288",  # indigo (Tol muted)
 }
 
 _REDUCE_TINT = {"bf16": 0.35, "fp16": 0.55, "fp32": 0.15}  # share of white mixed in

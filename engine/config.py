@@ -22,6 +22,8 @@ PRECISIONS: tuple[str, ...] = (
     "int8",
     "nf4",
     "fp8",
+    "fp8-rowwise",
+    "fp8-rowwise-gw-hp",
 )
 # recipes whose matmuls run in bf16: emulated, and slow, on a CPU without bf16 units
 BF16_COMPUTE: tuple[str, ...] = ("bf16-amp", "bf16", "nf4")

@@ -2,7 +2,8 @@
 
 Every recipe asks ``DeviceInfo.unsupported_reason`` before it loads anything, so a
 precision the hardware lacks becomes an ``unsupported`` trial with the reason, never
-a crash deep inside a kernel.
+a crash deep inside a kernel. What the hardware can do is ``engine.gating``'s verdict
+(native, emulated or unsupported); this module adds what is not installed.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import nvml
+from engine import gating, nvml
 from engine.config import BF16_EMULATED, PRECISIONS
+from engine.recipes import recipe
 
 
 def cuda_unavailable_reason() -> str:
@@ -80,6 +82,7 @@ class DeviceInfo:
     # does bf16 math run on bf16 units? CPU: AVX512-BF16/AMX (x86) or BF16 (Arm);
     # False: torch emulates it in fp32, slower than fp32 itself; None: not known
     bf16_hardware: bool | None = None
+    verdicts: dict = field(default_factory=dict)  # precision -> gating.Verdict
 
     @property
     def bf16_text(self) -> str:
@@ -92,6 +95,13 @@ class DeviceInfo:
 
     def unsupported_reason(self, precision: str) -> str | None:
         return self.unsupported.get(precision)
+
+    def verdict(self, precision: str) -> gating.Verdict | None:
+        """The gating verdict, with "unsupported" where the probe found a missing library."""
+        reason = self.unsupported.get(precision)
+        if reason is not None:
+            return gating.Verdict("unsupported", reason)
+        return self.verdicts.get(precision)
 
     @property
     def torch_device(self) -> torch.device:
@@ -155,6 +165,21 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def _unsupported(verdicts: dict[str, gating.Verdict]) -> dict[str, str]:
+    """Precision -> why it cannot run: the hardware's verdict, then what is not installed."""
+    unsupported = {p: v.reason for p, v in verdicts.items() if v.support == "unsupported"}
+    for precision in PRECISIONS:
+        if precision in unsupported:
+            continue
+        rec = recipe(precision)
+        if rec.quant and not _has("bitsandbytes"):
+            unsupported[precision] = ("bitsandbytes is not installed: "
+                                      "pip install -r requirements.txt")
+        elif rec.fp8 and not _has("torchao"):
+            unsupported[precision] = "torchao is not installed: pip install -r requirements.txt"
+    return unsupported
+
+
 def probe(requested: str = "auto") -> DeviceInfo:
     """Inspect the device ``requested`` names. Raises ``ValueError`` for impossible asks."""
     dev = resolve_device(requested)
@@ -162,19 +187,8 @@ def probe(requested: str = "auto") -> DeviceInfo:
     if requested.strip().lower() == "auto" and dev.type == "cpu" and torch.version.cuda:
         # a CUDA build that cannot use CUDA (driver too old, no GPU): say why
         fallback = f"--device auto chose the CPU: {cuda_unavailable_reason()}"
-    unsupported: dict[str, str] = {}
-    if not _has("bitsandbytes"):
-        for p in ("int8", "nf4"):
-            unsupported[p] = "bitsandbytes is not installed: pip install -r requirements.txt"
     if dev.type == "cpu":
-        unsupported["tf32"] = (
-            "TF32 is a Tensor Core matmul mode of NVIDIA Ampere and newer GPUs; "
-            "on the CPU it would be plain fp32: run on a CUDA GPU"
-        )
-        unsupported["fp8"] = (
-            "fp8 training (torchao float8) needs a CUDA GPU of compute capability 8.9 or "
-            "newer (Ada, Hopper); this run is on the CPU"
-        )
+        verdicts = gating.matrix(gating.CPU)
         return DeviceInfo(
             kind="cpu",
             index=None,
@@ -188,32 +202,17 @@ def probe(requested: str = "auto") -> DeviceInfo:
             bf16_hardware=cpu_bf16_hardware(_cpuinfo()),
             tf32_supported=False,
             fp8_supported=False,
-            unsupported=unsupported,
+            unsupported=_unsupported(verdicts),
             fallback_reason=fallback,
+            verdicts=verdicts,
         )
     index = dev.index or 0
     props = torch.cuda.get_device_properties(index)
     cc = (props.major, props.minor)
     name = props.name
     uuid, bus_id = _uuid_and_bus_id(props)
-    bf16 = cc >= (8, 0)
-    tf32 = cc >= (8, 0)
-    fp8 = cc >= (8, 9)
-    if not bf16:
-        reason = f"{name} (compute capability {cc[0]}.{cc[1]}) has no bf16 Tensor Cores: needs 8.0+"
-        for p in ("bf16-amp", "bf16", "nf4"):
-            unsupported[p] = reason
-    if not tf32:
-        unsupported["tf32"] = (
-            f"{name} (compute capability {cc[0]}.{cc[1]}) has no TF32 mode: needs Ampere (8.0+)"
-        )
-    if not fp8:
-        unsupported["fp8"] = (
-            f"fp8 training needs compute capability 8.9+ (Ada, Hopper); {name} is "
-            f"{cc[0]}.{cc[1]}: choose bf16-amp or fp16-amp"
-        )
-    elif not _has("torchao"):
-        unsupported["fp8"] = "torchao is not installed: pip install -r requirements.txt"
+    verdicts = gating.matrix(gating.DeviceDescription.from_properties(props))
+    unsupported = _unsupported(verdicts)
     h = nvml.handle_for(uuid, bus_id)
     handle_info = nvml.device_static(h)
     mig_handle = nvml.query("nvmlDeviceIsMigDeviceHandle", h) if h is not None else None
@@ -227,16 +226,17 @@ def probe(requested: str = "auto") -> DeviceInfo:
         cuda_version=torch.version.cuda,
         driver_version=handle_info.get("driver_version"),
         nvml_available=nvml.available(),
-        bf16_supported=bf16,
-        bf16_hardware=bf16,
-        tf32_supported=tf32,
-        fp8_supported=fp8 and "fp8" not in unsupported,
-        unsupported={p: r for p, r in unsupported.items() if p in PRECISIONS},
+        bf16_supported="bf16" not in unsupported,
+        bf16_hardware="bf16" not in unsupported,
+        tf32_supported="tf32" not in unsupported,
+        fp8_supported=verdicts["fp8"].support == "native" and "fp8" not in unsupported,
+        unsupported=unsupported,
         uuid=uuid,
         pci_bus_id=bus_id,
         sm_count=int(props.multi_processor_count),
         mig=mig,
         power_method=nvml.power_method(cc),
+        verdicts=verdicts,
     )
 
 

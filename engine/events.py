@@ -505,6 +505,11 @@ class TrialResult:
     # "profile" (AmpScope trained it), or a user's own training recorded through the
     # public API: "user-loop" (ampscope.Recorder), "user-trainer" (ampscope.AmpScopeCallback)
     source: str = "profile"
+    # engine/gating.py's verdict on the trial's device: "native", "emulated" (it ran, but
+    # not on the format's own hardware: speed not representative) or "unsupported", with
+    # the reason; None in older reports and user runs
+    support: str | None = None
+    support_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from engine.presets import get_preset, presets
-from engine.recipes import Recipe
+from engine.recipes import Recipe, float8_config
 from engine.recipes import recipe as get_recipe
 
 WEIGHT_FILES = (
@@ -290,6 +290,63 @@ def _fp8_filter(module: nn.Module, fqn: str) -> bool:
     )
 
 
+def _cast_float8_inputs_under_cpu_autocast(model: nn.Module) -> None:
+    """Give float8 layers on the CPU the input cast they get under CUDA autocast.
+
+    torchao's Float8Linear casts its input to the autocast dtype only when CUDA autocast
+    is on; under CPU autocast the input stays fp32 while the gradient arrives in bf16,
+    and a high-precision weight-gradient GEMM then multiplies mismatched dtypes.
+    """
+    from torchao.float8.float8_linear import Float8Linear
+
+    def cast(_module, args):
+        if torch.is_autocast_enabled("cpu"):
+            return (args[0].to(torch.get_autocast_dtype("cpu")), *args[1:])
+        return None
+
+    for module in model.modules():
+        if isinstance(module, Float8Linear):
+            module.register_forward_pre_hook(cast)
+
+
+# Float8LinearConfig cast configs by the GEMM that uses them, as torchao names the fields
+_FLOAT8_CASTS = (
+    ("output", (("input", "cast_config_input"), ("weight", "cast_config_weight"))),
+    ("grad-input", (("grad_output", "cast_config_grad_output"),
+                    ("weight", "cast_config_weight_for_grad_input"))),
+    ("grad-weight", (("input", "cast_config_input_for_grad_weight"),
+                     ("grad_output", "cast_config_grad_output_for_grad_weight"))),
+)
+
+
+def float8_scaling(model: nn.Module) -> str | None:
+    """How the converted float8 layers scale each GEMM operand, read from the layers.
+
+    ``None`` when no layer was converted. A disabled cast leaves that operand in high
+    precision (the rowwise-with-gw-hp recipe's weight-gradient GEMM).
+    """
+    from torchao.float8.float8_linear import Float8Linear
+
+    layers = [m for m in model.modules() if isinstance(m, Float8Linear)]
+    if not layers:
+        return None
+    cfg = layers[0].config
+    gemms = []
+    for gemm, operands in _FLOAT8_CASTS:
+        parts = []
+        for operand, attr in operands:
+            cast = getattr(cfg, attr)
+            if cast.scaling_type.value == "disabled":
+                parts.append(f"{operand} high precision")
+            else:
+                dtype = str(cast.target_dtype).removeprefix("torch.")
+                parts.append(f"{operand} {cast.scaling_granularity.value} {dtype}")
+        gemms.append(f"{gemm} GEMM: {', '.join(parts)}")
+    power2 = "; scales rounded to powers of 2" if cfg.round_scales_to_power_of_2 else ""
+    return (f"float8 scaling of {len(layers)} Linear layers (torchao Float8LinearConfig): "
+            f"{'; '.join(gemms)}{power2}")
+
+
 def _add_lora(model: nn.Module, recipe: Recipe, lora_r: int, grad_checkpointing: bool):
     import bitsandbytes as bnb
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -352,7 +409,10 @@ def load_model(
         from torchao.float8 import convert_to_float8_training
 
         conv1d_to_linear(net)
-        convert_to_float8_training(net, module_filter_fn=_fp8_filter)
+        convert_to_float8_training(net, config=float8_config(recipe),
+                                   module_filter_fn=_fp8_filter)
+        if device.type != "cuda":
+            _cast_float8_inputs_under_cpu_autocast(net)
     lora = None
     if recipe.lora:
         net, lora = _add_lora(net, recipe, lora_r, grad_checkpointing)

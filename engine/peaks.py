@@ -39,13 +39,35 @@ def _entry(device_name: str) -> dict | None:
     return None
 
 
+def _rate(gpu: dict, dtype: str, accumulate: str) -> tuple[float | None, str | None]:
+    """The dense rate and, when there is none, why (from the row's ``null_reasons``)."""
+    if accumulate == "fp16" and "fp16_accumulate_tflops" in gpu:
+        tflops = gpu["fp16_accumulate_tflops"].get(dtype)
+        if tflops is None:
+            return None, (f"{gpu['name']} has no {dtype} rate with fp16 accumulate in "
+                          f"{_TABLE_NAME}, so MFU is n/a")
+        return tflops, None
+    tflops = gpu["peak_tflops"].get(dtype)
+    if tflops is not None:
+        return tflops, None
+    reason = gpu.get("null_reasons", {}).get(dtype)
+    if reason:
+        return None, f"{reason}: MFU is n/a"
+    return None, (f"{gpu['name']} has no {dtype} peak on its datasheet (no {dtype} "
+                  "hardware path), so MFU is n/a")
+
+
 def peak_flops(device_name: str | None, dtype: str, sm_count: int | None = None,
-               mig: bool = False) -> PeakLookup:
+               mig: bool = False, accumulate: str = "fp32") -> PeakLookup:
     """Peak of ``dtype`` (a column of the table, e.g. a recipe's ``peak_dtype``) on a GPU.
 
     ``sm_count`` is the device's SM count as CUDA reports it; with ``mig`` (or fewer SMs
     than the datasheet GPU) the peak is scaled by the share of SMs the device has.
+    ``accumulate`` picks a GeForce row's fp16-accumulate rates (twice its fp32-accumulate
+    ones); every other row has one rate per dtype.
     """
+    if accumulate not in ("fp32", "fp16"):
+        raise ValueError(f"accumulate must be 'fp32' or 'fp16', not '{accumulate}'")
     dtypes = table()["dtypes"]
     if dtype not in dtypes:
         raise ValueError(f"no peak column '{dtype}': choose from {', '.join(dtypes)}")
@@ -57,14 +79,12 @@ def peak_flops(device_name: str | None, dtype: str, sm_count: int | None = None,
         return PeakLookup(
             None, None, f"no datasheet peak for '{name}' in {_TABLE_NAME}: add it to get MFU"
         )
-    tflops = gpu["peak_tflops"].get(dtype)
+    tflops, reason = _rate(gpu, dtype, accumulate)
     if tflops is None:
-        return PeakLookup(
-            None, None, f"{gpu['name']} has no {dtype} peak on its datasheet (no {dtype} "
-            "hardware path), so MFU is n/a"
-        )
+        return PeakLookup(None, None, reason)
     unit = "TOPS" if dtype == "int8" else "TFLOP/s"
-    source = f"{gpu['name']}: {tflops} {unit} {dtype}, dense ({gpu['source']})"
+    acc = f" with {accumulate} accumulate" if "accumulate" in gpu else ""
+    source = f"{gpu['name']}: {tflops} {unit} {dtype}{acc}, dense ({gpu['source']})"
     full_sms = gpu.get("sm_count")
     partial = mig or (sm_count is not None and full_sms is not None and sm_count < full_sms)
     if not partial:

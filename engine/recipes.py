@@ -30,6 +30,8 @@ class Recipe:
     description: str  # what runs on a GPU
     # what runs on the CPU where a library takes another path there (None: the same)
     cpu_description: str | None = None
+    # torchao Float8LinearRecipeName value the fp8 recipes convert with (None: no float8)
+    float8_recipe: str | None = None
 
 
 _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -69,11 +71,29 @@ RECIPES: dict[str, Recipe] = {
         Recipe("fp8", _F32, _BF16, False, None, False, True, False, "fp8", True,
                "torchao float8 training of Linear layers (dynamic tensorwise scaling), bf16 "
                "autocast elsewhere; compiled with torch.compile by default (eager float8 is "
-               "several times slower and not representative)"),
+               "several times slower and not representative)", float8_recipe="tensorwise"),
+        Recipe("fp8-rowwise", _F32, _BF16, False, None, False, True, False, "fp8", True,
+               "torchao float8 training of Linear layers with rowwise (axiswise) scaling: one "
+               "scale per row of each operand, rounded to a power of 2, for all three GEMMs; "
+               "bf16 autocast elsewhere; compiled with torch.compile by default",
+               float8_recipe="rowwise"),
+        Recipe("fp8-rowwise-gw-hp", _F32, _BF16, False, None, False, True, False, "fp8", True,
+               "torchao float8 training of Linear layers with rowwise scaling of the output "
+               "GEMM and of the gradient in the input-gradient GEMM (its weight tensorwise), "
+               "the weight-gradient GEMM kept in high precision (bf16); bf16 autocast "
+               "elsewhere; compiled with torch.compile by default",
+               float8_recipe="rowwise_with_gw_hp"),
     )
 }
 
 assert tuple(RECIPES) == PRECISIONS
+
+
+def float8_config(rec: Recipe):
+    """torchao's ``Float8LinearConfig`` for an fp8 recipe, built from its recipe name."""
+    from torchao.float8 import Float8LinearConfig
+
+    return Float8LinearConfig.from_recipe_name(rec.float8_recipe)
 
 
 def recipe(precision: str) -> Recipe:

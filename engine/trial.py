@@ -38,7 +38,14 @@ from engine.gpm import GpmWindow
 from engine.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_bytes, profile_step
 from engine.memory_model import predict_memory, with_errors
 from engine.memory_model import shape_of as memory_shape
-from engine.models import dims, load_config, load_model, make_batches, resolve_source
+from engine.models import (
+    dims,
+    float8_scaling,
+    load_config,
+    load_model,
+    make_batches,
+    resolve_source,
+)
 from engine.peaks import PeakLookup, peak_flops, table
 from engine.peaks import mfu as mfu_of
 from engine.recipes import (
@@ -141,6 +148,7 @@ class _State:
     lora: dict | None = None
 
     def result(self, status: str, reason: str | None) -> TrialResult:
+        verdict = self.device_info.verdict(self.rec.precision)
         return TrialResult(
             precision=self.rec.precision,
             status=status,
@@ -167,6 +175,8 @@ class _State:
             gpm=self.gpm,
             profiled_step_reason=None if self.profiled else (
                 self.profiled_reason or "the trial ended before its measured steps finished"),
+            support=verdict.support if verdict else None,
+            support_reason=verdict.reason if verdict else None,
         )
 
     def _summary(self) -> TrialSummary:
@@ -304,6 +314,9 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.module_tree = inventory.module_tree(model)
     state.param_count, state.trainable_params = inventory.count_params(model)
     state.lora = loaded.lora
+    if rec.fp8:
+        state.notes.append(float8_scaling(model) or "no Linear layer had float8-compatible "
+                           "shapes: every matmul ran in bf16")
     mib = loaded.footprint_bytes / 2**20
     log(f"loaded {config.model}: {state.param_count:,} parameters "
         f"({state.trainable_params:,} trainable), footprint {mib:.2f} MiB")
@@ -324,8 +337,13 @@ def _measure(state: _State, emit, cancelled) -> bool:
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
     state.distinct_batches = len(batches)
 
-    # float8 is only fast compiled; compiling needs a warm-up step to land in
-    state.compiled = config.compile or (rec.fp8 and config.warmup >= 1)
+    # float8 is only fast compiled; compiling needs a warm-up step to land in. Emulated
+    # float8 (the CPU) is not fast either way: compiling it would only cost minutes
+    verdict = info.verdict(rec.precision)
+    emulated = verdict is not None and verdict.support == "emulated"
+    state.compiled = config.compile or (rec.fp8 and config.warmup >= 1 and not emulated)
+    if emulated:
+        state.notes.append(f"emulated: {verdict.reason}")
     _probe(state, loaded, batches[0])
     state.peak = _peak(info, rec, state.flops.by_peak_dtype)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, config.optimizer,

@@ -3,6 +3,7 @@
 It holds form values only; ``RunConfig`` decides what is valid. Every edit rebuilds the
 config, and its ``ValueError`` message is shown inline in red while Run stays disabled.
 Precisions the device cannot run are greyed out, with the engine's reason as tooltip,
+and those it would run emulated (engine/gating.py) are marked "(emulated)" in italics,
 once the device probe (in a thread: it imports torch) has answered; until then the form
 says "probing device…" and Run waits.
 """
@@ -430,15 +431,23 @@ class ConfigPanel(QWidget):
         for i in range(self.precisions.count()):
             item = self.precisions.item(i)
             name = item.data(Qt.ItemDataRole.UserRole)
-            reason = self.device_info.unsupported_reason(name) if self.device_info else None
             what = f"{name}: {precision_descriptions()[name]}"
+            verdict = self.device_info.verdict(name) if self.device_info else None
+            # the device's own list also holds what is not installed (bitsandbytes, torchao)
+            reason = self.device_info.unsupported_reason(name) if self.device_info else None
+            emulated = reason is None and verdict is not None and verdict.support == "emulated"
+            font = item.font()
+            font.setItalic(emulated)
+            item.setFont(font)
+            item.setText(f"{name} (emulated)" if emulated else name)
             if reason:
                 item.setFlags(Qt.ItemFlag.NoItemFlags)
                 item.setCheckState(Qt.CheckState.Unchecked)
                 item.setToolTip(f"{what}\n{name} cannot run here: {reason}")
             else:
                 item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
-                item.setToolTip(what)
+                item.setToolTip(f"{what}\n{name} runs emulated here: {verdict.reason}"
+                                if emulated else what)
         self.precisions.blockSignals(False)
 
     def _on_edit(self, *_args) -> None:

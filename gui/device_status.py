@@ -18,6 +18,13 @@ def _yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _fp8(info: DeviceInfo) -> str:
+    verdict = info.verdict("fp8")
+    if verdict is not None and verdict.support == "emulated":
+        return "emulated"  # it runs, but not on fp8 hardware (engine/gating.py)
+    return _yes_no(info.fp8_supported)
+
+
 def device_summary(info: DeviceInfo | None, error: str | None = None) -> str:
     """One line on the device; "probing device…" while the probe has not answered."""
     if info is None and error is None:
@@ -31,7 +38,7 @@ def device_summary(info: DeviceInfo | None, error: str | None = None) -> str:
         f"CUDA {info.cuda_version}" if info.cuda_version else "CUDA: none",
         "NVML: available" if info.nvml_available else "NVML: n/a",
         f"bf16: {info.bf16_text}",
-        f"fp8: {_yes_no(info.fp8_supported)}",
+        f"fp8: {_fp8(info)}",
     ]
     return "  |  ".join(parts)
 
@@ -43,6 +50,8 @@ class DeviceStatus(QLabel):
     def show_device(self, info: DeviceInfo | None, error: str | None = None) -> None:
         self.setText(device_summary(info, error))
         tips = [f"{p}: {r}" for p, r in (info.unsupported.items() if info else ())]
+        tips += [f"{p} (emulated): {v.reason}" for p, v in (info.verdicts.items() if info else ())
+                 if v.support == "emulated" and p not in info.unsupported]
         if info is not None and not info.nvml_available:
             tips.append(f"NVML: {nvml.unavailable_reason()}")
         self.setToolTip("\n".join(tips))

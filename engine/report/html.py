@@ -498,6 +498,9 @@ def _trial(trial: TrialResult) -> str:
     parts.append(_kv([
         ("recipe", _e(trial.recipe) or NA),
         ("device", _e(trial.device) or NA),
+        # engine/gating.py: an emulated trial's speed is not the format's own hardware's
+        ("hardware support", f"{_e(trial.support)}: {_e(trial.support_reason)}"
+         if trial.support else f"{NA}: not recorded (an older report or a user run)"),
         ("parameters", f"{_number(trial.param_count)} ({_number(trial.trainable_params)} "
                        "trainable)"),
         ("trains", _e(trained_text(trial) or NA)),

@@ -27,7 +27,7 @@ MAX_TEXT = 100_000  # characters in one string (a reason, a note, a kernel name)
 MAX_NAME = 4096  # a model may be a local folder's path
 NAME_FIELDS = frozenset({"precision", "precisions", "status", "run_id", "model", "device",
                          "host", "strategy", "backend", "source", "level", "collective",
-                         "dtype", "recipe"})
+                         "dtype", "recipe", "support"})
 MAX_MAGNITUDE = 1e30  # any other finite number: charts add and pad ranges, 1e308 overflows
 # a loss, a gradient norm or a loss scale may legitimately reach fp32's largest value
 # (a GradScaler grows to 2^127); above it, a chart's padded range overflows

@@ -71,12 +71,12 @@ def test_profile_prints_the_table_and_writes_each_format(tmp_path, capsys):
 
 
 def test_footprint_json_gives_gpt2_figures(capsys):
-    assert main(["footprint", "--model", "gpt2", "--precision", "fp32,fp16,fp8", "--json"]) == 0
+    assert main(["footprint", "--model", "gpt2", "--precision", "fp32,fp16,tf32", "--json"]) == 0
     rows = {r["precision"]: r for r in json.loads(capsys.readouterr().out)}
     assert round(rows["fp32"]["footprint_bytes"] / 2**20, 2) == 474.70
     assert round(rows["fp16"]["footprint_bytes"] / 2**20, 2) == 237.35
     assert rows["fp32"]["params"] == 124_439_808
-    assert rows["fp8"]["status"] == "unsupported" and rows["fp8"]["footprint_bytes"] is None
+    assert rows["tf32"]["status"] == "unsupported" and rows["tf32"]["footprint_bytes"] is None
 
 
 def test_presets_and_version_through_main_py():

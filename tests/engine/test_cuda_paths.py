@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import engine.trial as trial_mod
-from engine import memtrack, nvml
+from engine import gating, memtrack, nvml
 from engine.config import RunConfig
 from engine.device import DeviceInfo, probe
 from engine.models import load_model, make_batches
@@ -344,8 +344,9 @@ def test_fp8_compiles_by_default_or_says_eager_is_not_representative():
     assert "torch.compile by default" in fp8.description
     assert "NOT representative" in run_description(fp8, "cuda", "adamw", compiled=False)
     assert "NOT representative" not in run_description(fp8, "cuda", "adamw", compiled=True)
-    # an fp8 trial that never ran (unsupported here) claims nothing about how it ran
-    assert "eagerly" not in run_trial(_config(), "fp8", CPU, lambda e: None,
+    # an fp8 trial that never ran (unsupported, as on an A100) claims nothing about how it ran
+    a100 = dataclasses.replace(CPU, unsupported={**CPU.unsupported, "fp8": "no fp8 cores"})
+    assert "eagerly" not in run_trial(_config(), "fp8", a100, lambda e: None,
                                       lambda: False).recipe
 
 
@@ -355,7 +356,9 @@ def test_fp8_trials_compile_when_a_warmup_step_allows_else_say_eager(warmup, mon
     # would take minutes, so torch.compile is spied on (the model stays eager)
     compiled = []
     monkeypatch.setattr(trial_mod.torch, "compile", lambda model: compiled.append(model) or model)
-    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True)
+    # the verdicts of an H100 (compute capability 9.0): float8 native, so it compiles
+    h100 = gating.matrix(gating.DeviceDescription("cuda", "NVIDIA H100 80GB HBM3", (9, 0)))
+    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True, verdicts=h100)
     result = run_trial(_config(batch_size=1, seq_len=16, steps=1, warmup=warmup), "fp8",
                        fp8_device, lambda e: None, lambda: False)
     assert result.status == "ok", result.reason

@@ -37,7 +37,9 @@ def test_nvidia_smi_names_find_their_datasheet(device, entry, dtype, tflops):
 
 
 @pytest.mark.parametrize("device", ["NVIDIA GeForce GTX 1080", "NVIDIA A10G",
-                                    "NVIDIA GeForce RTX 4090 D", "NVIDIA B200"])
+                                    "NVIDIA GeForce RTX 4090 D", "NVIDIA GeForce RTX 5080",
+                                    "NVIDIA GeForce RTX 4080 SUPER", "NVIDIA H800 PCIe",
+                                    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"])
 def test_unknown_gpu_has_no_peak(device):
     lookup = peak_flops(device, "bf16")
     assert lookup == PeakLookup(None, None, lookup.reason)
@@ -70,6 +72,94 @@ def test_every_entry_lists_every_column():
     for gpu in table()["gpus"]:
         assert set(gpu["peak_tflops"]) == set(table()["dtypes"]), gpu["name"]
         assert gpu["source"]
+        # a reason stands only beside a missing figure, never beside one that is given
+        for dtype in gpu.get("null_reasons", {}):
+            assert gpu["peak_tflops"][dtype] is None, (gpu["name"], dtype)
+
+
+# Datasheet figures as the datasheets print them, turned into dense TFLOP/s here:
+# NVIDIA prints Blackwell rates with 2:4 sparsity (dense is half), in PFLOP/s per GPU.
+BLACKWELL_AND_NEWER = [
+    # (name as the driver reports it, table entry, dtype, dense TFLOP/s)
+    ("NVIDIA B200", "NVIDIA B200", "bf16", 4.5e3 / 2),  # HGX B200: 4.5 PFLOPS sparse
+    ("NVIDIA B200", "NVIDIA B200", "fp8", 9e3 / 2),  # 9 PFLOPS sparse
+    ("NVIDIA B200", "NVIDIA B200", "nvfp4", 18e3 / 2),  # FP4 18 PFLOPS sparse
+    ("NVIDIA GB200", "NVIDIA GB200", "fp4", 20e3 / 2),  # GB200 NVL72 per GPU
+    ("NVIDIA GB200", "NVIDIA GB200", "tf32", 2.5e3 / 2),
+    ("NVIDIA GB300", "NVIDIA GB300", "nvfp4", 15e3),  # Blackwell Ultra, dense as printed
+    ("NVIDIA B300 SXM6 AC", "NVIDIA B300", "fp8", 4.5e3),
+    # RTX 5090: FP16 838 TFLOPS sparse with fp16 accumulate; GeForce fp32 accumulate is half
+    ("NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 5090", "fp16", 838 / 2 / 2),
+    ("NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 5090", "fp4", 3352 / 2),
+    ("NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 5090", "mxfp8", 838 / 2),  # fp32 acc
+    ("NVIDIA GeForce RTX 4080", "NVIDIA GeForce RTX 4080", "bf16", 97.5),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA RTX PRO 6000 Blackwell",
+     "fp32", 125),
+    ("NVIDIA A40", "NVIDIA A40", "tf32", 149.6 / 2),  # A40: TF32 149.6 sparse
+    ("NVIDIA A30", "NVIDIA A30", "bf16", 330 / 2),
+    ("NVIDIA L20", "NVIDIA L20", "fp8", 478 / 2),
+    ("NVIDIA H800", "NVIDIA H800 SXM", "bf16", 1979 / 2),  # H100 SXM5's 1,979 sparse
+    ("NVIDIA H20", "NVIDIA H20", "bf16", 148),
+    ("AMD Instinct MI300X", "AMD Instinct MI300X", "fp8", 2614.9),
+    ("AMD Instinct MI325X", "AMD Instinct MI325X", "bf16", 1307.4),
+    ("AMD Instinct MI355X", "AMD Instinct MI355X", "fp8", 5e3),
+]
+
+
+@pytest.mark.parametrize(("device", "entry", "dtype", "tflops"), BLACKWELL_AND_NEWER)
+def test_new_rows_give_the_datasheet_figure(device, entry, dtype, tflops):
+    lookup = peak_flops(device, dtype)
+    assert lookup.flops_per_s == pytest.approx(tflops * 1e12, rel=1e-3)
+    assert lookup.source.startswith(f"{entry}:") and lookup.reason is None
+    matches = [g["name"] for g in table()["gpus"] if re.search(g["match"], device, re.I)]
+    assert matches == [entry]
+
+
+@pytest.mark.parametrize(("device", "dtype", "words"), [
+    ("NVIDIA B300 SXM6 AC", "int8", "disagree"),
+    ("NVIDIA GB300", "int8", "disagree"),
+    ("NVIDIA B300 SXM6 AC", "nvfp4", "disagree"),
+    ("AMD Instinct MI355X", "fp4", "sparsity"),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "bf16", "not stated"),
+])
+def test_a_figure_the_sources_do_not_settle_is_na_with_the_reason(device, dtype, words):
+    lookup = peak_flops(device, dtype)
+    assert lookup.flops_per_s is None and lookup.source is None
+    assert words in lookup.reason and "MFU is n/a" in lookup.reason
+    assert "hardware path" not in lookup.reason  # not mistaken for a missing instruction
+
+
+@pytest.mark.parametrize(("device", "dtype"), [("NVIDIA H100 80GB HBM3", "fp4"),
+                                               ("NVIDIA L4", "mxfp8"),
+                                               ("AMD Instinct MI300X", "nvfp4")])
+def test_no_fp4_or_block_scaled_rate_before_blackwell_and_cdna4(device, dtype):
+    lookup = peak_flops(device, dtype)
+    assert lookup.flops_per_s is None and "hardware path" in lookup.reason
+
+
+def test_geforce_rows_are_keyed_by_accumulate_type():
+    fp32_acc = peak_flops("NVIDIA GeForce RTX 5090", "fp16")
+    fp16_acc = peak_flops("NVIDIA GeForce RTX 5090", "fp16", accumulate="fp16")
+    assert fp16_acc.flops_per_s == pytest.approx(838e12 / 2)  # the sparse figure halved
+    assert fp32_acc.flops_per_s == pytest.approx(fp16_acc.flops_per_s / 2)
+    assert "fp32 accumulate" in fp32_acc.source and "fp16 accumulate" in fp16_acc.source
+    assert peak_flops("NVIDIA GeForce RTX 4080", "fp8", accumulate="fp16").flops_per_s == (
+        pytest.approx(389.9e12))
+    geforce = [g for g in table()["gpus"] if "GeForce" in g["name"]]
+    assert geforce and all(g.get("accumulate") == "fp32" for g in geforce)
+    with pytest.raises(ValueError, match="accumulate"):
+        peak_flops("NVIDIA GeForce RTX 5090", "fp16", accumulate="fp8")
+
+
+def test_new_rows_carry_their_unit_count_and_memory():
+    rows = {g["name"]: g for g in table()["gpus"]}
+    assert rows["NVIDIA B200"]["sm_count"] == 148
+    assert rows["AMD Instinct MI300X"]["sm_count"] == 304  # compute units
+    assert rows["NVIDIA GeForce RTX 5090"]["sm_count"] == 170
+    for name in ("NVIDIA B200", "NVIDIA GB300", "AMD Instinct MI355X"):
+        row = rows[name]
+        assert row["memory_bytes"] is not None or (row["memory_nominal_gb"]
+                                                   and row["memory_note"])
 
 
 def test_mfu_is_a_fraction_of_the_peak():
@@ -92,6 +182,18 @@ def test_a_mig_slice_gets_the_peak_scaled_by_its_share_of_the_sms():
 def test_a_mig_slice_with_an_unknown_sm_count_has_no_peak():
     lookup = peak_flops("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16", mig=True)
     assert lookup.flops_per_s is None and "MIG" in lookup.reason
+
+
+def test_a_b200_mig_slice_is_scaled_by_its_sms():
+    lookup = peak_flops("NVIDIA B200 MIG 1g.23gb", "fp8", sm_count=16, mig=True)
+    assert lookup.flops_per_s == pytest.approx(4.5e15 * 16 / 148)
+
+
+def test_a_blackwell_ultra_mig_slice_is_na_while_its_sm_count_is_disputed():
+    lookup = peak_flops("NVIDIA B300 SXM6 AC MIG 1g.34gb", "fp8", sm_count=18, mig=True)
+    assert lookup.flops_per_s is None and "MIG" in lookup.reason
+    row = next(g for g in table()["gpus"] if g["name"] == "NVIDIA B300")
+    assert row["sm_count"] is None and "disagree" in row["sm_count_note"]
 
 
 def test_the_whole_gpu_keeps_its_datasheet_peak():

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import RunConfig
+from engine.config import PRECISIONS, RunConfig
 
 RUN_TIMEOUT_MS = 300_000  # generous: these wait for a real run, they do not time it
 
@@ -49,9 +49,17 @@ def choose(combo: QComboBox, text: str) -> None:
     assert combo.currentText() == text, (combo.currentText(), text)
 
 
+def list_item(items: QListWidget, name: str):
+    """The entry named ``name``: its data (a precision marked "fp8 (emulated)") or its text."""
+    found = [items.item(i) for i in range(items.count())
+             if name in (items.item(i).data(Qt.ItemDataRole.UserRole), items.item(i).text())]
+    assert len(found) == 1, (name, len(found))
+    return found[0]
+
+
 def tick(items: QListWidget, name: str, checked: bool = True) -> None:
     """Click a list entry, then press Space to toggle its check box when needed."""
-    (item,) = items.findItems(name, Qt.MatchFlag.MatchExactly)
+    item = list_item(items, name)
     items.scrollToItem(item)
     QTest.mouseClick(items.viewport(), Qt.MouseButton.LeftButton,
                      pos=items.visualItemRect(item).center())
@@ -107,8 +115,8 @@ def fill_form(window, config: RunConfig) -> None:
     panel = window.config_panel
     choose(panel.source, "Preset")
     choose(panel.preset, config.model)
-    for name in ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", "int8", "nf4", "fp8"):
-        (item,) = panel.precisions.findItems(name, Qt.MatchFlag.MatchExactly)
+    for name in PRECISIONS:
+        item = list_item(panel.precisions, name)
         if item.flags() & Qt.ItemFlag.ItemIsEnabled:
             tick(panel.precisions, name, name in config.precisions)
     type_into(panel.batch_size, str(config.batch_size))

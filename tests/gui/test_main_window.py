@@ -3,6 +3,7 @@
 import multiprocessing
 import signal
 import threading
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -14,7 +15,15 @@ from PySide6.QtWidgets import QFileDialog
 from engine.config import RunConfig
 from engine.record import RunRecord
 from gui.main_window import MainWindow
-from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form
+from tests.gui.clicks import (
+    RUN_TIMEOUT_MS,
+    choose,
+    click,
+    fill_form,
+    list_item,
+    tick,
+    wait_for_device,
+)
 
 
 def _config(**changes) -> RunConfig:
@@ -59,7 +68,7 @@ def test_the_window_shows_before_the_device_probe_answers(qtbot, monkeypatch):
     qtbot.waitUntil(lambda: not panel.device_pending(), timeout=RUN_TIMEOUT_MS)
     assert "CPU" in win.device_status.text()
     assert win.run_button.isEnabled()
-    assert not _precision_item(win, "fp8").flags() & Qt.ItemFlag.ItemIsEnabled
+    assert not _precision_item(win, "tf32").flags() & Qt.ItemFlag.ItemIsEnabled
 
 
 def _run(qtbot, win: MainWindow, config: RunConfig) -> RunRecord:
@@ -79,9 +88,7 @@ def _run_config(qtbot, win: MainWindow, config: RunConfig) -> RunRecord:
 
 
 def _precision_item(win: MainWindow, name: str):
-    items = win.config_panel.precisions.findItems(name, Qt.MatchFlag.MatchExactly)
-    assert len(items) == 1
-    return items[0]
+    return list_item(win.config_panel.precisions, name)
 
 
 def test_window_opens_with_device_status(window):
@@ -90,17 +97,33 @@ def test_window_opens_with_device_status(window):
     status = window.device_status.text()
     assert "CPU" in status and "NVML" in status
     assert f"bf16: {window.config_panel.device_info.bf16_text}" in status
+    assert "fp8: emulated" in status  # float8 runs on the CPU, not on fp8 hardware
+    assert "fp8-rowwise (emulated): the CPU has no fp8 matrix unit" in (
+        window.device_status.toolTip())
     assert window.run_button.isEnabled()
     assert not window.stop_button.isEnabled()
 
 
 def test_precisions_the_cpu_cannot_run_are_greyed_with_reason(window):
-    for name in ("tf32", "fp8"):
-        item = _precision_item(window, name)
-        assert not item.flags() & Qt.ItemFlag.ItemIsEnabled
-        assert item.checkState() == Qt.CheckState.Unchecked
-        assert window.config_panel.device_info.unsupported_reason(name) in item.toolTip()
+    item = _precision_item(window, "tf32")
+    assert not item.flags() & Qt.ItemFlag.ItemIsEnabled
+    assert item.checkState() == Qt.CheckState.Unchecked
+    assert "tf32 cannot run here" in item.toolTip() and item.text() == "tf32"
+    assert window.config_panel.device_info.unsupported_reason("tf32") in item.toolTip()
     assert _precision_item(window, "bf16").flags() & Qt.ItemFlag.ItemIsEnabled
+
+
+def test_precisions_the_cpu_runs_emulated_are_marked_and_can_be_ticked(window):
+    panel = window.config_panel
+    for name in ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp"):
+        item = _precision_item(window, name)
+        assert item.text() == f"{name} (emulated)" and item.font().italic()
+        assert "runs emulated here" in item.toolTip() and "fp8 matrix unit" in item.toolTip()
+        tick(panel.precisions, name)
+        assert name in panel.checked_precisions()
+    for name in ("fp32", "bf16-amp"):  # native on the CPU: plain, not marked
+        item = _precision_item(window, name)
+        assert item.text() == name and not item.font().italic() and item.toolTip() == ""
 
 
 def test_invalid_input_shows_inline_and_disables_run(window):
@@ -363,3 +386,37 @@ def test_run_and_numerics_lab_wait_for_each_other(qtbot, window):
         assert not window.start_run(_config())
     qtbot.waitUntil(window.run_button.isEnabled)
     assert window.numerics_view.numerics["precision"]
+
+
+def _fake_gpu(monkeypatch, **props):
+    """torch.cuda answering as on one real GPU (the fields get_device_properties gives)."""
+    import torch
+
+    device = SimpleNamespace(multi_processor_count=108, total_memory=80 * 2**30, **props)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: device)
+    monkeypatch.setattr(torch.version, "cuda", None if "gcnArchName" in props else "12.9")
+
+
+@pytest.mark.parametrize(("props", "greyed", "runs"), [
+    (dict(name="NVIDIA A100-SXM4-80GB", major=8, minor=0), ("fp8", "fp8-rowwise"),
+     ("bf16-amp", "tf32")),
+    (dict(name="AMD Instinct MI300X", major=9, minor=4, gcnArchName="gfx942:sramecc+:xnack-"),
+     (), ("fp8", "fp8-rowwise-gw-hp", "tf32")),
+])
+def test_choosing_a_gpu_greys_what_its_hardware_cannot_run(window, monkeypatch, props, greyed,
+                                                           runs):
+    _fake_gpu(monkeypatch, **props)
+    panel = window.config_panel
+    choose(panel.device, "cuda")
+    wait_for_device(panel)
+    assert panel.device_info.name == props["name"]
+    for name in greyed:
+        item = _precision_item(window, name)
+        assert not item.flags() & Qt.ItemFlag.ItemIsEnabled
+        assert "compute capability 8.0" in item.toolTip()
+    for name in runs:
+        item = _precision_item(window, name)
+        assert item.flags() & Qt.ItemFlag.ItemIsEnabled
+        assert item.text() == name and not item.font().italic()  # native, not emulated

@@ -38,9 +38,9 @@ def test_lab_fills_every_panel(qtbot, window):
 
 def test_an_unsupported_precision_is_reported_not_raised(qtbot, window):
     with qtbot.waitSignal(window.lab_worker.errored, timeout=LAB_TIMEOUT_MS) as blocker:
-        window.start_lab("fp8")
-    assert "fp8 cannot run on this device" in blocker.args[0]
-    assert "fp8 cannot run" in window.numerics_view.status.text()
+        window.start_lab("tf32")
+    assert "tf32 cannot run on this device" in blocker.args[0]
+    assert "tf32 cannot run" in window.numerics_view.status.text()
     assert window.numerics_view.run_button.isEnabled()
 
 

@@ -245,9 +245,9 @@ def test_check_boxes_toggle_through_clicks(qtbot, window):
         click(box)
         assert box.isChecked()
     assert panel.form_values()["grad_checkpointing"] and panel.form_values()["compile"]
-    (fp8,) = panel.precisions.findItems("fp8", Qt.MatchFlag.MatchExactly)
-    panel.precisions.scrollToItem(fp8)
+    (tf32,) = panel.precisions.findItems("tf32", Qt.MatchFlag.MatchExactly)
+    panel.precisions.scrollToItem(tf32)
     QTest.mouseClick(panel.precisions.viewport(), Qt.MouseButton.LeftButton,
-                     pos=panel.precisions.visualItemRect(fp8).center())
+                     pos=panel.precisions.visualItemRect(tf32).center())
     QTest.keyClick(panel.precisions, Qt.Key.Key_Space)
-    assert fp8.checkState() == Qt.CheckState.Unchecked  # greyed: the CPU cannot run it
+    assert tf32.checkState() == Qt.CheckState.Unchecked  # greyed: the CPU cannot run it
