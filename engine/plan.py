@@ -157,13 +157,14 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
     rec = recipe(precision)
     run = config.run_config(batch_size)
     device = torch.device("cpu")
-    eps = adam_eps(rec)  # reads a real tensor: outside the fake mode
     mode = FakeTensorMode()
     with fp32_precision(rec), mode:
         loaded = load_model(config.model, rec, device, run.seed, run.trust_remote_code,
                             run.lora_r, config.grad_checkpointing)
         model = loaded.model
         params = [p for p in model.parameters() if p.requires_grad]
+    eps = adam_eps(params)  # reads the trained dtypes with a real tensor: outside the mode
+    with fp32_precision(rec), mode:
         optimizer = make_optimizer(config.optimizer, params, run.lr, eps)
         scaler = make_scaler(rec, device, run)
         scaler = _NoReadScaler(scaler) if scaler is not None else None

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import engine.trial as trial_mod
-from engine import nvml
+from engine import gating, nvml
 from engine.config import RunConfig
 from engine.device import DeviceInfo, probe
 from engine.models import load_model
@@ -39,7 +39,9 @@ def test_an_fp8_trial_files_its_float8_matmuls_under_fp8():
     from torchao.float8.float8_linear import Float8Linear
 
     config = _config(batch_size=1, seq_len=16, steps=1)
-    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True)
+    # a device with fp8 hardware, as the gating matrix would judge an H100 (not emulated)
+    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True, verdicts={
+        "fp8": gating.Verdict("native", "fp8 Tensor Cores")})
     result = run_trial(config, "fp8", fp8_device, lambda e: None, lambda: False)
     assert result.status == "ok", result.reason
     # every converted Linear multiplies in float8 three times per step (forward, input
@@ -234,7 +236,9 @@ def test_fit_does_not_read_an_eager_step_s_oom_as_a_compiled_probe_s(monkeypatch
     _eager_steps_run_out_of_memory(monkeypatch)
     compiled = []  # compiling float8 for real takes minutes on the CPU
     monkeypatch.setattr(torch, "compile", lambda model: compiled.append(model) or model)
-    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True)
+    # a device with fp8 hardware, as the gating matrix would judge an H100 (not emulated)
+    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True, verdicts={
+        "fp8": gating.Verdict("native", "fp8 Tensor Cores")})
     config = FitConfig(model="tiny", precisions=("fp8",), seq_len=16, max_batch=2,
                        memory_budget_bytes=8 * 2**30, device="cpu", isolation="inline")
     result = fit_precision(config, "fp8", fp8_device, config.memory_budget_bytes)
@@ -356,7 +360,9 @@ def test_acceptance_mfu_bands_fail_a_peak_off_by_two():
 def test_acceptance_fp8_share_of_a_real_cpu_fp8_trial():
     acc = _acceptance()
     config = _config(batch_size=1, seq_len=16, steps=1)
-    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True)
+    # a device with fp8 hardware, as the gating matrix would judge an H100 (not emulated)
+    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True, verdicts={
+        "fp8": gating.Verdict("native", "fp8 Tensor Cores")})
     trial = run_trial(config, "fp8", fp8_device, lambda e: None, lambda: False)
     check = acc.fp8_share_check(trial, config.tokens_per_step)
     # weights and biases of the converted layers, counted here from the model itself
