@@ -99,28 +99,32 @@ class Runner:
         self.record = RunRecord()
         self.journal: JournalWriter | None = None
         self._use_journal = journal
-        self._cancel = threading.Event()
-        self._abort = threading.Event()
+        # plain flags, not Events: cancel() runs in signal handlers, and a handler that takes
+        # a lock the interrupted code holds (a second Ctrl-C inside Event.set) deadlocks.
+        # The loops that wait on a trial read them at least every 0.1 s and pass them on.
+        self._cancelled = False
+        self._aborted = False
         self._grace_s = CANCEL_GRACE_S
-        self._child_cancel = None
         self._lock = threading.Lock()
 
     def cancel(self, grace_s: float | None = None) -> None:
-        """Stop after the current step; a child that does not stop in ``grace_s`` is ended."""
+        """Stop after the current step; a child that does not stop in ``grace_s`` is ended.
+        Safe in a signal handler: it only sets flags."""
         if grace_s is not None:
             self._grace_s = min(self._grace_s, grace_s)
-        self._cancel.set()
-        if self._child_cancel is not None:
-            self._child_cancel.set()
+        self._cancelled = True
 
     def abort(self) -> None:
         """Stop now: the running trial's process is ended; what it sent so far is kept."""
-        self._abort.set()
+        self._aborted = True
         self.cancel()
 
     @property
     def cancelled(self) -> bool:
-        return self._cancel.is_set()
+        return self._cancelled
+
+    def _is_cancelled(self) -> bool:
+        return self._cancelled
 
     @property
     def journal_path(self):
@@ -183,7 +187,7 @@ class Runner:
                         from engine.distributed.trial import run_distributed
 
                         result = run_distributed(item.config, precision, info, self._emit,
-                                                 self._cancel.is_set)
+                                                 self._is_cancelled)
                     elif self.config.isolation == "inline":
                         result = self._inline(precision, info, item, book)
                     else:
@@ -221,14 +225,13 @@ class Runner:
                 book: RoundBook) -> TrialResult:
         from engine.trial import run_trial
 
-        return run_trial(item.config, precision, info, self._emit, self._cancel.is_set,
+        return run_trial(item.config, precision, info, self._emit, self._is_cancelled,
                          book.prior_steps(precision), item.round)
 
     def _in_child(self, precision: str, info: DeviceInfo, monitor: Monitor, item: TrialRound,
                   book: RoundBook) -> TrialResult:
         ctx = mp.get_context("spawn")
         out, cancel = ctx.Queue(), ctx.Event()
-        self._child_cancel = cancel
         if self.cancelled:
             cancel.set()
         stderr = StderrFile()
@@ -249,7 +252,6 @@ class Runner:
             result = self._follow(child, out, cancel, steps)
         finally:
             _end(child)
-            self._child_cancel = None
             tail = stderr.tail()
             stderr.remove()
         if result is not None:
@@ -265,7 +267,7 @@ class Runner:
             if self.cancelled and cancel_deadline is None:
                 cancel.set()
                 cancel_deadline = time.monotonic() + self._grace_s
-            if self._abort.is_set() and not terminated:
+            if self._aborted and not terminated:
                 cancel_deadline = time.monotonic()  # end it now; what it sent is still read
             if cancel_deadline is not None and time.monotonic() >= cancel_deadline:
                 if terminated:
