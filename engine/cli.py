@@ -363,6 +363,11 @@ def _note(text: str) -> None:
 class _Progress:
     """Progress on stderr: one rewritten line on a terminal, a line a step in a log."""
 
+    # the phases no step line shows: loading is the trial's first line, steps say warm-up
+    SAID = {"memory step": "one untimed step tracking memory...",
+            "profiled step": "one extra step under torch.profiler (not measured)...",
+            "between rounds": "round done; its next round waits for the other precisions"}
+
     def __init__(self, config: RunConfig, enabled: bool):
         self.config = config
         self.enabled = enabled
@@ -371,10 +376,12 @@ class _Progress:
         self.index = 0
 
     def __call__(self, event) -> None:
-        from engine.events import LogEvent, StepSample, TrialFinished, TrialStarted
+        from engine.events import LogEvent, PhaseChanged, StepSample, TrialFinished, TrialStarted
 
         if not self.enabled:
             return
+        if isinstance(event, PhaseChanged) and event.phase in self.SAID:
+            self._line(f"  {event.precision}: {self.SAID[event.phase]}", end=True)
         if isinstance(event, TrialStarted):
             self.index = event.index + 1
             part = f" round {event.round + 1}/{event.rounds}" if event.rounds > 1 else ""

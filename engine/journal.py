@@ -28,6 +28,7 @@ from engine.events import (
     ErrorEvent,
     LogEvent,
     MonitorSample,
+    PhaseChanged,
     RunFinished,
     RunStarted,
     StepSample,
@@ -44,6 +45,7 @@ JOURNAL_VERSION = 1
 KINDS = {
     "run": RunStarted,
     "trial": TrialStarted,
+    "phase": PhaseChanged,
     "step": StepSample,
     "mon": MonitorSample,
     "log": LogEvent,

@@ -25,6 +25,7 @@ from engine.environment import collect
 from engine.events import (
     ErrorEvent,
     LogEvent,
+    PhaseChanged,
     RunFinished,
     RunStarted,
     StepSample,
@@ -168,6 +169,8 @@ class Runner:
                 else:
                     self._emit(TrialStarted(precision, index, len(plan), time.time(),
                                             item.round, item.rounds))
+                    # a child process starting and importing torch is loading too
+                    self._emit(PhaseChanged(precision, "loading", time.time(), item.round))
                     if self.config.strategy != "none":  # torchrun starts the ranks
                         from engine.distributed.trial import run_distributed
 
@@ -178,6 +181,9 @@ class Runner:
                     else:
                         result = self._in_child(precision, info, monitor, item, book)
                     result = book.finish(item, result)
+                    if result is None:  # its next round waits for the other precisions
+                        self._emit(PhaseChanged(precision, "between rounds", time.time(),
+                                                item.round))
                 if result is not None:  # the precision's last round: its combined result
                     self._emit(TrialFinished(result, time.time()))
         finally:

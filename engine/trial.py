@@ -27,6 +27,7 @@ from engine.events import (
     MemoryBreakdown,
     ModuleInfo,
     ParamInfo,
+    PhaseChanged,
     PredictedMemory,
     ProfiledStep,
     StepSample,
@@ -130,6 +131,9 @@ class _State:
     step_offset: int = 0
     distinct_batches: int | None = None
     lora: dict | None = None
+
+    def phase(self, emit, phase: str) -> None:
+        emit(PhaseChanged(self.rec.precision, phase, time.time(), self.round_index))
 
     def result(self, status: str, reason: str | None) -> TrialResult:
         return TrialResult(
@@ -330,6 +334,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
         state.memory = _memory_at_rest(model, optimizer, batches[0], device)
         return True
+    state.phase(emit, "memory step")
     measured = _tracked_step(state, model, optimizer, scaler, batches)
     state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
     shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
@@ -339,6 +344,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     if not config.profile_step:
         state.profiled_reason = "turned off (--no-kernel-profile)"
     elif not cancelled():
+        state.phase(emit, "profiled step")
         _profiled_step(state, step_model, params, optimizer, scaler, batches, log)
     return False
 
@@ -467,7 +473,10 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
         for i in range(config.warmup + config.steps):
             if cancelled():
                 return True
+            if i == 0 and config.warmup:
+                state.phase(emit, "warm-up")
             if i == config.warmup:  # GPM's and the energy counter's window: measured steps
+                state.phase(emit, "measuring")
                 gpm.start()
                 energy.begin()
             alloc.start()
