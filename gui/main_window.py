@@ -34,6 +34,7 @@ from engine.events import (
     ErrorEvent,
     LogEvent,
     MonitorSample,
+    PhaseChanged,
     RunFinished,
     RunStarted,
     StepSample,
@@ -57,6 +58,20 @@ from gui.trial_table import TrialTable
 from gui.worker import LabWorker, ReportLoader, RunWorker
 
 LOADING = "loading model…"
+# what the trial table and status bar say in each engine phase (engine.events.PHASES)
+PHASE_TEXT = {"loading": LOADING, "warm-up": "warm-up", "measuring": "measuring",
+              "memory step": "memory step (untimed)", "profiled step": "profiled step (untimed)",
+              "between rounds": "between rounds"}
+_EXTRA_STEPS = ("memory step", "profiled step")  # untimed steps after the measured ones
+
+
+def trial_units(config: dict, rounds: int = 1) -> int:
+    """Progress units of one precision: every step it runs, the untimed ones included
+    (each interleaved round warms up and runs its untimed steps again)."""
+    extras = 1 + (1 if config.get("profile_step", True) else 0)
+    return max(1, rounds * (config.get("warmup", 0) + extras) + config.get("steps", 0))
+
+
 CLOSE_GRACE_S = 3.0  # closing waits this long for a cancelled trial before ending it
 REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)",
                   "csv": "CSV table (*.csv)"}
@@ -96,6 +111,8 @@ class MainWindow(QMainWindow):
         self.worker.errored.connect(self._on_errored)
         self.worker.finished.connect(self._on_finished)
         self._latest_steps: dict[str, StepSample] = {}  # per precision, not yet shown
+        self._phases: dict[str, list[str]] = {}  # per precision, the phases it went through
+        self._rounds = 1  # rounds per precision in the run on show
         self._progress_timer = QTimer(self)
         self._progress_timer.setInterval(100)
         self._progress_timer.timeout.connect(self._show_progress)
@@ -342,11 +359,13 @@ class MainWindow(QMainWindow):
             settings.save_config_dict(self.config_panel.saved_values())
         self.record = RunRecord(config=config.to_dict())
         self.charts.clear(config.warmup + config.steps)
-        steps_per_trial = config.warmup + config.steps
-        self.trial_table.reset(list(config.precisions), steps_per_trial)
-        self.run_progress.setRange(0, steps_per_trial * len(config.precisions))
+        units = trial_units(config.to_dict())
+        self.trial_table.reset(list(config.precisions), units)
+        self.run_progress.setRange(0, units * len(config.precisions))
         self.run_progress.setValue(0)
         self._latest_steps.clear()
+        self._phases.clear()
+        self._rounds = 1
         self.run_progress.setFormat("run %p%")
         self._run_error = None
         self.log.clear()
@@ -381,7 +400,8 @@ class MainWindow(QMainWindow):
             return
         self.record.apply(event)
         if isinstance(event, StepSample):
-            if event.step == 0:
+            if event.precision not in self._phases and event.step == 0:
+                # a run that journals no phases (a user's own loop): it trains, that is all
                 self.trial_table.set_status(event.precision, "running")
                 self.statusBar().showMessage(f"{event.precision}: training…")
             self.charts.add_step(event)
@@ -395,17 +415,22 @@ class MainWindow(QMainWindow):
             self._log("info", f"run {event.run_id} started on "
                       f"{event.environment.get('device', {}).get('description', 'n/a')}")
         elif isinstance(event, TrialStarted):
+            self._rounds = event.rounds
             if event.rounds > 1:  # interleaved: every round warms up again
                 config = self.record.config
-                per = event.rounds * config.get("warmup", 0) + config.get("steps", 1)
+                per = trial_units(config, event.rounds)
                 self.run_progress.setRange(0, per * len(config.get("precisions", [])))
-            self.trial_table.set_status(event.precision, LOADING)
-            self.statusBar().showMessage(f"{event.precision}: {LOADING}")
-            self.charts.mark_trial_start(event.precision, event.time_s)
+                self.trial_table.set_steps_per_trial(per)
+            self._show_phase(event.precision, "loading", event.round, said=False)
+            if event.round == 0:
+                self.charts.mark_trial_start(event.precision, event.time_s)
+        elif isinstance(event, PhaseChanged):
+            self._show_phase(event.precision, event.phase, event.round)
         elif isinstance(event, TrialFinished):
             self._show_progress()
             trial = event.result
             self.trial_table.finish_trial(trial)
+            self.statusBar().showMessage(f"{trial.precision}: {trial.status}")
             self.charts.note_trial(trial)
             if trial.status != "ok":
                 self._log("warning", f"{trial.status}: {trial.reason or ''}", trial.precision)
@@ -419,6 +444,17 @@ class MainWindow(QMainWindow):
                 self.trial_table.set_status(event.precision, "error", event.message)
         elif isinstance(event, RunFinished):
             self.statusBar().showMessage(self._outcome(self.record))
+
+    def _show_phase(self, precision: str, phase: str, round_: int, said: bool = True) -> None:
+        """The phase in the trial's row and the status bar, with the round when there are
+        several; ``said``: the engine said it (a TrialStarted only implies loading)."""
+        if said:
+            self._phases.setdefault(precision, []).append(phase)
+        text = PHASE_TEXT.get(phase, phase)
+        if self._rounds > 1:
+            text += f" (round {round_ + 1}/{self._rounds})"
+        self.trial_table.set_status(precision, text)
+        self.statusBar().showMessage(f"{precision}: {text}")
 
     def _outcome(self, record: RunRecord) -> str:
         """How the run ended, in words; the progress bar says it too."""
@@ -453,8 +489,14 @@ class MainWindow(QMainWindow):
             trial = self.record.trial(precision)
             if trial is not None and trial.status != "cancelled":
                 return per
-            return min(per, len(self.record.steps(precision)))
+            log = self._phases.get(precision, [])
+            # an untimed step counts once the phase after it began
+            extras = sum(1 for phase in log[:-1] if phase in _EXTRA_STEPS)
+            return min(per, len(self.record.steps(precision)) + extras)
 
+        for p in precisions:
+            if p in self.trial_table.precisions():
+                self.trial_table.set_progress(p, done(p))
         self.run_progress.setValue(sum(done(p) for p in precisions))
 
     def _on_errored(self, message: str) -> None:
@@ -572,10 +614,14 @@ class MainWindow(QMainWindow):
             return  # queued by a watch that has been stopped since
         if isinstance(event, RunStarted):
             config = event.config
-            steps = config.get("warmup", 0) + config.get("steps", 0)
+            # a user's own loop has no untimed steps and no planned step count
+            steps = (trial_units(config) if config.get("source", "profile") == "profile"
+                     else config.get("warmup", 0) + config.get("steps", 0))
             self.trial_table.reset(list(config.get("precisions", [])), steps)
             self.run_progress.setRange(0, max(1, steps * len(config.get("precisions", []))))
             self.run_progress.setValue(0)
+            self._phases.clear()
+            self._rounds = 1
             self.setWindowTitle(f"AmpScope — watching run {event.run_id}")
         self._on_event(event)
 
