@@ -317,6 +317,7 @@ def _mark_interrupted(record: RunRecord, started: list[str]) -> None:
             finished_s=last,
             source=record.config.get("source", "profile"),  # a user's run says so in its config
         ))
+    record.order_trials()
 
 
 def _tokens_per_step(config: dict) -> int | None:

@@ -58,6 +58,7 @@ class RunRecord:
         elif isinstance(event, TrialFinished):
             self.trials = [t for t in self.trials if t.precision != event.result.precision]
             self.trials.append(event.result)
+            self.order_trials()
         elif isinstance(event, LogEvent):
             self.logs.append(event)
         elif isinstance(event, ErrorEvent):
@@ -66,6 +67,13 @@ class RunRecord:
         elif isinstance(event, RunFinished):
             self.status = event.status
             self.finished_s = event.time_s
+
+    def order_trials(self) -> None:
+        """Trials in the configured order of precisions, however they finished (a stop
+        ends interleaved precisions out of turn); others after them, as they came."""
+        order = [str(p) for p in self.config.get("precisions", [])]
+        self.trials.sort(key=lambda t: order.index(t.precision) if t.precision in order
+                         else len(order))
 
     def trial(self, precision: str) -> TrialResult | None:
         return next((t for t in self.trials if t.precision == precision), None)

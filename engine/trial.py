@@ -116,6 +116,7 @@ class _State:
     dtype_map: list[ParamInfo] = field(default_factory=list)
     module_tree: list[ModuleInfo] = field(default_factory=list)
     memory: MemoryBreakdown | None = None
+    memory_at_rest: bool = False  # ``memory`` is what a stopped trial held, not a peak
     predicted: PredictedMemory | None = None
     flops: FlopsInfo | None = None
     steps: list[StepSample] = field(default_factory=list)
@@ -187,7 +188,8 @@ class _State:
             mfu_reason = peak.reason
         else:
             mfu_reason = None if mfu is not None else "no steps measured"
-        mem = self.memory
+        # bytes held at rest by a stopped trial are kept in ``memory``, never as its peak
+        mem = None if self.memory_at_rest else self.memory
         last = self.steps[-1] if self.steps else None
         joules, energy_steps, energy_method = self.energy
         per_step = joules / energy_steps if joules is not None and energy_steps else None
@@ -201,7 +203,9 @@ class _State:
             peak_flops=peak.flops_per_s if peak else None,
             peak_flops_source=peak.source if peak else None,
             peak_memory_bytes=mem.total_bytes if mem else None,
-            peak_memory_method=mem.total_method if mem else "not measured",
+            peak_memory_method=(mem.total_method if mem else
+                                "not measured: the run was stopped before the watched step"
+                                if self.memory_at_rest else "not measured"),
             skipped_steps=sum(1 for s in measured if s.skipped),
             final_loss=last.loss if last else None,
             final_loss_scale=last.loss_scale if last else None,
@@ -333,6 +337,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.gpm = gpm.stop()
     if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
         state.memory = _memory_at_rest(model, optimizer, batches[0], device)
+        state.memory_at_rest = True
         return True
     state.phase(emit, "memory step")
     measured = _tracked_step(state, model, optimizer, scaler, batches)
