@@ -40,7 +40,6 @@ from engine.quiet import quiet_libraries
 from engine.record import RunRecord
 from engine.rounds import RoundBook, TrialRound, choose_rounds, schedule
 
-CANCEL_GRACE_S = 30.0  # a child that ignores cancel this long is terminated
 TERMINATE_GRACE_S = 5.0  # then killed
 DRAIN_S = 1.0  # events still in the pipe when a child has exited
 
@@ -99,14 +98,15 @@ class Runner:
         self._use_journal = journal
         self._cancel = threading.Event()
         self._abort = threading.Event()
-        self._grace_s = CANCEL_GRACE_S
+        self._grace_s: float | None = None  # None: wait for the step, however long it takes
         self._child_cancel = None
         self._lock = threading.Lock()
 
     def cancel(self, grace_s: float | None = None) -> None:
-        """Stop after the current step; a child that does not stop in ``grace_s`` is ended."""
+        """Stop after the current step, however long it takes; with ``grace_s`` (SIGTERM),
+        a child that has not stopped by then is ended. ``abort()`` ends it at once."""
         if grace_s is not None:
-            self._grace_s = min(self._grace_s, grace_s)
+            self._grace_s = grace_s if self._grace_s is None else min(self._grace_s, grace_s)
         self._cancel.set()
         if self._child_cancel is not None:
             self._child_cancel.set()
@@ -245,9 +245,10 @@ class Runner:
         drain_until = None
         terminated = False
         while True:
-            if self.cancelled and cancel_deadline is None:
+            if self.cancelled:
                 cancel.set()
-                cancel_deadline = time.monotonic() + self._grace_s
+                if cancel_deadline is None and self._grace_s is not None:
+                    cancel_deadline = time.monotonic() + self._grace_s
             if self._abort.is_set() and not terminated:
                 cancel_deadline = time.monotonic()  # end it now; what it sent is still read
             if cancel_deadline is not None and time.monotonic() >= cancel_deadline:

@@ -55,9 +55,17 @@ from gui.kernel_view import KernelView
 from gui.model_view import ModelView
 from gui.plain_text import as_html
 from gui.trial_table import TrialTable
-from gui.worker import LabWorker, ReportLoader, RunWorker
+from gui.worker import LabWorker, ReportLoader, ReportWriter, RunWorker
 
 LOADING = "loading model…"
+
+
+def documents_dir() -> str:
+    """Where file dialogs open: the user's documents folder, never the working folder."""
+    import platformdirs
+
+    return platformdirs.user_documents_dir()
+
 # what the trial table and status bar say in each engine phase (engine.events.PHASES)
 PHASE_TEXT = {"loading": LOADING, "warm-up": "warm-up", "measuring": "measuring",
               "memory step": "memory step (untimed)", "profiled step": "profiled step (untimed)",
@@ -98,6 +106,8 @@ class MainWindow(QMainWindow):
     ready = Signal()  # every deferred view is built
     record_shown = Signal(object)  # the RunRecord every view now shows
     open_failed = Signal(str)  # a report could not be opened: why
+    exported = Signal(object)  # the path a report was written to
+    export_failed = Signal(str)  # why a report could not be written
 
     def __init__(self, history: HistoryStore | None = None) -> None:
         super().__init__()
@@ -118,6 +128,9 @@ class MainWindow(QMainWindow):
         self._progress_timer.timeout.connect(self._show_progress)
         self.history = history or HistoryStore()
         self.report_loader = ReportLoader(self)
+        self.report_writer = ReportWriter(self)  # exports off the GUI thread
+        self.report_writer.written.connect(self._on_exported)
+        self.report_writer.failed.connect(self._on_export_failed)
         self.report_loader.progress.connect(self._on_open_progress)
         self.report_loader.loaded.connect(self._on_report_loaded)
         self.report_loader.failed.connect(self._on_open_failed)
@@ -734,20 +747,29 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Could not open the report: {message}")
         self.open_failed.emit(message)
 
-    def export_run(self, path: str | Path) -> Path | None:
-        from engine.report.writer import write_report
-
+    def export_run(self, path: str | Path) -> bool:
+        """Start writing the run on show to ``path`` off the GUI thread; ``exported`` or
+        ``export_failed`` follows. False if it cannot start now."""
         if self.record is None:
             self.statusBar().showMessage("Nothing to export yet: run or open a report first.")
-            return None
-        try:
-            written = write_report(self.record, path)
-        except (OSError, ValueError) as exc:
-            self._log("error", f"could not export to {path}: {exc}")
-            self.statusBar().showMessage(f"Export failed: {exc}")
-            return None
+            return False
+        if self.report_writer.is_running():
+            self.statusBar().showMessage("Wait for the report being written to finish first.")
+            return False
+        self.statusBar().showMessage(f"Writing the report to {path}…")
+        self.report_writer.start(self.record, path)
+        return True
+
+    def _on_exported(self, written) -> None:
+        self.report_writer.join()
         self.statusBar().showMessage(f"Report written to {written}")
-        return written
+        self.exported.emit(written)
+
+    def _on_export_failed(self, path, message: str) -> None:
+        self.report_writer.join()
+        self._log("error", f"could not export to {path}: {message}")
+        self.statusBar().showMessage(f"Export failed: {message}")
+        self.export_failed.emit(message)
 
     def chart_titles(self) -> dict[str, str]:
         titles = {f"live/{k}": f"Live: {title}" for k, (title, _, _) in LIVE_CHARTS.items()}
@@ -769,7 +791,7 @@ class MainWindow(QMainWindow):
         return export_chart(self.chart(key), path)
 
     def _ask_open_report(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open report", "", OPEN_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self, "Open report", documents_dir(), OPEN_FILTER)
         if path:
             self.open_report(path)
 
@@ -783,7 +805,8 @@ class MainWindow(QMainWindow):
 
     def _ask_export_run(self, kind: str) -> None:
         name = f"ampscope-{self.record.run_id if self.record else 'run'}.{kind}"
-        path, _ = QFileDialog.getSaveFileName(self, "Export run", name, REPORT_FILTERS[kind])
+        path, _ = QFileDialog.getSaveFileName(self, "Export run", str(Path(documents_dir(), name)),
+                                              REPORT_FILTERS[kind])
         if path:
             if not path.lower().endswith(f".{kind}"):
                 path += f".{kind}"
@@ -791,7 +814,8 @@ class MainWindow(QMainWindow):
 
     def _ask_export_chart(self, key: str) -> None:
         name = key.replace("/", "-") + ".png"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chart", name,
+        path, _ = QFileDialog.getSaveFileName(self, "Export chart",
+                                              str(Path(documents_dir(), name)),
                                               "PNG image (*.png);;SVG image (*.svg)")
         if path:
             try:

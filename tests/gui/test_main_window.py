@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QFileDialog
 from engine.config import RunConfig
 from engine.record import RunRecord
 from gui.main_window import MainWindow
-from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form
+from tests.gui.clicks import RUN_TIMEOUT_MS, click, export, fill_form
 
 
 def _config(**changes) -> RunConfig:
@@ -183,10 +183,10 @@ def test_export_then_open_shows_the_same_views(qtbot, window, tmp_path):
     live_table = window.compare_view.table_tsv()
     live_params = window.model_view.params.rowCount()
     live_points = window.charts.curve_points("loss", "bf16")
-    path = window.export_run(tmp_path / "run.json")
-    assert path is not None and path.exists()
+    path = export(qtbot, window, tmp_path / "run.json")
+    assert path.exists()
     for kind in ("html", "csv"):
-        assert window.export_run(tmp_path / f"run.{kind}").stat().st_size > 0
+        assert export(qtbot, window, tmp_path / f"run.{kind}").stat().st_size > 0
 
     other = MainWindow()
     qtbot.addWidget(other)
