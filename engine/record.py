@@ -40,6 +40,8 @@ class RunRecord:
     status: str = "running"
     started_s: float = field(default_factory=time.time)
     finished_s: float | None = None
+    # None: every poll, as the journal holds them; a report says how it thinned them
+    monitor_sampling: str | None = None
 
     def apply(self, event) -> None:
         """Fold one engine event into the record."""
@@ -95,7 +97,10 @@ class RunRecord:
             "environment": self.environment,
             "config": self.config,
             "trials": [to_dict(t) for t in self.trials],
-            "monitor_samples": [to_dict(m) for m in self.monitor_samples],
+            # a sample's None fields are left out: the reader puts them back
+            "monitor_samples": [{k: v for k, v in to_dict(m).items() if v is not None}
+                                for m in self.monitor_samples],
+            "monitor_sampling": self.monitor_sampling,
             "numerics": self.numerics,
             "logs": [to_dict(x) for x in self.logs],
         }
@@ -124,4 +129,5 @@ class RunRecord:
             status=data.get("status", "ok"),
             started_s=data.get("started_s", 0.0),
             finished_s=data.get("finished_s"),
+            monitor_sampling=data.get("monitor_sampling"),
         )
