@@ -26,9 +26,9 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from engine.events import MonitorSample, StepSample, TrialResult
 from engine.record import RunRecord
-from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.chart_specs import LIVE_CHARTS
 from gui.palette import precision_color
+from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
 from gui.ringbuffer import RingBuffer
 
 REDRAW_HZ = 15
@@ -151,10 +151,21 @@ def record_series(record: RunRecord, precisions: Iterable[str]) -> list[SeriesDa
 
 
 class Log2Axis(pg.AxisItem):
-    """Ticks of a log2-valued axis written as powers of two (2^16 rather than 16)."""
+    """Ticks of a log2-valued axis at whole powers of two only (2^16, never 2^16.2): a
+    GradScaler's scale is always one."""
+
+    MAX_TICKS = 6
+
+    def tickValues(self, minVal, maxVal, size):
+        low, high = math.ceil(min(minVal, maxVal)), math.floor(max(minVal, maxVal))
+        if high < low:
+            return []
+        step = max(1, math.ceil((high - low + 1) / self.MAX_TICKS))
+        return [(float(step), [float(v) for v in range(low, high + 1, step)])]
 
     def tickStrings(self, values, scale, spacing):
-        return [f"2^{v:g}" for v in values]
+        return [f"2^{v:.0f}" for v in values]
+
 
 
 @dataclass
@@ -187,6 +198,7 @@ class LiveCharts(QWidget):
             plot.setDownsampling(auto=True, mode="peak")
             plot.setClipToView(True)
             plot.getAxis("left").setWidth(LEFT_AXIS_PX)
+            plain_axes(plot)
             plot.setLabel("bottom", "time since start" if key in MONITOR_CHARTS else
                           STEP_AXIS_LABEL, units="s" if key in MONITOR_CHARTS else None)
             self.plots[key] = plot
