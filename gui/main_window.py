@@ -123,6 +123,7 @@ class MainWindow(QMainWindow):
         self._latest_steps: dict[str, StepSample] = {}  # per precision, not yet shown
         self._phases: dict[str, list[str]] = {}  # per precision, the phases it went through
         self._rounds = 1  # rounds per precision in the run on show
+        self._watching = False  # the run on show is another process's (File > Watch run)
         self._progress_timer = QTimer(self)
         self._progress_timer.setInterval(100)
         self._progress_timer.timeout.connect(self._show_progress)
@@ -363,6 +364,7 @@ class MainWindow(QMainWindow):
         if self.worker.is_running() or self.lab_worker.is_running():
             return False
         self.watcher.stop()
+        self._watching = False
         if config is None:
             try:
                 config = self.config_panel.config()
@@ -455,7 +457,11 @@ class MainWindow(QMainWindow):
             if event.precision:
                 self.trial_table.set_status(event.precision, "error", event.message)
         elif isinstance(event, RunFinished):
-            self.statusBar().showMessage(self._outcome(self.record))
+            outcome = self._outcome(self.record)
+            if self._watching:  # another process's run, not the user's own
+                outcome = f"Watched run {self.record.run_id}: " + outcome.removeprefix(
+                    "Run ").replace("cancelled", "stopped by its own process", 1)
+            self.statusBar().showMessage(outcome)
 
     def _show_phase(self, precision: str, phase: str, round_: int, said: bool = True) -> None:
         """The phase in the trial's row and the status bar, with the round when there are
@@ -612,6 +618,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Could not watch {path}: {exc}")
             return False
         self.record = RunRecord()
+        self._watching = True
         self.charts.clear()
         self.trial_table.reset([], 1)
         self.log.clear()
@@ -626,6 +633,12 @@ class MainWindow(QMainWindow):
             return  # queued by a watch that has been stopped since
         if isinstance(event, RunStarted):
             config = event.config
+            if config.get("source", "profile") == "profile":
+                # the form shows the watched run's settings, as for a run started here
+                self.config_panel.set_values(config)
+            self.statusBar().showMessage(
+                f"Watching run {event.run_id}: {config.get('model', 'n/a')}, "
+                f"{', '.join(config.get('precisions', []))}")
             # a user's own loop has no untimed steps and no planned step count
             steps = (trial_units(config) if config.get("source", "profile") == "profile"
                      else config.get("warmup", 0) + config.get("steps", 0))
@@ -679,6 +692,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Stop the current run before opening another one.")
             return
         self.watcher.stop()
+        self._watching = False
         self.record = record
         config = record.config
         precisions = record_precisions(record)
