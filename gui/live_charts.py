@@ -45,6 +45,7 @@ HOST_TITLES = {
     "monitor_power": ("Host memory used", "used (MiB)", None),
 }
 MONITOR_CHARTS = ("monitor_util", "monitor_memory", "monitor_power", "monitor_gpm")
+GPU_ONLY_CHARTS = ("memory", "monitor_gpm")
 STEP_AXIS_LABEL = "step (□ = warm-up)"
 MIB = 2**20  # memory axes in MiB, the binary unit the tables and reports use
 MONITOR_COLORS = ("#333333", "#0072B2", "#999999")
@@ -283,6 +284,12 @@ class LiveCharts(QWidget):
         self._reasons.setdefault("monitor_gpm", reason)
         self._set_note("monitor_gpm", reason)
 
+    def set_device_kind(self, kind: str | None) -> None:
+        """A CPU run has no GPU charts: torch's CUDA allocator counters and NVML's GPM are
+        hidden rather than shown as empty charts."""
+        for key in GPU_ONLY_CHARTS:
+            self.plots[key].setVisible(kind != "cpu")
+
     def begin(self, time_s: float) -> None:
         """The run's start: monitor charts count seconds from here."""
         self._t0 = time_s
@@ -376,6 +383,7 @@ class LiveCharts(QWidget):
         """Show a finished or loaded run from its ``record_series`` arrays."""
         config = record.config or {}
         self.clear(config.get("warmup", 0) + config.get("steps", 0) or None)
+        self.set_device_kind((record.environment.get("device") or {}).get("kind"))
         self.begin(record.started_s)
         if any(s.style.name == "CPU %" for s in series):
             self._use_host_titles()

@@ -426,6 +426,7 @@ class MainWindow(QMainWindow):
             self.charts.add_monitor(event)
         elif isinstance(event, RunStarted):
             self.charts.begin(event.time_s)
+            self.charts.set_device_kind((event.environment.get("device") or {}).get("kind"))
             self.setWindowTitle(f"AmpScope — run {event.run_id} (running)")
             self._log("info", f"run {event.run_id} started on "
                       f"{event.environment.get('device', {}).get('description', 'n/a')}")
