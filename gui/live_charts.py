@@ -26,7 +26,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from engine.events import MonitorSample, StepSample, TrialResult
 from engine.record import RunRecord
-from gui.chart_specs import LIVE_CHARTS
+from gui.chart_specs import LIVE_CHARTS, device_kind
 from gui.palette import precision_color
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
 from gui.ringbuffer import RingBuffer
@@ -383,7 +383,7 @@ class LiveCharts(QWidget):
         """Show a finished or loaded run from its ``record_series`` arrays."""
         config = record.config or {}
         self.clear(config.get("warmup", 0) + config.get("steps", 0) or None)
-        self.set_device_kind((record.environment.get("device") or {}).get("kind"))
+        self.set_device_kind(device_kind(record.environment))
         self.begin(record.started_s)
         if any(s.style.name == "CPU %" for s in series):
             self._use_host_titles()

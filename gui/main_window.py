@@ -44,7 +44,7 @@ from engine.events import (
 )
 from engine.record import RunRecord
 from gui import settings
-from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS
+from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS, device_kind
 from gui.config_panel import ConfigPanel
 from gui.device_status import DeviceStatus
 from gui.fit_view import FitView
@@ -426,7 +426,7 @@ class MainWindow(QMainWindow):
             self.charts.add_monitor(event)
         elif isinstance(event, RunStarted):
             self.charts.begin(event.time_s)
-            self.charts.set_device_kind((event.environment.get("device") or {}).get("kind"))
+            self.charts.set_device_kind(device_kind(event.environment))
             self.setWindowTitle(f"AmpScope — run {event.run_id} (running)")
             self._log("info", f"run {event.run_id} started on "
                       f"{event.environment.get('device', {}).get('description', 'n/a')}")

@@ -165,7 +165,8 @@ def test_run_fills_live_charts_comparison_model_and_history(qtbot, window):
         assert window.charts.curve_points("loss", p) == per_trial
         assert window.charts.curve_points("step_time", p) == per_trial
         assert window.trial_table.cell_text(p, "Status") == "ok"
-        assert window.trial_table.progress(p) == per_trial
+        # every step counts, the untimed memory and profiled steps included
+        assert window.trial_table.progress(p) == per_trial + 1 + int(config.profile_step)
     # the host monitor ran during the run
     assert window.charts.curve_points("monitor_util", "CPU %") > 0
 
