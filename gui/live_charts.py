@@ -294,8 +294,10 @@ class LiveCharts(QWidget):
         """The run's start: monitor charts count seconds from here."""
         self._t0 = time_s
 
-    def mark_trial_start(self, precision: str, time_s: float) -> None:
-        """A labelled vertical line on the monitor charts where a trial began."""
+    def mark_trial_start(self, precision: str, time_s: float, named: bool = True) -> None:
+        """A vertical line on the monitor charts where a trial began; ``named``: labelled
+        with the precision (an interleaved precision's later rounds are not: their names
+        overprinted the first ones on a short run)."""
         if self._t0 is None:
             self._t0 = time_s
         color = precision_color(precision)
@@ -307,7 +309,7 @@ class LiveCharts(QWidget):
         starts = sum(getattr(line, "label", None) is not None for _, line in self._trial_lines)
         position = 0.95 - 0.12 * (starts % 4)
         for key in MONITOR_CHARTS:
-            labelled = key == MONITOR_CHARTS[0]
+            labelled = named and key == MONITOR_CHARTS[0]
             line = pg.InfiniteLine(
                 pos=time_s - self._t0, angle=90,
                 pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DotLine),

@@ -438,7 +438,7 @@ class MainWindow(QMainWindow):
                 self.run_progress.setRange(0, per * len(config.get("precisions", [])))
                 self.trial_table.set_steps_per_trial(per)
             self._show_phase(event.precision, "loading", event.round, said=False)
-            self.charts.mark_trial_start(event.precision, event.time_s)
+            self.charts.mark_trial_start(event.precision, event.time_s, event.round == 0)
         elif isinstance(event, PhaseChanged):
             self._show_phase(event.precision, event.phase, event.round)
         elif isinstance(event, TrialFinished):

@@ -73,5 +73,11 @@ def test_each_phase_is_shown_as_it_happens(qtbot):
                if "memory step" in message or "profiled step" in message]
     assert untimed and all(value < top for _, value, top in untimed), untimed
     assert window.run_progress.value() == window.run_progress.maximum()
+    # every round's start is marked on the Host CPU chart, each precision named once
+    cpu_plot = window.charts.plots["monitor_util"]
+    lines = [line for plot, line in window.charts._trial_lines if plot is cpu_plot]
+    assert len(lines) == 4
+    labels = [getattr(line, "label", None) for line in lines]
+    assert sorted(label.format for label in labels if label is not None) == ["bf16", "fp32"]
     for p in ("fp32", "bf16"):
         assert window.trial_table.cell_text(p, "Status") == "ok"
