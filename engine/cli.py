@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from engine import VERSION
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="after the trials, run the numerics lab on the first precision and "
                            "add it (with advice citing the trials) to the report")
     prof.add_argument("--quiet", action="store_true", help="no progress display")
+    prof.add_argument("--wide", action="store_true",
+                      help="print every column of the comparison table (p10..p90, CV, "
+                           "tokens/s, MFU, HFU, energy); the default fits 120 columns")
     prof.add_argument("--trace", metavar="DIR",
                       help="write each precision's profiled step as a Chrome trace "
                            "(<precision>.trace.json, opens in Perfetto) and, on CUDA, a memory "
@@ -162,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _profile(args) -> int:
     from engine.distributed.cli_args import distributed_config
-    from engine.runner import Runner
 
+    # every check that needs no torch comes first: a typo is refused in well under a second
     config = RunConfig(
         model=args.model, precisions=parse_precisions(args.precision),
         batch_size=args.batch_size, seq_len=args.seq_len, steps=args.steps,
@@ -176,6 +180,8 @@ def _profile(args) -> int:
         **distributed_config(args),
     )
     out = _check_out(args.out) if args.out else None
+    from engine.runner import Runner
+
     progress = _Progress(config, enabled=not args.quiet)
     runner = Runner(config, progress)
     signals = _Signals(runner, inline=config.isolation == "inline")
@@ -187,7 +193,7 @@ def _profile(args) -> int:
         progress.close()
         if args.numerics and not signals.received:
             _add_numerics(runner, record, config, signals)
-        return _finish(record, runner, out, signals, args.trace)
+        return _finish(record, runner, out, signals, args.trace, args.wide)
 
 
 def _check_out(out: str):
@@ -242,14 +248,14 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
         _say(f"advisor: {advice['recommended']}")
 
 
-def _finish(record, runner, out, signals, trace: str | None = None) -> int:
+def _finish(record, runner, out, signals, trace: str | None = None, wide: bool = False) -> int:
     """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
     from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
     from engine.verdict import verdict as recommend
 
     _say(_verdict_text(recommend(record)))
     verdict = speed_verdict(record.trials)
-    _say(format_table(comparison_rows(record, verdict)))
+    _say(format_table(comparison_rows(record, verdict), wide=wide))
     if record.config.get("strategy", "none") != "none":
         from engine.distributed.summary_text import distributed_lines
 
@@ -264,7 +270,7 @@ def _finish(record, runner, out, signals, trace: str | None = None) -> int:
     code = 0
     if out is not None:
         if _write_report(record, out, _journal_note(runner)):
-            _say(f"report written to {out}")
+            _say(f"report written to {_written(out)}")
         else:
             code = EXIT_FAILED
     failed = [t for t in record.trials if t.status not in ("ok", "unsupported")]
@@ -378,6 +384,11 @@ def _note(text: str) -> None:
 class _Progress:
     """Progress on stderr: one rewritten line on a terminal, a line a step in a log."""
 
+    # the phases no step line shows: loading is the trial's first line, steps say warm-up
+    SAID = {"memory step": "one untimed step tracking memory...",
+            "profiled step": "one extra step under torch.profiler (not measured)...",
+            "between rounds": "round done; its next round waits for the other precisions"}
+
     def __init__(self, config: RunConfig, enabled: bool):
         self.config = config
         self.enabled = enabled
@@ -386,10 +397,12 @@ class _Progress:
         self.index = 0
 
     def __call__(self, event) -> None:
-        from engine.events import LogEvent, StepSample, TrialFinished, TrialStarted
+        from engine.events import LogEvent, PhaseChanged, StepSample, TrialFinished, TrialStarted
 
         if not self.enabled:
             return
+        if isinstance(event, PhaseChanged) and event.phase in self.SAID:
+            self._line(f"  {event.precision}: {self.SAID[event.phase]}", end=True)
         if isinstance(event, TrialStarted):
             self.index = event.index + 1
             part = f" round {event.round + 1}/{event.rounds}" if event.rounds > 1 else ""
@@ -430,18 +443,20 @@ class _Progress:
 
 
 def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: int = 0,
-                   trust_remote_code: bool = False) -> list[dict]:
+                   trust_remote_code: bool = False,
+                   progress: Callable[[str], None] = lambda _: None) -> list[dict]:
     """Load footprint of each precision, as transformers' get_memory_footprint counts it."""
     from collections import Counter
 
     from engine.inventory import count_params, dtype_map
-    from engine.memtrack import quant_state_tensors, unique_bytes
+    from engine.memtrack import quant_state_parts, quant_state_tensors, unique_bytes
     from engine.models import load_model
     from engine.runner import preflight
 
     info = preflight(RunConfig(model=model, precisions=precisions, device=device, seq_len=1))
     rows = []
-    for precision in precisions:
+    for i, precision in enumerate(precisions, 1):
+        progress(f"[{i}/{len(precisions)}] loading {model} as {precision}...")
         reason = info.unsupported_reason(precision)
         if reason:
             rows.append({"precision": precision, "status": "unsupported", "reason": reason,
@@ -463,15 +478,21 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
                      "footprint_bytes": loaded.footprint_bytes,
                      "params": count_params(loaded.model)[0],
                      "bytes_by_dtype": dict(by_dtype), "note": loaded.footprint_note,
-                     # absmax / SCB live beside the packed weights, outside the footprint
-                     "quant_state_bytes": unique_bytes(quant_state_tensors(loaded.model))})
+                     # absmax / quant map / SCB live beside the packed weights, outside
+                     # the footprint
+                     "quant_state_bytes": unique_bytes(quant_state_tensors(loaded.model)),
+                     "quant_state_parts": list(dict.fromkeys(
+                         name for name, _ in quant_state_parts(loaded.model)))})
         del loaded
     return rows
 
 
 def _footprint(args) -> int:
-    rows = footprint_rows(args.model, parse_precisions(args.precision), args.device, args.seed,
-                          args.trust_remote_code)
+    precisions = parse_precisions(args.precision)
+    RunConfig(model=args.model, precisions=precisions, device=args.device)  # checks, no torch
+    _say("loading torch and transformers...", err=True)
+    rows = footprint_rows(args.model, precisions, args.device, args.seed,
+                          args.trust_remote_code, lambda text: _say(text, err=True))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -482,7 +503,8 @@ def _footprint(args) -> int:
             continue
         dtypes = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in r["bytes_by_dtype"].items())
         quant = r["quant_state_bytes"]
-        beside = f"; + quantisation state {quant / 2**20:.2f} MiB (absmax, SCB)" if quant else ""
+        beside = (f"; + quantisation state {quant / 2**20:.2f} MiB "
+                  f"({', '.join(r['quant_state_parts'])})" if quant else "")
         print(f"{r['precision']:<10} {r['footprint_bytes'] / 2**20:>10.2f} MiB "
               f"{r['params']:>14,}  {dtypes}{beside}")
     notes = {r["note"] for r in rows if r.get("note")}
@@ -497,8 +519,13 @@ def _footprint(args) -> int:
 def _presets(args) -> int:
     from engine.presets import param_count, presets
 
-    items = [{"name": p.name, "task": p.task, "params": param_count(p.name),
-              "description": p.description} for p in presets()]
+    _say("counting each preset's parameters (built on the meta device, no weights)...",
+         err=True)
+    items = []
+    for i, p in enumerate(presets(), 1):
+        _say(f"[{i}/{len(presets())}] {p.name}", err=True)
+        items.append({"name": p.name, "task": p.task, "params": param_count(p.name),
+                      "description": p.description})
     if args.json:
         print(json.dumps(items, indent=2))
         return 0
@@ -513,23 +540,30 @@ def _presets(args) -> int:
 
 
 def _numerics(args) -> int:
-    from engine.device import probe
-    from engine.environment import collect
-    from engine.numerics.lab import format_lab_text, run_lab
-    from engine.record import RunRecord
-    from engine.report.writer import check_writable
-
+    precisions = parse_precisions(args.precision)
+    if len(precisions) != 1:
+        raise ValueError(f"numerics takes one precision (got {len(precisions)}): "
+                         "pass one to --precision")
+    RunConfig(model=args.model, precisions=precisions, device=args.device,
+              batch_size=args.batch_size, seq_len=args.seq_len)  # checks before torch loads
     out = None
     if args.out:
         if Path(args.out).suffix.lower() == ".csv":
             raise ValueError("numerics --out takes .json or .html: a CSV holds training steps, "
                              "and the numerics lab runs none (use profile --out x.csv)")
-        out = check_writable(args.out)
-    result = run_lab(args.model, args.precision, args.device, args.batch_size, args.seq_len,
-                     args.seed, trust_remote_code=args.trust_remote_code)
+        out = _check_out(args.out)
+    _say("loading torch and transformers...", err=True)
+    from engine.device import probe
+    from engine.environment import collect
+    from engine.numerics.lab import format_lab_text, run_lab
+    from engine.record import RunRecord
+
+    result = run_lab(args.model, precisions[0], args.device, args.batch_size, args.seq_len,
+                     args.seed, trust_remote_code=args.trust_remote_code,
+                     progress=lambda stage: _say(f"numerics: {stage}...", err=True))
     print(json.dumps(result, indent=2) if args.json else format_lab_text(result))
     if args.out:
-        config = RunConfig(model=args.model, precisions=(args.precision,), device=args.device,
+        config = RunConfig(model=args.model, precisions=precisions, device=args.device,
                            batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed)
         record = RunRecord(config=config.to_dict(), environment=collect(probe(args.device)),
                            numerics=result, status="ok")
@@ -556,6 +590,15 @@ def _write_report(record, out, note: str = "") -> bool:
     return True
 
 
+def _written(out) -> str:
+    """Where a report went: a CSV report is two files, the steps and the comparison."""
+    if Path(out).suffix.lower() != ".csv":
+        return str(out)
+    from engine.report.csv_io import comparison_path
+
+    return f"{out} (steps) and {comparison_path(out)} (comparison table)"
+
+
 def _report(args) -> int:
     """Any journal (or JSON report) into any report format."""
     from engine.report.writer import check_writable
@@ -566,7 +609,7 @@ def _report(args) -> int:
     record = read_run(args.source)
     if not _write_report(record, out):
         return EXIT_FAILED
-    _say(f"report of run {record.run_id} ({record.status}) written to {out}")
+    _say(f"report of run {record.run_id} ({record.status}) written to {_written(out)}")
     return 0
 
 

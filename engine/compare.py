@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -371,18 +372,61 @@ def format_cell(key: str, value) -> str:
     return _FORMATTERS[key](value)
 
 
-def format_table(rows: list[ComparisonRow]) -> str:
-    """A plain aligned text table: text left-aligned, numbers right-aligned."""
-    headers = [header for _, header, _ in COLUMNS]
-    cells = [[format_cell(key, getattr(row, key)) for key, _, _ in COLUMNS] for row in rows]
+def _speedup_with_ci(row: ComparisonRow) -> str:
+    if row.speedup_vs_fp32 is None:
+        return "n/a"
+    text = format_cell("speedup_vs_fp32", row.speedup_vs_fp32)
+    if row.speedup_ci is None:
+        return text
+    return f"{text} [{row.speedup_ci[0]:.2f}..{row.speedup_ci[1]:.2f}]"
+
+
+# the terminal table: what decides between precisions; the rest is under --wide
+_NARROW: list[tuple[str, Callable[[ComparisonRow], str]]] = [
+    ("Precision", lambda r: r.precision),
+    ("Status", lambda r: r.status),
+    ("Step time", lambda r: format_cell("median_step_ms", r.median_step_ms)),
+    (f"Speed-up [{spread.CI_LEVEL:.0%} CI]", _speedup_with_ci),
+    ("Verdict", lambda r: format_cell("speed_verdict", r.speed_verdict)),
+    ("Peak mem", lambda r: format_cell("peak_memory_bytes", r.peak_memory_bytes)),
+    ("Mem saved", lambda r: format_cell("memory_saving_vs_fp32", r.memory_saving_vs_fp32)),
+    ("Skips", lambda r: format_cell("skipped_steps", r.skipped_steps)),
+    ("Loss diff", lambda r: format_cell("final_loss_diff_vs_fp32", r.final_loss_diff_vs_fp32)),
+]
+_NARROW_TEXT = {"Precision", "Status", "Verdict"}
+TABLE_WIDTH = 120  # a terminal the table fits by default
+
+
+def _aligned(headers: list[str], cells: list[list[str]], text: set[int]) -> list[str]:
+    """Text columns left-aligned, numbers right-aligned, two spaces apart."""
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
 
     def line(values: list[str]) -> str:
-        parts = [
-            v.ljust(w) if key in _TEXT_KEYS else v.rjust(w)
-            for (key, _, _), v, w in zip(COLUMNS, values, widths)
-        ]
-        return "  ".join(parts).rstrip()
+        return "  ".join(v.ljust(w) if i in text else v.rjust(w)
+                         for i, (v, w) in enumerate(zip(values, widths))).rstrip()
 
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), rule, *(line(r) for r in cells)])
+    return [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in cells)]
+
+
+def format_table(rows: list[ComparisonRow], wide: bool = False) -> str:
+    """A plain aligned text table. By default it fits 120 columns: speed, memory and loss
+    per precision, with what each trained and why it did not run wrapped below;
+    ``wide`` gives every column of ``COLUMNS``."""
+    if wide:
+        headers = [header for _, header, _ in COLUMNS]
+        cells = [[format_cell(key, getattr(row, key)) for key, _, _ in COLUMNS]
+                 for row in rows]
+        text = {i for i, (key, _, _) in enumerate(COLUMNS) if key in _TEXT_KEYS}
+        return "\n".join(_aligned(headers, cells, text))
+    headers = [header for header, _ in _NARROW]
+    cells = [[cell(row) for _, cell in _NARROW] for row in rows]
+    lines = _aligned(headers, cells, {i for i, h in enumerate(headers) if h in _NARROW_TEXT})
+    for row in rows:
+        if row.trained and row.trained.startswith("LoRA"):
+            lines.append(f"  {row.precision} trained {row.trained}")
+        if row.reason:
+            lines += textwrap.wrap(f"{row.precision}: {row.reason}", TABLE_WIDTH,
+                                   initial_indent="  ", subsequent_indent="    ")
+    lines.append("  (speed-up, memory saved and loss diff are vs fp32; --wide adds step "
+                 "p10..p90 and CV, tokens/s, MFU, HFU, energy)")
+    return "\n".join(lines)

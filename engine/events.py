@@ -78,6 +78,22 @@ class TrialStarted:
     rounds: int = 1
 
 
+PHASES = ("loading", "warm-up", "measuring", "memory step", "profiled step", "between rounds")
+"""What a trial is doing: loading its model (a child process starting included), unmeasured
+warm-up steps, measured steps, the untimed step that tracks memory, the extra step under
+torch.profiler, and (interleaved runs) waiting for the other precisions' round."""
+
+
+@dataclass(frozen=True)
+class PhaseChanged:
+    """A trial enters ``phase`` (one of ``PHASES``) in round ``round`` (0-based)."""
+
+    precision: str
+    phase: str
+    time_s: float
+    round: int = 0
+
+
 @dataclass(frozen=True)
 class StepSample:
     """One measured (or warm-up) optimiser step of one trial."""
@@ -527,6 +543,7 @@ class RunFinished:
 Event = (
     RunStarted
     | TrialStarted
+    | PhaseChanged
     | StepSample
     | MonitorSample
     | LogEvent

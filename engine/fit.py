@@ -426,17 +426,35 @@ def _is_oom(result: TrialResult) -> bool:
 
 
 def run_fit(config: FitConfig, on_probe: Callable[[str, FitProbe], None] = lambda *_: None,
-            cancelled: Callable[[], bool] = lambda: False) -> tuple[int, list[FitResult]]:
+            cancelled: Callable[[], bool] = lambda: False,
+            on_result: Callable[[FitResult], None] = lambda _: None,
+            ) -> tuple[int, list[FitResult]]:
     """(budget bytes, one result per precision); ``ValueError`` on bad input first,
-    ``FitCancelled`` when ``cancelled()`` turns true during the search."""
+    ``FitCancelled`` when ``cancelled()`` turns true during the search. ``on_result``
+    hears each precision's result as soon as its search ends."""
     from engine.runner import preflight
 
     info = preflight(config.run_config(1, config.precisions[0]))
     budget = budget_for(config, info)
     context = (cuda_context(info) if config.isolation == "inline" or info.kind != "cuda"
                else _context_in_child(info))
-    return budget, [fit_precision(config, p, info, budget, on_probe, cancelled, context)
-                    for p in config.precisions]
+    results = []
+    for p in config.precisions:
+        results.append(fit_precision(config, p, info, budget, on_probe, cancelled, context))
+        on_result(results[-1])
+    return budget, results
+
+
+_UNIT_NAMES = {"": "bytes", "b": "B", "kb": "kB", "mb": "MB", "gb": "GB", "tb": "TB",
+               "kib": "KiB", "mib": "MiB", "gib": "GiB", "tib": "TiB"}
+
+
+def budget_text(typed: str) -> str:
+    """A budget as the user wrote it, tidied: ``"32mib"`` -> ``"32 MiB"``."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", typed)
+    if match is None or match.group(2).lower() not in _UNIT_NAMES:
+        raise ValueError(f"memory budget '{typed}' not understood")
+    return f"{match.group(1)} {_UNIT_NAMES[match.group(2).lower()]}"
 
 
 def _mib(value) -> str:

@@ -28,6 +28,7 @@ from engine.events import (
     ErrorEvent,
     LogEvent,
     MonitorSample,
+    PhaseChanged,
     RunFinished,
     RunStarted,
     ScalarLog,
@@ -46,6 +47,7 @@ JOURNAL_VERSION = 1
 KINDS = {
     "run": RunStarted,
     "trial": TrialStarted,
+    "phase": PhaseChanged,
     "step": StepSample,
     "mon": MonitorSample,
     "log": LogEvent,
@@ -360,6 +362,7 @@ def _mark_interrupted(record: RunRecord, started: list[str]) -> None:
             finished_s=last,
             source=record.config.get("source", "profile"),  # a user's run says so in its config
         ))
+    record.order_trials()
 
 
 def _tokens_per_step(config: dict) -> int | None:

@@ -63,9 +63,10 @@ def unique_bytes(tensors: Iterable) -> int:
     return sum(seen.values())
 
 
-def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """bitsandbytes' quantisation state beside the packed weights: 4-bit absmax (and the
-    nested state's), the NF4 code book, int8's per-row scales (SCB).
+def quant_state_parts(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """bitsandbytes' quantisation state beside the packed weights, named: 4-bit blocks'
+    absmax and quant map (the NF4/FP4 code book; with double quantisation the nested
+    state's too, and its offset), int8's per-row scales (SCB).
 
     Linear8bitLt's first forward moves SCB from its weight to the module's MatmulLtState
     (bitsandbytes 0.50 ``Linear8bitLt.init_8bit_state``), so it is looked for on both.
@@ -74,15 +75,20 @@ def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
     for p in model.parameters():
         qs = getattr(p, "quant_state", None)
         if qs is not None:
-            found += [qs.absmax, qs.code]
+            found += [("absmax", qs.absmax), ("quant map", qs.code)]
             if getattr(qs, "state2", None) is not None:
-                found += [qs.state2.absmax, qs.state2.code]
+                found += [("nested absmax", qs.state2.absmax),
+                          ("nested quant map", qs.state2.code)]
             if getattr(qs, "offset", None) is not None:
-                found.append(qs.offset)
-        found.append(getattr(p, "SCB", None))
+                found.append(("offset", qs.offset))
+        found.append(("SCB", getattr(p, "SCB", None)))
     for m in model.modules():
-        found.append(getattr(getattr(m, "state", None), "SCB", None))
-    return [t for t in found if isinstance(t, torch.Tensor)]
+        found.append(("SCB", getattr(getattr(m, "state", None), "SCB", None)))
+    return [(name, t) for name, t in found if isinstance(t, torch.Tensor)]
+
+
+def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    return [t for _, t in quant_state_parts(model)]
 
 
 def optimizer_tensors(optimizer) -> list[torch.Tensor]:

@@ -42,6 +42,8 @@ class RunRecord:
     status: str = "running"
     started_s: float = field(default_factory=time.time)
     finished_s: float | None = None
+    # None: every poll, as the journal holds them; a report says how it thinned them
+    monitor_sampling: str | None = None
 
     def apply(self, event) -> None:
         """Fold one engine event into the record."""
@@ -60,10 +62,7 @@ class RunRecord:
         elif isinstance(event, TrialFinished):
             self.trials = [t for t in self.trials if t.precision != event.result.precision]
             self.trials.append(event.result)
-            # mirrored rounds finish precisions out of order: list them as configured
-            order = list(self.config.get("precisions") or ())
-            self.trials.sort(key=lambda t: order.index(t.precision) if t.precision in order
-                             else len(order))
+            self.order_trials()
         elif isinstance(event, LogEvent):
             self.logs.append(event)
         elif isinstance(event, ScalarLog):
@@ -74,6 +73,13 @@ class RunRecord:
         elif isinstance(event, RunFinished):
             self.status = event.status
             self.finished_s = event.time_s
+
+    def order_trials(self) -> None:
+        """Trials in the configured order of precisions, however they finished (a stop
+        ends interleaved precisions out of turn); others after them, as they came."""
+        order = [str(p) for p in self.config.get("precisions", [])]
+        self.trials.sort(key=lambda t: order.index(t.precision) if t.precision in order
+                         else len(order))
 
     def trial(self, precision: str) -> TrialResult | None:
         return next((t for t in self.trials if t.precision == precision), None)
@@ -95,7 +101,10 @@ class RunRecord:
             "environment": self.environment,
             "config": self.config,
             "trials": [to_dict(t) for t in self.trials],
-            "monitor_samples": [to_dict(m) for m in self.monitor_samples],
+            # a sample's None fields are left out: the reader puts them back
+            "monitor_samples": [{k: v for k, v in to_dict(m).items() if v is not None}
+                                for m in self.monitor_samples],
+            "monitor_sampling": self.monitor_sampling,
             "numerics": self.numerics,
             "logs": [to_dict(x) for x in self.logs],
             "scalars": [to_dict(x) for x in self.scalars],
@@ -126,4 +135,5 @@ class RunRecord:
             status=data.get("status", "ok"),
             started_s=data.get("started_s", 0.0),
             finished_s=data.get("finished_s"),
+            monitor_sampling=data.get("monitor_sampling"),
         )

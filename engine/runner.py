@@ -27,6 +27,7 @@ from engine.environment import collect
 from engine.events import (
     ErrorEvent,
     LogEvent,
+    PhaseChanged,
     RunFinished,
     RunStarted,
     StepSample,
@@ -41,7 +42,6 @@ from engine.quiet import quiet_libraries
 from engine.record import RunRecord
 from engine.rounds import RoundBook, TrialRound, choose_rounds, schedule
 
-CANCEL_GRACE_S = 30.0  # a child that ignores cancel this long is terminated
 TERMINATE_GRACE_S = 5.0  # then killed
 DRAIN_S = 1.0  # events still in the pipe when a child has exited
 
@@ -104,14 +104,15 @@ class Runner:
         # The loops that wait on a trial read them at least every 0.1 s and pass them on.
         self._cancelled = False
         self._aborted = False
-        self._grace_s = CANCEL_GRACE_S
+        self._grace_s: float | None = None  # None: wait for the step, however long it takes
         self._lock = threading.Lock()
 
     def cancel(self, grace_s: float | None = None) -> None:
-        """Stop after the current step; a child that does not stop in ``grace_s`` is ended.
-        Safe in a signal handler: it only sets flags."""
+        """Stop after the current step, however long it takes; with ``grace_s`` (SIGTERM),
+        a child that has not stopped by then is ended. ``abort()`` ends it at once. Safe in
+        a signal handler: it only sets flags."""
         if grace_s is not None:
-            self._grace_s = min(self._grace_s, grace_s)
+            self._grace_s = grace_s if self._grace_s is None else min(self._grace_s, grace_s)
         self._cancelled = True
 
     def abort(self) -> None:
@@ -183,6 +184,8 @@ class Runner:
                     began = time.time()
                     self._emit(TrialStarted(precision, index, len(plan), began,
                                             item.round, item.rounds))
+                    # a child process starting and importing torch is loading too
+                    self._emit(PhaseChanged(precision, "loading", time.time(), item.round))
                     if self.config.strategy != "none":  # torchrun starts the ranks
                         from engine.distributed.trial import run_distributed
 
@@ -196,6 +199,9 @@ class Runner:
                     result = book.finish(item, result)
                     if result is not None:
                         result = self._with_host_load(result, windows[precision])
+                    else:  # its next round waits for the other precisions
+                        self._emit(PhaseChanged(precision, "between rounds", time.time(),
+                                                item.round))
                 if result is not None:  # the precision's last round: its combined result
                     self._emit(TrialFinished(result, time.time()))
         finally:
@@ -264,9 +270,10 @@ class Runner:
         drain_until = None
         terminated = False
         while True:
-            if self.cancelled and cancel_deadline is None:
+            if self.cancelled:
                 cancel.set()
-                cancel_deadline = time.monotonic() + self._grace_s
+                if cancel_deadline is None and self._grace_s is not None:
+                    cancel_deadline = time.monotonic() + self._grace_s
             if self._aborted and not terminated:
                 cancel_deadline = time.monotonic()  # end it now; what it sent is still read
             if cancel_deadline is not None and time.monotonic() >= cancel_deadline:

@@ -28,6 +28,7 @@ from engine.events import (
     MemoryBreakdown,
     ModuleInfo,
     ParamInfo,
+    PhaseChanged,
     PredictedMemory,
     ProfiledStep,
     StepSample,
@@ -131,6 +132,7 @@ class _State:
     dtype_map: list[ParamInfo] = field(default_factory=list)
     module_tree: list[ModuleInfo] = field(default_factory=list)
     memory: MemoryBreakdown | None = None
+    memory_at_rest: bool = False  # ``memory`` is what a stopped trial held, not a peak
     predicted: PredictedMemory | None = None
     flops: FlopsInfo | None = None
     steps: list[StepSample] = field(default_factory=list)
@@ -146,6 +148,9 @@ class _State:
     step_offset: int = 0
     distinct_batches: int | None = None
     lora: dict | None = None
+
+    def phase(self, emit, phase: str) -> None:
+        emit(PhaseChanged(self.rec.precision, phase, time.time(), self.round_index))
 
     def result(self, status: str, reason: str | None) -> TrialResult:
         verdict = self.device_info.verdict(self.rec.precision)
@@ -202,7 +207,8 @@ class _State:
             mfu_reason = peak.reason
         else:
             mfu_reason = None if mfu is not None else "no steps measured"
-        mem = self.memory
+        # bytes held at rest by a stopped trial are kept in ``memory``, never as its peak
+        mem = None if self.memory_at_rest else self.memory
         last = self.steps[-1] if self.steps else None
         joules, energy_steps, energy_method = self.energy
         per_step = joules / energy_steps if joules is not None and energy_steps else None
@@ -216,7 +222,9 @@ class _State:
             peak_flops=peak.flops_per_s if peak else None,
             peak_flops_source=peak.source if peak else None,
             peak_memory_bytes=mem.total_bytes if mem else None,
-            peak_memory_method=mem.total_method if mem else "not measured",
+            peak_memory_method=(mem.total_method if mem else
+                                "not measured: the run was stopped before the watched step"
+                                if self.memory_at_rest else "not measured"),
             skipped_steps=sum(1 for s in measured if s.skipped),
             final_loss=last.loss if last else None,
             final_loss_scale=last.loss_scale if last else None,
@@ -367,7 +375,9 @@ def _measure(state: _State, emit, cancelled) -> bool:
             log(note, "warning")
     if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
         state.memory = _memory_at_rest(model, optimizer, batches[0], device)
+        state.memory_at_rest = True
         return True
+    state.phase(emit, "memory step")
     try:
         measured = tracked_step(config, rec, device, model, optimizer, scaler, batches)
     except Exception as exc:
@@ -385,6 +395,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     if not config.profile_step:
         state.profiled_reason = "turned off (--no-kernel-profile)"
     elif not cancelled():
+        state.phase(emit, "profiled step")
         _profiled_step(state, step_model, params, optimizer, scaler, batches, log)
     return False
 
@@ -578,8 +589,11 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
         for i in range(config.warmup + config.steps):
             if cancelled():
                 return True
+            if i == 0 and config.warmup:
+                state.phase(emit, "warm-up")
             if i == config.warmup:  # GPM's and the energy counter's window: measured steps
                 _drain(state.device_info)  # the warm-up's queued kernels stay outside it
+                state.phase(emit, "measuring")
                 gpm.start()
                 energy.begin()
             alloc.start()

@@ -25,3 +25,10 @@ COMPARE_CHARTS: dict[str, tuple[str, str, str | None]] = {
     "mfu": ("MFU (model FLOPs, no recompute; peak blended by dtype)", "MFU", "%"),
     "peak_memory": ("Peak memory", "MiB", None),
 }
+
+
+def device_kind(environment) -> str | None:
+    """A run's device kind ("cpu", "cuda"), or None where its environment does not say
+    (older and hand-made reports hold other shapes)."""
+    device = environment.get("device") if isinstance(environment, dict) else None
+    return device.get("kind") if isinstance(device, dict) else None

@@ -39,11 +39,11 @@ from engine.events import TrialResult
 from engine.record import RunRecord
 from engine.verdict import figure_text
 from engine.verdict import verdict as recommend
-from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.chart_specs import COMPARE_CHARTS
 from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
 from gui.plain_text import as_html, plain_label
+from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
 from gui.rank_view import RankView
 
 BAR = 0.36  # bar width; measured and predicted memory bars sit side by side
@@ -96,6 +96,7 @@ class CompareView(QWidget):
             plot = self.charts.addPlot(row=i // 2, col=i % 2)
             plot.setTitle(title, size="10pt")
             plot.setLabel("left", label, units=units)
+            plain_axes(plot)
             plot.showGrid(y=True, alpha=0.25)
             plot.setMouseEnabled(x=False, y=False)
             self.plots[key] = plot

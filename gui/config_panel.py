@@ -74,6 +74,7 @@ def in_form_words(message: str) -> str:
 
 
 DEVICES = ("auto", "cpu", "cuda")
+RUN_WHILE_PROBING = ("auto", "cpu")
 PROBE_FALLBACK_MS = 1500
 
 
@@ -312,7 +313,9 @@ class ConfigPanel(QWidget):
 
     def config(self) -> RunConfig:
         """The validated config; raises ``ValueError`` with the fix for bad input."""
-        if self._probing is not None:
+        # the CPU (and auto, which the engine probes again when the run starts) need not
+        # wait: a precision the device cannot run is then reported as unsupported
+        if self._probing is not None and self._probing not in RUN_WHILE_PROBING:
             raise ValueError(f"{PROBING} Run is enabled once it answers")
         if self.device_error:
             raise ValueError(self.device_error)
@@ -458,11 +461,13 @@ class ConfigPanel(QWidget):
             error = in_form_words(str(exc))
         was_valid = self._error is None
         self._error = error
-        self.error_label.setText(error or "")
+        note = (f"{PROBING} precisions this device cannot run are greyed when it answers"
+                if error is None and self._probing is not None else None)
+        self.error_label.setText(error or note or "")
         # waiting for the probe is no mistake of the user's: grey, not red
         self.error_label.setStyleSheet(
             "color: #777777;" if self._probing is not None else "color: #C00000;")
-        self.error_label.setVisible(error is not None)
+        self.error_label.setVisible(error is not None or note is not None)
         if was_valid != (error is None):
             self.validity_changed.emit(error is None)
         self.changed.emit()

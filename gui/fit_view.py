@@ -26,19 +26,21 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.fit import CARDS, FitConfig, FitProbe, FitResult, parse_bytes
+from engine.fit import CARDS, FitConfig, FitProbe, FitResult, budget_text, parse_bytes
 from gui.palette import precision_color
 from gui.plain_text import plain_label
 
 RESULT_HEADERS = ("Precision", "Batch", "Memory", "Predicted", "Tokens/s", "Probes", "Note")
 # each card by the capacity CUDA reports, in GiB of 2^30 bytes (not its nominal GB)
 CARD_HEADERS = ("Precision", *[c.header for c in CARDS])
+NOTE_HEADERS = ("Precision", "How the prediction was made")
 
 
 class FitWorker(QObject):
     """Runs the batch search in a thread; probes and results come back as signals."""
 
     probe = Signal(str, object)  # precision, FitProbe
+    result = Signal(object)  # FitResult, as each precision's search ends
     finished = Signal(object, object)  # budget bytes (may pass 2**31), list[FitResult]
     errored = Signal(str)
 
@@ -62,7 +64,8 @@ class FitWorker(QObject):
         from engine.fit import FitCancelled, run_fit
 
         try:
-            budget, results = run_fit(config, self.probe.emit, self._stop.is_set)
+            budget, results = run_fit(config, self.probe.emit, self._stop.is_set,
+                                      self.result.emit)
         except FitCancelled:
             self.errored.emit("stopped before the search finished")
             return
@@ -105,6 +108,7 @@ class FitView(QWidget):
         self.last_results: tuple[int, list[FitResult]] | None = None
         self.worker = FitWorker(self)
         self.worker.probe.connect(self._on_probe)
+        self.worker.result.connect(self._add_result)
         self.worker.finished.connect(self._on_finished)
         self.worker.errored.connect(self._on_errored)
         self.budget = QLineEdit()
@@ -115,6 +119,13 @@ class FitView(QWidget):
         self.max_batch.setValue(1024)
         self.find_button = QPushButton("Find largest batch")
         self.find_button.clicked.connect(self.start_fit)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("End the search: the running probe is ended; the "
+                                    "precisions already searched keep their results")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop_fit)
+        self._budget_typed = ""  # the budget as typed when the search started
+        self._searched: list[FitResult] = []  # results of this search so far
         # errors and statuses quote model names and precisions: never read as markup
         self.error_label = plain_label()
         self.error_label.setStyleSheet("color: #B00020")
@@ -125,9 +136,13 @@ class FitView(QWidget):
         self.results.setHorizontalHeaderLabels(RESULT_HEADERS)
         self.cards = QTableWidget(0, len(CARD_HEADERS))
         self.cards.setHorizontalHeaderLabels(CARD_HEADERS)
-        self.cards_note = QLabel("Will it fit on ...? (a prediction from two measured batches)")
+        self.cards_note = QLabel("Will it fit on ...? PREDICTION from two measured batches, "
+                                 "not a measurement")
         self.cards_note.setWordWrap(True)
-        for table in (self.results, self.cards):
+        self.card_notes = QTableWidget(0, len(NOTE_HEADERS))
+        self.card_notes.setHorizontalHeaderLabels(NOTE_HEADERS)
+        self.card_notes.setWordWrap(True)
+        for table in (self.results, self.cards, self.card_notes):
             table.verticalHeader().setVisible(False)
             table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
             table.horizontalHeader().setStretchLastSection(True)
@@ -138,6 +153,7 @@ class FitView(QWidget):
         controls.addWidget(QLabel("Largest batch to try"))
         controls.addWidget(self.max_batch)
         controls.addWidget(self.find_button)
+        controls.addWidget(self.stop_button)
         layout = QVBoxLayout(self)
         layout.addLayout(controls)
         layout.addWidget(self.error_label)
@@ -145,6 +161,7 @@ class FitView(QWidget):
         layout.addWidget(self.results, 2)
         layout.addWidget(self.cards_note)
         layout.addWidget(self.cards, 1)
+        layout.addWidget(self.card_notes, 1)
 
     def _validate(self, *_args) -> str | None:
         text = self.budget.text().strip()
@@ -182,13 +199,21 @@ class FitView(QWidget):
             self._show_error(str(exc))
             return False
         self._show_error(None)
-        self.results.setRowCount(0)
-        self.cards.setRowCount(0)
-        self._probes: dict[str, list[FitProbe]] = {}
+        for table in (self.results, self.cards, self.card_notes):
+            table.setRowCount(0)
+        self._budget_typed = self.budget.text().strip()
+        self._searched = []
         self.status.setText(f"Searching {', '.join(config.precisions)}…")
         self.worker.start(config)
         self.find_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
         return True
+
+    def stop_fit(self) -> None:
+        if self.worker.is_running():
+            self.worker.stop()
+            self.stop_button.setEnabled(False)
+            self.status.setText("Stopping: the running probe is ended…")
 
     def _on_probe(self, precision: str, probe: FitProbe) -> None:
         verdict = "fits" if probe.fits else "does not fit"
@@ -197,52 +222,77 @@ class FitView(QWidget):
 
     def _on_errored(self, message: str) -> None:
         self.worker.join()
+        self.stop_button.setEnabled(False)
+        if message.startswith("stopped"):
+            self.status.setText(f"Stopped: {len(self._searched)} precision(s) searched before the "
+                                "stop are shown; the others were not searched.")
+            self._show_error(None)
+            return
         self.status.setText("The search did not run.")
         self._show_error(message.splitlines()[0])
 
     def _on_finished(self, budget: int, results: list[FitResult]) -> None:
         self.worker.join()
-        self.show_results(budget, results)
+        self.stop_button.setEnabled(False)
+        self.last_results = (budget, results)
+        self._say_done(budget, results)
         self.find_button.setEnabled(True)
 
-    def show_results(self, budget: int, results: list[FitResult]) -> None:
-        self.last_results = (budget, results)
+    def _say_done(self, budget: int, results: list[FitResult]) -> None:
+        # the budget in the unit it was typed in; the GPU's memory (not typed) in GiB
+        shown = budget_text(self._budget_typed) if self._budget_typed else (
+            f"{budget / 2**30:.3g} GiB of 2^30 bytes (the GPU's memory)")
         context = ""
         if results and results[0].context_bytes is not None:
             context = (f" CUDA context {results[0].context_bytes / 2**20:.0f} MiB taken off "
                        f"it ({results[0].context_method}).")
         elif results and results[0].context_method.startswith("not measured"):
             context = f" CUDA context not taken off it: {results[0].context_method}."
-        self.status.setText(f"Budget {budget / 2**30:.3g} GiB (2^30 bytes).{context} Memory: "
+        self.status.setText(f"Budget {shown}.{context} Memory: "
                             + "; ".join(sorted({r.memory_method for r in results})))
-        self.results.setRowCount(len(results))
-        self.cards.setRowCount(len(results))
-        notes = []
-        for row, r in enumerate(results):
-            probes = " ".join(f"{p.batch_size}{'' if p.fits else '✗'}" for p in r.probes)
-            cells = [
-                _cell(r.precision),
-                _cell(str(r.batch_size) if r.batch_size is not None else "n/a", r.reason or ""),
-                _cell(_mib(r.memory_bytes), r.memory_method),
-                _cell(_mib(r.predicted_bytes), "the memory model for the same batch"),
-                _cell(f"{r.tokens_per_s:,.0f}" if r.tokens_per_s is not None else "n/a"),
-                _cell(probes, "batch sizes tried, in order; ✗ = did not fit"),
-                _cell(r.reason or ""),
-            ]
-            cells[0].setForeground(precision_color(r.precision))
-            for col, item in enumerate(cells):
-                self.results.setItem(row, col, item)
-            self.cards.setItem(row, 0, _cell(r.precision))
-            for col, card in enumerate(r.cards, start=1):
-                text = str(card.max_batch) if card.max_batch is not None else "n/a"
-                self.cards.setItem(row, col, _cell(text, r.cards_note))
-            if not r.cards:
-                for col in range(1, len(CARD_HEADERS)):
-                    self.cards.setItem(row, col, _cell("n/a", r.cards_note))
-            notes.append(f"{r.precision}: {r.cards_note}")
-        self.cards_note.setText("Will it fit on ...? PREDICTION, not a measurement. "
-                                + " ".join(notes))
+
+    def show_results(self, budget: int, results: list[FitResult]) -> None:
+        """Show a finished search's results at once."""
+        for table in (self.results, self.cards, self.card_notes):
+            table.setRowCount(0)
+        self._searched = []
+        for r in results:
+            self._add_result(r)
+        self.last_results = (budget, results)
+        self._say_done(budget, results)
+
+    def _add_result(self, r: FitResult) -> None:
+        """One precision's row in each table, as soon as its search ends."""
+        self._searched.append(r)
+        row = self.results.rowCount()
+        for table in (self.results, self.cards, self.card_notes):
+            table.insertRow(row)
+        probes = " ".join(f"{p.batch_size}{'' if p.fits else '✗'}" for p in r.probes)
+        cells = [
+            _cell(r.precision),
+            _cell(str(r.batch_size) if r.batch_size is not None else "n/a", r.reason or ""),
+            _cell(_mib(r.memory_bytes), r.memory_method),
+            _cell(_mib(r.predicted_bytes), "the memory model for the same batch"),
+            _cell(f"{r.tokens_per_s:,.0f}" if r.tokens_per_s is not None else "n/a"),
+            _cell(probes, "batch sizes tried, in order; ✗ = did not fit"),
+            _cell(r.reason or ""),
+        ]
+        cells[0].setForeground(precision_color(r.precision))
+        for col, item in enumerate(cells):
+            self.results.setItem(row, col, item)
+        self.cards.setItem(row, 0, _cell(r.precision))
+        for col, card in enumerate(r.cards, start=1):
+            text = str(card.max_batch) if card.max_batch is not None else "n/a"
+            self.cards.setItem(row, col, _cell(text, r.cards_note))
+        if not r.cards:
+            for col in range(1, len(CARD_HEADERS)):
+                self.cards.setItem(row, col, _cell("n/a", r.cards_note))
+        self.card_notes.setItem(row, 0, _cell(r.precision))
+        self.card_notes.setItem(row, 1, _cell(r.cards_note))
+        self.card_notes.resizeRowsToContents()
+        self.status.setText(f"{r.precision}: done ({len(self._searched)} searched)")
 
     def cell(self, table: QTableWidget, row: int, header: str) -> str:
-        headers = RESULT_HEADERS if table is self.results else CARD_HEADERS
+        headers = {id(self.results): RESULT_HEADERS, id(self.cards): CARD_HEADERS,
+                   id(self.card_notes): NOTE_HEADERS}[id(table)]
         return table.item(row, headers.index(header)).text()

@@ -26,9 +26,9 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from engine.events import MonitorSample, StepSample, TrialResult
 from engine.record import RunRecord
-from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
-from gui.chart_specs import LIVE_CHARTS
+from gui.chart_specs import LIVE_CHARTS, device_kind
 from gui.palette import precision_color
+from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
 from gui.ringbuffer import RingBuffer
 
 REDRAW_HZ = 15
@@ -45,6 +45,7 @@ HOST_TITLES = {
     "monitor_power": ("Host memory used", "used (MiB)", None),
 }
 MONITOR_CHARTS = ("monitor_util", "monitor_memory", "monitor_power", "monitor_gpm")
+GPU_ONLY_CHARTS = ("memory", "monitor_gpm")
 STEP_AXIS_LABEL = "step (□ = warm-up)"
 MIB = 2**20  # memory axes in MiB, the binary unit the tables and reports use
 MONITOR_COLORS = ("#333333", "#0072B2", "#999999")
@@ -151,10 +152,21 @@ def record_series(record: RunRecord, precisions: Iterable[str]) -> list[SeriesDa
 
 
 class Log2Axis(pg.AxisItem):
-    """Ticks of a log2-valued axis written as powers of two (2^16 rather than 16)."""
+    """Ticks of a log2-valued axis at whole powers of two only (2^16, never 2^16.2): a
+    GradScaler's scale is always one."""
+
+    MAX_TICKS = 6
+
+    def tickValues(self, minVal, maxVal, size):
+        low, high = math.ceil(min(minVal, maxVal)), math.floor(max(minVal, maxVal))
+        if high < low:
+            return []
+        step = max(1, math.ceil((high - low + 1) / self.MAX_TICKS))
+        return [(float(step), [float(v) for v in range(low, high + 1, step)])]
 
     def tickStrings(self, values, scale, spacing):
-        return [f"2^{v:g}" for v in values]
+        return [f"2^{v:.0f}" for v in values]
+
 
 
 @dataclass
@@ -187,6 +199,7 @@ class LiveCharts(QWidget):
             plot.setDownsampling(auto=True, mode="peak")
             plot.setClipToView(True)
             plot.getAxis("left").setWidth(LEFT_AXIS_PX)
+            plain_axes(plot)
             plot.setLabel("bottom", "time since start" if key in MONITOR_CHARTS else
                           STEP_AXIS_LABEL, units="s" if key in MONITOR_CHARTS else None)
             self.plots[key] = plot
@@ -271,12 +284,20 @@ class LiveCharts(QWidget):
         self._reasons.setdefault("monitor_gpm", reason)
         self._set_note("monitor_gpm", reason)
 
+    def set_device_kind(self, kind: str | None) -> None:
+        """A CPU run has no GPU charts: torch's CUDA allocator counters and NVML's GPM are
+        hidden rather than shown as empty charts."""
+        for key in GPU_ONLY_CHARTS:
+            self.plots[key].setVisible(kind != "cpu")
+
     def begin(self, time_s: float) -> None:
         """The run's start: monitor charts count seconds from here."""
         self._t0 = time_s
 
-    def mark_trial_start(self, precision: str, time_s: float) -> None:
-        """A labelled vertical line on the monitor charts where a trial began."""
+    def mark_trial_start(self, precision: str, time_s: float, named: bool = True) -> None:
+        """A vertical line on the monitor charts where a trial began; ``named``: labelled
+        with the precision (an interleaved precision's later rounds are not: their names
+        overprinted the first ones on a short run)."""
         if self._t0 is None:
             self._t0 = time_s
         color = precision_color(precision)
@@ -288,7 +309,7 @@ class LiveCharts(QWidget):
         starts = sum(getattr(line, "label", None) is not None for _, line in self._trial_lines)
         position = 0.95 - 0.12 * (starts % 4)
         for key in MONITOR_CHARTS:
-            labelled = key == MONITOR_CHARTS[0]
+            labelled = named and key == MONITOR_CHARTS[0]
             line = pg.InfiniteLine(
                 pos=time_s - self._t0, angle=90,
                 pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DotLine),
@@ -364,6 +385,7 @@ class LiveCharts(QWidget):
         """Show a finished or loaded run from its ``record_series`` arrays."""
         config = record.config or {}
         self.clear(config.get("warmup", 0) + config.get("steps", 0) or None)
+        self.set_device_kind(device_kind(record.environment))
         self.begin(record.started_s)
         if any(s.style.name == "CPU %" for s in series):
             self._use_host_titles()

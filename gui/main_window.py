@@ -34,6 +34,7 @@ from engine.events import (
     ErrorEvent,
     LogEvent,
     MonitorSample,
+    PhaseChanged,
     RunFinished,
     RunStarted,
     StepSample,
@@ -43,7 +44,7 @@ from engine.events import (
 )
 from engine.record import RunRecord
 from gui import settings
-from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS
+from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS, device_kind
 from gui.config_panel import ConfigPanel
 from gui.device_status import DeviceStatus
 from gui.fit_view import FitView
@@ -55,9 +56,31 @@ from gui.model_view import ModelView
 from gui.plain_text import as_html
 from gui.plan_view import PlanView
 from gui.trial_table import TrialTable
-from gui.worker import LabWorker, ReportLoader, RunWorker
+from gui.worker import LabWorker, ReportLoader, ReportWriter, RunWorker
 
 LOADING = "loading model…"
+
+
+def documents_dir() -> str:
+    """Where file dialogs open: the user's documents folder, never the working folder."""
+    import platformdirs
+
+    return platformdirs.user_documents_dir()
+
+# what the trial table and status bar say in each engine phase (engine.events.PHASES)
+PHASE_TEXT = {"loading": LOADING, "warm-up": "warm-up", "measuring": "measuring",
+              "memory step": "memory step (untimed)", "profiled step": "profiled step (untimed)",
+              "between rounds": "between rounds"}
+_EXTRA_STEPS = ("memory step", "profiled step")  # untimed steps after the measured ones
+
+
+def trial_units(config: dict, rounds: int = 1) -> int:
+    """Progress units of one precision: every step it runs, the untimed ones included
+    (each interleaved round warms up and runs its untimed steps again)."""
+    extras = 1 + (1 if config.get("profile_step", True) else 0)
+    return max(1, rounds * (config.get("warmup", 0) + extras) + config.get("steps", 0))
+
+
 CLOSE_GRACE_S = 3.0  # closing waits this long for a cancelled trial before ending it
 REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)",
                   "csv": "CSV table (*.csv)"}
@@ -84,6 +107,8 @@ class MainWindow(QMainWindow):
     ready = Signal()  # every deferred view is built
     record_shown = Signal(object)  # the RunRecord every view now shows
     open_failed = Signal(str)  # a report could not be opened: why
+    exported = Signal(object)  # the path a report was written to
+    export_failed = Signal(str)  # why a report could not be written
 
     def __init__(self, history: HistoryStore | None = None) -> None:
         super().__init__()
@@ -97,11 +122,17 @@ class MainWindow(QMainWindow):
         self.worker.errored.connect(self._on_errored)
         self.worker.finished.connect(self._on_finished)
         self._latest_steps: dict[str, StepSample] = {}  # per precision, not yet shown
+        self._phases: dict[str, list[str]] = {}  # per precision, the phases it went through
+        self._rounds = 1  # rounds per precision in the run on show
+        self._watching = False  # the run on show is another process's (File > Watch run)
         self._progress_timer = QTimer(self)
         self._progress_timer.setInterval(100)
         self._progress_timer.timeout.connect(self._show_progress)
         self.history = history or HistoryStore()
         self.report_loader = ReportLoader(self)
+        self.report_writer = ReportWriter(self)  # exports off the GUI thread
+        self.report_writer.written.connect(self._on_exported)
+        self.report_writer.failed.connect(self._on_export_failed)
         self.report_loader.progress.connect(self._on_open_progress)
         self.report_loader.loaded.connect(self._on_report_loaded)
         self.report_loader.failed.connect(self._on_open_failed)
@@ -336,6 +367,7 @@ class MainWindow(QMainWindow):
         if self.worker.is_running() or self.lab_worker.is_running():
             return False
         self.watcher.stop()
+        self._watching = False
         if config is None:
             try:
                 config = self.config_panel.config()
@@ -345,11 +377,13 @@ class MainWindow(QMainWindow):
             settings.save_config_dict(self.config_panel.saved_values())
         self.record = RunRecord(config=config.to_dict())
         self.charts.clear(config.warmup + config.steps)
-        steps_per_trial = config.warmup + config.steps
-        self.trial_table.reset(list(config.precisions), steps_per_trial)
-        self.run_progress.setRange(0, steps_per_trial * len(config.precisions))
+        units = trial_units(config.to_dict())
+        self.trial_table.reset(list(config.precisions), units)
+        self.run_progress.setRange(0, units * len(config.precisions))
         self.run_progress.setValue(0)
         self._latest_steps.clear()
+        self._phases.clear()
+        self._rounds = 1
         self.run_progress.setFormat("run %p%")
         self._run_error = None
         self.log.clear()
@@ -384,7 +418,8 @@ class MainWindow(QMainWindow):
             return
         self.record.apply(event)
         if isinstance(event, StepSample):
-            if event.step == 0:
+            if event.precision not in self._phases and event.step == 0:
+                # a run that journals no phases (a user's own loop): it trains, that is all
                 self.trial_table.set_status(event.precision, "running")
                 self.statusBar().showMessage(f"{event.precision}: training…")
             self.charts.add_step(event)
@@ -394,21 +429,26 @@ class MainWindow(QMainWindow):
             self.charts.add_monitor(event)
         elif isinstance(event, RunStarted):
             self.charts.begin(event.time_s)
+            self.charts.set_device_kind(device_kind(event.environment))
             self.setWindowTitle(f"AmpScope — run {event.run_id} (running)")
             self._log("info", f"run {event.run_id} started on "
                       f"{event.environment.get('device', {}).get('description', 'n/a')}")
         elif isinstance(event, TrialStarted):
+            self._rounds = event.rounds
             if event.rounds > 1:  # interleaved: every round warms up again
                 config = self.record.config
-                per = event.rounds * config.get("warmup", 0) + config.get("steps", 1)
+                per = trial_units(config, event.rounds)
                 self.run_progress.setRange(0, per * len(config.get("precisions", [])))
-            self.trial_table.set_status(event.precision, LOADING)
-            self.statusBar().showMessage(f"{event.precision}: {LOADING}")
-            self.charts.mark_trial_start(event.precision, event.time_s)
+                self.trial_table.set_steps_per_trial(per)
+            self._show_phase(event.precision, "loading", event.round, said=False)
+            self.charts.mark_trial_start(event.precision, event.time_s, event.round == 0)
+        elif isinstance(event, PhaseChanged):
+            self._show_phase(event.precision, event.phase, event.round)
         elif isinstance(event, TrialFinished):
             self._show_progress()
             trial = event.result
             self.trial_table.finish_trial(trial)
+            self.statusBar().showMessage(f"{trial.precision}: {trial.status}")
             self.charts.note_trial(trial)
             if trial.status != "ok":
                 self._log("warning", f"{trial.status}: {trial.reason or ''}", trial.precision)
@@ -421,7 +461,22 @@ class MainWindow(QMainWindow):
             if event.precision:
                 self.trial_table.set_status(event.precision, "error", event.message)
         elif isinstance(event, RunFinished):
-            self.statusBar().showMessage(self._outcome(self.record))
+            outcome = self._outcome(self.record)
+            if self._watching:  # another process's run, not the user's own
+                outcome = f"Watched run {self.record.run_id}: " + outcome.removeprefix(
+                    "Run ").replace("cancelled", "stopped by its own process", 1)
+            self.statusBar().showMessage(outcome)
+
+    def _show_phase(self, precision: str, phase: str, round_: int, said: bool = True) -> None:
+        """The phase in the trial's row and the status bar, with the round when there are
+        several; ``said``: the engine said it (a TrialStarted only implies loading)."""
+        if said:
+            self._phases.setdefault(precision, []).append(phase)
+        text = PHASE_TEXT.get(phase, phase)
+        if self._rounds > 1:
+            text += f" (round {round_ + 1}/{self._rounds})"
+        self.trial_table.set_status(precision, text)
+        self.statusBar().showMessage(f"{precision}: {text}")
 
     def _outcome(self, record: RunRecord) -> str:
         """How the run ended, in words; the progress bar says it too."""
@@ -456,8 +511,14 @@ class MainWindow(QMainWindow):
             trial = self.record.trial(precision)
             if trial is not None and trial.status != "cancelled":
                 return per
-            return min(per, len(self.record.steps(precision)))
+            log = self._phases.get(precision, [])
+            # an untimed step counts once the phase after it began
+            extras = sum(1 for phase in log[:-1] if phase in _EXTRA_STEPS)
+            return min(per, len(self.record.steps(precision)) + extras)
 
+        for p in precisions:
+            if p in self.trial_table.precisions():
+                self.trial_table.set_progress(p, done(p))
         self.run_progress.setValue(sum(done(p) for p in precisions))
 
     def _on_errored(self, message: str) -> None:
@@ -561,6 +622,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Could not watch {path}: {exc}")
             return False
         self.record = RunRecord()
+        self._watching = True
         self.charts.clear()
         self.trial_table.reset([], 1)
         self.log.clear()
@@ -575,10 +637,20 @@ class MainWindow(QMainWindow):
             return  # queued by a watch that has been stopped since
         if isinstance(event, RunStarted):
             config = event.config
-            steps = config.get("warmup", 0) + config.get("steps", 0)
+            if config.get("source", "profile") == "profile":
+                # the form shows the watched run's settings, as for a run started here
+                self.config_panel.set_values(config)
+            self.statusBar().showMessage(
+                f"Watching run {event.run_id}: {config.get('model', 'n/a')}, "
+                f"{', '.join(config.get('precisions', []))}")
+            # a user's own loop has no untimed steps and no planned step count
+            steps = (trial_units(config) if config.get("source", "profile") == "profile"
+                     else config.get("warmup", 0) + config.get("steps", 0))
             self.trial_table.reset(list(config.get("precisions", [])), steps)
             self.run_progress.setRange(0, max(1, steps * len(config.get("precisions", []))))
             self.run_progress.setValue(0)
+            self._phases.clear()
+            self._rounds = 1
             self.setWindowTitle(f"AmpScope — watching run {event.run_id}")
         self._on_event(event)
 
@@ -624,6 +696,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Stop the current run before opening another one.")
             return
         self.watcher.stop()
+        self._watching = False
         self.record = record
         config = record.config
         precisions = record_precisions(record)
@@ -691,20 +764,29 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Could not open the report: {message}")
         self.open_failed.emit(message)
 
-    def export_run(self, path: str | Path) -> Path | None:
-        from engine.report.writer import write_report
-
+    def export_run(self, path: str | Path) -> bool:
+        """Start writing the run on show to ``path`` off the GUI thread; ``exported`` or
+        ``export_failed`` follows. False if it cannot start now."""
         if self.record is None:
             self.statusBar().showMessage("Nothing to export yet: run or open a report first.")
-            return None
-        try:
-            written = write_report(self.record, path)
-        except (OSError, ValueError) as exc:
-            self._log("error", f"could not export to {path}: {exc}")
-            self.statusBar().showMessage(f"Export failed: {exc}")
-            return None
+            return False
+        if self.report_writer.is_running():
+            self.statusBar().showMessage("Wait for the report being written to finish first.")
+            return False
+        self.statusBar().showMessage(f"Writing the report to {path}…")
+        self.report_writer.start(self.record, path)
+        return True
+
+    def _on_exported(self, written) -> None:
+        self.report_writer.join()
         self.statusBar().showMessage(f"Report written to {written}")
-        return written
+        self.exported.emit(written)
+
+    def _on_export_failed(self, path, message: str) -> None:
+        self.report_writer.join()
+        self._log("error", f"could not export to {path}: {message}")
+        self.statusBar().showMessage(f"Export failed: {message}")
+        self.export_failed.emit(message)
 
     def chart_titles(self) -> dict[str, str]:
         titles = {f"live/{k}": f"Live: {title}" for k, (title, _, _) in LIVE_CHARTS.items()}
@@ -726,7 +808,7 @@ class MainWindow(QMainWindow):
         return export_chart(self.chart(key), path)
 
     def _ask_open_report(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open report", "", OPEN_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self, "Open report", documents_dir(), OPEN_FILTER)
         if path:
             self.open_report(path)
 
@@ -740,7 +822,8 @@ class MainWindow(QMainWindow):
 
     def _ask_export_run(self, kind: str) -> None:
         name = f"ampscope-{self.record.run_id if self.record else 'run'}.{kind}"
-        path, _ = QFileDialog.getSaveFileName(self, "Export run", name, REPORT_FILTERS[kind])
+        path, _ = QFileDialog.getSaveFileName(self, "Export run", str(Path(documents_dir(), name)),
+                                              REPORT_FILTERS[kind])
         if path:
             if not path.lower().endswith(f".{kind}"):
                 path += f".{kind}"
@@ -748,7 +831,8 @@ class MainWindow(QMainWindow):
 
     def _ask_export_chart(self, key: str) -> None:
         name = key.replace("/", "-") + ".png"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chart", name,
+        path, _ = QFileDialog.getSaveFileName(self, "Export chart",
+                                              str(Path(documents_dir(), name)),
                                               "PNG image (*.png);;SVG image (*.svg)")
         if path:
             try:

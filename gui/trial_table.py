@@ -11,13 +11,13 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QHeaderView, QProgressBar, QTableWidget, QTableWidgetItem
 
 from engine.compare import format_cell
-from engine.events import StepSample, TrialResult
+from engine.events import TRIAL_STATUSES, StepSample, TrialResult
 from gui.palette import precision_color
 from gui.plain_text import as_html
 
 HEADERS = ("Precision", "Status", "Progress", "Step time", "Throughput", "Reason")
-STATUS_COLORS = {"ok": "#1B7F3B", "running": "#0072B2", "queued": "#777777",
-                 "loading model…": "#0072B2"}
+STATUS_COLORS = {"ok": "#1B7F3B", "running": "#0072B2", "queued": "#777777"}
+BUSY_COLOR = "#0072B2"  # a trial that is loading, warming up, measuring...
 PROBLEM_COLOR = "#C00000"
 
 
@@ -68,7 +68,10 @@ class TrialTable(QTableWidget):
         row = self._row(precision)
         item = self.item(row, 1)
         item.setText(status)
-        item.setForeground(QColor(STATUS_COLORS.get(status, PROBLEM_COLOR)))
+        color = STATUS_COLORS.get(status)
+        if color is None:
+            color = PROBLEM_COLOR if status in TRIAL_STATUSES or status == "not run" else BUSY_COLOR
+        item.setForeground(QColor(color))
         if reason is not None:
             self.item(row, 5).setText(reason)
             self.item(row, 5).setToolTip(as_html(reason))
@@ -78,6 +81,14 @@ class TrialTable(QTableWidget):
         self.cellWidget(row, 2).setValue(min(s.step + 1, self._steps_per_trial))
         self.item(row, 3).setText(format_cell("median_step_ms", s.step_ms))
         self.item(row, 4).setText(format_cell("tokens_per_s", s.tokens_per_s))
+
+    def set_steps_per_trial(self, units: int) -> None:
+        self._steps_per_trial = max(1, units)
+        for row in self._rows.values():
+            self.cellWidget(row, 2).setRange(0, self._steps_per_trial)
+
+    def set_progress(self, precision: str, value: int) -> None:
+        self.cellWidget(self._row(precision), 2).setValue(min(value, self._steps_per_trial))
 
     def finish_trial(self, trial: TrialResult) -> None:
         row = self._row(trial.precision)

@@ -236,3 +236,43 @@ class ReportLoader(QObject):
         if self._thread is not None:
             self._thread.join(timeout_s)
         return not self.is_running()
+
+
+class ReportWriter(QObject):
+    """Writes a report in a thread: an HTML report with its charts takes seconds, and the
+    window must keep answering meanwhile."""
+
+    written = Signal(object)  # the path written
+    failed = Signal(object, str)  # path, why
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread: threading.Thread | None = None
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, record, path) -> None:
+        if self.is_running():
+            raise RuntimeError("a report is already being written")
+        self._thread = threading.Thread(target=self._run, args=(record, path),
+                                        name="ampscope-export", daemon=True)
+        self._thread.start()
+
+    def _run(self, record, path) -> None:
+        from engine.report.writer import write_report
+
+        try:
+            written = write_report(record, path)
+        except (OSError, ValueError) as exc:
+            self.failed.emit(path, str(exc))
+            return
+        except Exception as exc:  # a report that cannot be made must not take the window down
+            self.failed.emit(path, f"{type(exc).__name__}: {exc}")
+            return
+        self.written.emit(written)
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return not self.is_running()

@@ -272,7 +272,8 @@ def advise(capabilities: dict, trials: list[dict] | None, grad_stats, model_dims
         if grads:
             reasons.extend(_gradient_reasons(grads, recommended))
 
-    for dim in ("hidden", "vocab"):
+    # Tensor Cores are a GPU's: on a CPU this alignment advice has nothing to speed up
+    for dim in ("hidden", "vocab") if capabilities.get("kind") == "cuda" else ():
         value = model_dims.get(dim)
         if value and value % 8:
             warnings.append(Reason(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -41,13 +42,14 @@ def _asdict(obj) -> dict:
 
 def run_lab(model: str, precision: str, device: str = "auto", batch_size: int = 2,
             seq_len: int = 64, seed: int = 0, trials: list[dict] | None = None,
-            loss_scale: float | None = None, trust_remote_code: bool = False) -> dict:
+            loss_scale: float | None = None, trust_remote_code: bool = False,
+            progress: Callable[[str], None] = lambda _: None) -> dict:
     """Run formats, demos, gradient and activation ranges, the op trace and the advice.
 
     ``loss_scale`` (default: the GradScaler's initial scale of a run) is the scale the fp16
     gradient figures are computed at. ``trials`` (TrialResult dicts from a profile run)
     let the advice cite measured speed and memory. Raises ``ValueError`` for bad input or
-    a precision this device cannot run.
+    a precision this device cannot run. ``progress`` hears each stage as it starts.
     """
     config = RunConfig(model=model, precisions=(precision,), batch_size=batch_size,
                        seq_len=seq_len, device=device, seed=seed,
@@ -61,12 +63,17 @@ def run_lab(model: str, precision: str, device: str = "auto", batch_size: int = 
     dev = info.torch_device
     with info.device_context():  # cuda:N must be the current device, not GPU 0
         torch.manual_seed(seed)
+        progress(f"loading {model} as {precision}")
         loaded = load_model(model, precision, dev, seed, trust_remote_code)
         batch = make_batch(loaded, batch_size, seq_len, seed, dev)
         net = loaded.model
+        progress("gradient ranges (one backward pass)")
         grads = gradient_stats(net, batch, recipe, config.init_scale, dev)
+        progress("activation ranges (one forward pass)")
         activations = activation_stats(net, batch, recipe, dev)
+        progress("autocast op trace")
         trace = trace_ops(net, batch, recipe, dev)
+        progress("numeric demonstrations")
         demos = [_asdict(d) for d in run_demos(dev)]
     device_name = info.name if info.kind == "cuda" else "cpu"
 

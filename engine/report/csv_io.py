@@ -70,18 +70,29 @@ def comparison_path(path: str | os.PathLike) -> Path:
     return path.with_name(f"{path.stem}.comparison{path.suffix}")
 
 
-def _cell(value) -> object:
-    if value is None:
-        return ""
-    if isinstance(value, tuple):  # a range: low and high in one cell, as "low..high"
-        return f"{value[0]}..{value[1]}"
-    return value
+# range cells become two columns each, so a spreadsheet reads them as numbers
+RANGE_COLUMNS = {
+    "step_ms_p10_p90": ("step_ms_p10", "step_ms_p90"),
+    "tokens_per_s_ci": ("tokens_per_s_ci_low", "tokens_per_s_ci_high"),
+    "speedup_ci": ("speedup_ci_low", "speedup_ci_high"),
+}
+
+
+def comparison_header() -> list[str]:
+    return [name for key, _, _ in COLUMNS
+            for name in RANGE_COLUMNS.get(key, (key,))] + ["run_speed_verdict"]
+
+
+def _cells(key: str, value) -> list:
+    if key in RANGE_COLUMNS:
+        return ["", ""] if value is None else [value[0], value[1]]
+    return ["" if value is None else value]
 
 
 def _write_comparison(record: RunRecord, fh) -> None:
     verdict = speed_verdict(record.trials)
     writer = csv.writer(fh)
-    writer.writerow([key for key, _, _ in COLUMNS] + ["run_speed_verdict"])
+    writer.writerow(comparison_header())
     for row in comparison_rows(record, verdict):
-        writer.writerow([_inert(_cell(getattr(row, key))) for key, _, _ in COLUMNS]
+        writer.writerow([_inert(c) for key, _, _ in COLUMNS for c in _cells(key, getattr(row, key))]
                         + [_inert(verdict.text)])

@@ -23,8 +23,10 @@ def _writer(path: Path):
 
 
 def write_report(record: RunRecord, path: str | os.PathLike) -> Path:
+    from engine.report.thin import for_report
+
     path = Path(path)
-    return _writer(path)(record, path)
+    return _writer(path)(for_report(record), path)
 
 
 def check_writable(path: str | os.PathLike) -> Path:

@@ -21,7 +21,7 @@ def profiled(tmp_path_factory):
         [sys.executable, "main.py", "profile", "--model", "tiny", "--precision", "fp32,bf16-amp",
          "--batch-size", "1", "--seq-len", "16", "--steps", "10", "--warmup", "1",
          "--device", "cpu", "--isolation", "inline", "--interleave", "on", "--rounds", "2",
-         "--numerics", "--init-scale", "1024", "--out", str(out), "--quiet"],
+         "--numerics", "--init-scale", "1024", "--out", str(out), "--quiet", "--wide"],
         cwd=ROOT, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": ""},
     )
     assert run.returncode == 0, run.stderr
@@ -94,5 +94,6 @@ def test_json_and_csv_comparison_agree(profiled, tmp_path):
     write_report(RunRecord.from_dict(report), tmp_path / "run.csv")
     with (tmp_path / "run.comparison.csv").open(newline="", encoding="utf-8") as fh:
         table = {r["precision"]: r for r in csv.DictReader(fh)}
-    assert table["bf16-amp"]["speedup_ci"] == f"{low}..{high}"
+    assert (table["bf16-amp"]["speedup_ci_low"], table["bf16-amp"]["speedup_ci_high"]) == (
+        str(low), str(high))
     assert table["bf16-amp"]["run_speed_verdict"] == report["comparison"]["speed_verdict"]["text"]

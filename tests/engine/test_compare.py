@@ -97,7 +97,7 @@ def test_format_cell(key, value, text):
 
 
 def test_format_table_is_aligned_and_says_na():
-    text = format_table(comparison_rows(make_record()))
+    text = format_table(comparison_rows(make_record()), wide=True)
     lines = text.splitlines()
     assert lines[0].startswith("Precision")
     assert len(lines) == 2 + 5

@@ -154,6 +154,14 @@ def test_odd_dimensions_warn_and_block_fp8():
     assert advice.also_try == ()
 
 
+def test_no_tensor_core_advice_on_a_cpu():
+    dims = {"hidden": 1004, "vocab": 50257}  # both off the multiple of 8
+    on_gpu = advise(_cuda((9, 0)), None, None, dims)
+    assert sum("Tensor Cores" in w.text for w in on_gpu.warnings) == 2
+    on_cpu = advise(CPU, None, None, dims)
+    assert not any("Tensor Core" in r.text for r in (*on_cpu.warnings, *on_cpu.reasons))
+
+
 def test_memory_pressure_suggests_quantised_training():
     trials = [_trial("bf16-amp", None, status="oom"), _trial("nf4", 300.0, peak=6 * 2**30)]
     advice = advise(_cuda((8, 0), memory=8 * 2**30), trials, None, DIMS)

@@ -266,3 +266,36 @@ def test_ctrl_c_during_the_numerics_lab_keeps_the_trials(tmp_path):
     assert report["numerics"] is None
     assert [t["status"] for t in report["trials"]] == ["ok"]
     assert len(report["trials"][0]["steps"]) == 3
+
+
+def test_first_ctrl_c_waits_for_a_long_step_however_long(tmp_path):
+    """A step that outlasts any grace period: the trial process is stopped (SIGSTOP) in the
+    middle of its steps, as a step that takes minutes would be. The first Ctrl-C waits for
+    it instead of ending the process; once the step goes on, the trial stops after it and
+    its summary is kept."""
+    out = tmp_path / "r.json"
+    proc = _start(tmp_path, "--precision", "fp32", "--steps", "500", "--out", str(out),
+                  new_session=True)
+    children = _wait_for_steps(proc, tmp_path, 3)
+    (trial,) = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+    trial.suspend()
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(40)  # longer than the 30 s after which the trial used to be terminated
+        assert proc.poll() is None and trial.is_running()
+        assert trial.status() == psutil.STATUS_STOPPED
+    finally:
+        trial.resume()
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    _assert_none_left(children)
+    (fp32,) = _report(out)["trials"]
+    assert fp32["status"] == "cancelled" and "stopped by the user after" in fp32["reason"]
+    assert "ended" not in fp32["reason"]  # not "the trial process was ended"
+    journaled = [s["step"] for s in _journal_steps(_journal(tmp_path), "fp32")]
+    measured = [s["step_ms"] for s in fp32["steps"] if not s["warmup"]]
+    assert [s["step"] for s in fp32["steps"]] == journaled
+    assert fp32["summary"]["median_step_ms"] == pytest.approx(
+        sorted(measured)[len(measured) // 2] if len(measured) % 2 else
+        sum(sorted(measured)[len(measured) // 2 - 1:len(measured) // 2 + 1]) / 2)
+    assert fp32["dtype_map"] and fp32["memory"]["params_bytes"] > 0

@@ -6,6 +6,8 @@ static calls); everything else goes through the widgets' own event handling.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import (
@@ -130,3 +132,11 @@ def fill_form(window, config: RunConfig) -> None:
     for key in ("model", "precisions", "batch_size", "seq_len", "steps", "warmup", "device",
                 "isolation"):
         assert getattr(made, key) == getattr(config, key), key
+
+
+def export(qtbot, window, path) -> Path:
+    """Export the run on show through ``MainWindow.export_run`` and wait for the writer
+    thread's answer: the path written."""
+    with qtbot.waitSignal(window.exported, timeout=RUN_TIMEOUT_MS) as blocker:
+        assert window.export_run(path)
+    return Path(blocker.args[0])

@@ -150,8 +150,10 @@ def test_a_database_deleted_mid_session_offers_to_export_the_run(qtbot, monkeypa
     os.remove(_db())
     asked = _answer_export(monkeypatch, tmp_path / "kept.json")
     record = _run(qtbot, window)
-    message = window.statusBar().currentMessage()
-    assert "Report written to" in message and (tmp_path / "kept.json").exists()
+    # the report is written off the GUI thread
+    qtbot.waitUntil(lambda: "Report written to" in window.statusBar().currentMessage(),
+                    timeout=60_000)
+    assert (tmp_path / "kept.json").exists()
     assert f"Run {record.run_id} was not saved" in window.log.toPlainText()
     assert "missing" in window.log.toPlainText()
     assert len(asked) == 1 and "Export it as a JSON report now?" in asked[0]
@@ -169,7 +171,8 @@ def test_a_locked_database_says_so_and_offers_export(qtbot, monkeypatch, tmp_pat
         other.execute("ROLLBACK")
         other.close()
     assert "another program holds it locked" in window.log.toPlainText()
-    assert (tmp_path / "kept.json").exists() and len(asked) == 1
+    qtbot.waitUntil((tmp_path / "kept.json").exists, timeout=60_000)  # written in a thread
+    assert len(asked) == 1
     assert record.run_id not in [e.id for e in window.history.list()]
 
 

@@ -1,4 +1,4 @@
-"""The GPM chart: the engine's n/a reason on the CPU, tensor-pipe and SM curves on Hopper."""
+"""The GPM chart: hidden on the CPU (the reason kept), tensor-pipe and SM curves on Hopper."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def window(qtbot):
     return win
 
 
-def test_a_cpu_run_shows_why_gpm_is_na_while_it_runs(qtbot, window):
+def test_a_cpu_run_hides_the_gpm_chart_and_keeps_why(qtbot, window):
     panel = window.config_panel
     choose(panel.preset, "tiny")
     tick(panel.precisions, "fp32", True)
@@ -47,21 +47,26 @@ def test_a_cpu_run_shows_why_gpm_is_na_while_it_runs(qtbot, window):
     assert panel.config().precisions == ("fp32",) and panel.config().device == "cpu"
     seen = []
     window.worker.event.connect(  # after the window's own slot: what the chart shows by then
-        lambda e: seen.append((e.gpm_reason, _note(window.charts, "monitor_gpm")))
+        lambda e: seen.append((e.gpm_reason,
+                               window.charts.plots["monitor_gpm"].isVisible()))
         if isinstance(e, MonitorSample) and e.gpm_reason else None)
     with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS) as blocker:
         click(window.run_button)
     record = blocker.args[0]
-    # the engine said why once, and the chart showed it as it came, not only at the end
+    # the engine said why once (the report keeps it); a CPU run shows no GPU chart at all
     assert len(seen) == 1
-    reason, shown = seen[0]
+    reason, visible = seen[0]
     assert reason.startswith(NEEDS) and "CPU" in reason
-    assert shown == reason
-    assert _note(window.charts, "monitor_gpm") == reason
+    assert not visible and not window.charts.plots["monitor_gpm"].isVisible()
+    assert any(m.gpm_reason == reason for m in record.monitor_samples)
     assert window.charts.curve_points("monitor_gpm", "tensor (any)") == 0
-    # a finished run replayed (as from history) says the same
+    # a finished run replayed (as from history) hides it too; a GPU run shows it again
     window.charts.show_record(record, ["fp32"])
-    assert _note(window.charts, "monitor_gpm") == reason
+    assert not window.charts.plots["monitor_gpm"].isVisible()
+    gpu = RunRecord(config={"steps": 2}, started_s=10.0, status="ok",
+                    environment={"device": {"kind": "cuda"}})
+    window.charts.show_record(gpu, [])
+    assert window.charts.plots["monitor_gpm"].isVisible()
 
 
 def test_gpm_samples_draw_curves_and_hide_the_note(qtbot):

@@ -105,3 +105,41 @@ def test_fit_view_finds_a_batch_and_predicts_cards(qtbot, window):
         math.floor((81090 * 2**20 - fixed) / slope))
     assert "PREDICTION" in view.cards_note.text()
     assert view.find_button.isEnabled()
+
+
+def test_fit_view_says_the_budget_as_typed_and_the_card_notes_as_a_table(qtbot, window):
+    window.config_panel.set_values({**FORM, "precisions": ["fp32"]})
+    view = window.fit_view
+    window.tabs.setCurrentWidget(view)
+    qtbot.keyClicks(view.budget, "32mib")
+    view.max_batch.setValue(2)
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        qtbot.mouseClick(view.find_button, Qt.MouseButton.LeftButton)
+    budget, (result,) = view.last_results
+    assert budget == 32 * 2**20
+    assert view.status.text().startswith("Budget 32 MiB. Memory: ")
+    assert view.card_notes.rowCount() == 1
+    assert view.cell(view.card_notes, 0, "Precision") == "fp32"
+    assert view.cell(view.card_notes, 0, "How the prediction was made") == result.cards_note
+    assert result.cards_note not in view.cards_note.text()  # the label no longer holds it
+
+
+def test_fit_view_shows_each_precision_as_it_ends_and_stops(qtbot, window):
+    view = window.fit_view
+    window.tabs.setCurrentWidget(view)
+    qtbot.keyClicks(view.budget, "32MiB")
+    view.max_batch.setValue(2)
+    assert not view.stop_button.isEnabled()
+    with qtbot.waitSignal(view.worker.result, timeout=TIMEOUT_MS) as first:
+        qtbot.mouseClick(view.find_button, Qt.MouseButton.LeftButton)
+    # fp32's row is there while bf16-amp is still being searched
+    qtbot.waitUntil(lambda: view.results.rowCount() == 1, timeout=TIMEOUT_MS)
+    assert view.worker.is_running() and view.stop_button.isEnabled()
+    assert view.cell(view.results, 0, "Precision") == "fp32"
+    assert view.cell(view.results, 0, "Batch") == str(first.args[0].batch_size)
+    with qtbot.waitSignal(view.worker.errored, timeout=TIMEOUT_MS):
+        qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)
+    assert view.status.text().startswith("Stopped: 1 precision(s) searched")
+    assert view.results.rowCount() == 1 and view.cell(view.results, 0, "Precision") == "fp32"
+    assert view.error_label.isHidden()
+    assert view.find_button.isEnabled() and not view.stop_button.isEnabled()

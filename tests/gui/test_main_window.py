@@ -19,9 +19,11 @@ from tests.gui.clicks import (
     RUN_TIMEOUT_MS,
     choose,
     click,
+    export,
     fill_form,
     list_item,
     tick,
+    type_into,
     wait_for_device,
 )
 
@@ -43,7 +45,8 @@ def window(qtbot):
 
 
 def test_the_window_shows_before_the_device_probe_answers(qtbot, monkeypatch):
-    """Until the probe (torch, CUDA, NVML) answers: "probing device…", and Run waits."""
+    """Until the probe (torch, CUDA, NVML) answers: "probing device…"; Run is enabled at
+    once for the CPU, and the precisions it cannot run are greyed when the probe answers."""
     import engine.device
 
     release = threading.Event()
@@ -62,13 +65,52 @@ def test_the_window_shows_before_the_device_probe_answers(qtbot, monkeypatch):
     panel = win.config_panel
     assert panel.device_pending()
     assert win.device_status.text() == "probing device…"
-    assert not win.run_button.isEnabled()
+    assert panel.device.currentText() in ("auto", "cpu")
+    assert win.run_button.isEnabled()
     assert "probing device" in panel.error_label.text()
+    choose(panel.device, "cuda")  # a GPU is another matter: Run waits for its answer
+    assert panel.device_pending() and not win.run_button.isEnabled()
+    choose(panel.device, "cpu")
+    assert panel.device_pending() and win.run_button.isEnabled()
+    assert _precision_item(win, "fp8").flags() & Qt.ItemFlag.ItemIsEnabled  # not checked yet
     release.set()
     qtbot.waitUntil(lambda: not panel.device_pending(), timeout=RUN_TIMEOUT_MS)
     assert "CPU" in win.device_status.text()
-    assert win.run_button.isEnabled()
+    assert win.run_button.isEnabled() and panel.error_label.isHidden()
     assert not _precision_item(win, "tf32").flags() & Qt.ItemFlag.ItemIsEnabled
+
+
+def test_run_pressed_before_the_probe_answers_runs_on_the_cpu(qtbot, monkeypatch):
+    import engine.device
+
+    release = threading.Event()
+    real_probe = engine.device.probe
+    def slow_probe(requested="auto"):
+        if threading.current_thread().name == "ampscope-device-probe":
+            release.wait(RUN_TIMEOUT_MS / 1000)  # the window's probe, not the run's
+        return real_probe(requested)
+
+    monkeypatch.setattr(engine.device, "probe", slow_probe)
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.setVisible(True)  # show() waits for the probe in these tests (conftest)
+    qtbot.waitExposed(win)
+    panel = win.config_panel
+    choose(panel.device, "cpu")
+    choose(panel.preset, "tiny")
+    type_into(panel.seq_len, "16")
+    type_into(panel.steps, "2")
+    type_into(panel.warmup, "0")
+    assert panel.device_pending()
+    try:
+        with qtbot.waitSignal(win.record_shown, timeout=RUN_TIMEOUT_MS) as blocker:
+            click(win.run_button)
+            assert panel.device_pending()  # pressed while the probe still had not answered
+    finally:
+        release.set()
+    record = blocker.args[0]
+    assert record.environment["device"]["kind"] == "cpu"
+    assert all(t.status in ("ok", "unsupported") for t in record.trials)
 
 
 def _run(qtbot, win: MainWindow, config: RunConfig) -> RunRecord:
@@ -149,7 +191,8 @@ def test_run_fills_live_charts_comparison_model_and_history(qtbot, window):
         assert window.charts.curve_points("loss", p) == per_trial
         assert window.charts.curve_points("step_time", p) == per_trial
         assert window.trial_table.cell_text(p, "Status") == "ok"
-        assert window.trial_table.progress(p) == per_trial
+        # every step counts, the untimed memory and profiled steps included
+        assert window.trial_table.progress(p) == per_trial + 1 + int(config.profile_step)
     # the host monitor ran during the run
     assert window.charts.curve_points("monitor_util", "CPU %") > 0
 
@@ -207,10 +250,10 @@ def test_export_then_open_shows_the_same_views(qtbot, window, tmp_path):
     live_table = window.compare_view.table_tsv()
     live_params = window.model_view.params.rowCount()
     live_points = window.charts.curve_points("loss", "bf16")
-    path = window.export_run(tmp_path / "run.json")
-    assert path is not None and path.exists()
+    path = export(qtbot, window, tmp_path / "run.json")
+    assert path.exists()
     for kind in ("html", "csv"):
-        assert window.export_run(tmp_path / f"run.{kind}").stat().st_size > 0
+        assert export(qtbot, window, tmp_path / f"run.{kind}").stat().st_size > 0
 
     other = MainWindow()
     qtbot.addWidget(other)

@@ -110,3 +110,42 @@ def test_watching_something_that_is_not_a_journal_says_so(qtbot, tmp_path, monke
                         staticmethod(lambda *a: (str(tmp_path / "gone.jsonl"), "")))
     _menu_action(win, "File", "Watch run…").trigger()
     assert "journal not found" in win.statusBar().currentMessage()
+
+
+def test_watching_a_cli_run_shows_its_form_and_never_says_the_users_run_was_cancelled(
+        qtbot, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    data = Path(os.environ["AMPSCOPE_DATA_DIR"])  # the window's data folder (conftest)
+    cli = subprocess.Popen(
+        [sys.executable, "main.py", "profile", "--model", "tiny", "--precision", "fp32",
+         "--batch-size", "2", "--seq-len", "24", "--steps", "5000", "--warmup", "1",
+         "--device", "cpu", "--quiet"],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    try:
+        qtbot.waitUntil(lambda: any((data / "runs").glob("*.jsonl")), timeout=WAIT_MS)
+        (journal,) = (data / "runs").glob("*.jsonl")
+        monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                            staticmethod(lambda *a, **k: (str(journal), "")))
+        _menu_action(win, "File", "Watch run…").trigger()
+        qtbot.waitUntil(lambda: len(win.record.steps("fp32")) >= 3, timeout=WAIT_MS)
+        # the form shows the watched run's settings, not the ones typed before
+        values = win.config_panel.form_values()
+        assert (values["model"], values["precisions"], values["batch_size"],
+                values["seq_len"], values["steps"]) == ("tiny", ["fp32"], 2, 24, 5000)
+        assert win.statusBar().currentMessage().startswith("fp32: ")  # its phases
+        os.killpg(cli.pid, signal.SIGINT)  # the CLI's user stops it
+        assert cli.wait(timeout=120) == 130
+        qtbot.waitUntil(lambda: win.record.status == "cancelled", timeout=WAIT_MS)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    message = win.statusBar().currentMessage()
+    assert message.startswith(f"Watched run {win.record.run_id}: stopped by its own process")
+    assert "Run cancelled" not in message
+    assert win.run_button.isEnabled()

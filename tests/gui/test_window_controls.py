@@ -7,6 +7,7 @@ answered by monkeypatching their static calls.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
@@ -21,6 +22,7 @@ from tests.gui.clicks import (
     choose,
     click,
     click_tree_item,
+    export,
     fill_form,
     menu_action,
     tick,
@@ -130,10 +132,11 @@ def test_file_menu_exports_each_format_and_opens_a_report(qtbot, window, monkeyp
         asked = _answer_save(monkeypatch, tmp_path / f"run-{kind}")  # extension added
         label = {"html": "HTML report…", "json": "JSON report…", "csv": "CSV table…"}[kind]
         menu_action(window, "File", "Export run as", label).trigger()
-        assert asked and asked[0][2] == f"ampscope-{record.run_id}.{kind}"
+        assert asked and Path(asked[0][2]).name == f"ampscope-{record.run_id}.{kind}"
         written = tmp_path / f"run-{kind}.{kind}"
+        qtbot.waitUntil(lambda w=written: window.statusBar().currentMessage()
+                        == f"Report written to {w}", timeout=RUN_TIMEOUT_MS)
         assert written.stat().st_size > 0
-        assert window.statusBar().currentMessage() == f"Report written to {written}"
 
     other = MainWindow()
     qtbot.addWidget(other)
@@ -150,7 +153,7 @@ def test_a_malformed_report_is_refused_and_the_previous_run_stays(qtbot, window,
                                                                   tmp_path):
     fill_form(window, TINY.replace(precisions=("fp32",)))
     record = _click_run(qtbot, window)
-    good = window.export_run(tmp_path / "good.json")
+    good = export(qtbot, window, tmp_path / "good.json")
     data = json.loads(good.read_text())
     data["trials"][0]["steps"][0]["step_ms"] = "fast"
     bad = tmp_path / "bad.json"
