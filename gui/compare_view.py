@@ -168,7 +168,10 @@ class CompareView(QWidget):
         self._draw_bars("throughput", labels, [values[p].tokens_per_s for p in labels],
                         [format_cell("speedup_vs_fp32", values[p].speedup_vs_fp32) + " vs fp32"
                          if values[p].tokens_per_s is not None else None for p in labels],
-                        record.trials)
+                        record.trials,
+                        # the label sits above the whisker, which would strike it through
+                        [values[p].tokens_per_s_ci[1] if values[p].tokens_per_s_ci else None
+                         for p in labels])
         self._draw_intervals("throughput", [values[p].tokens_per_s for p in labels],
                              [values[p].tokens_per_s_ci for p in labels])
         mfu = [None if values[p].mfu is None else values[p].mfu * 100 for p in labels]
@@ -215,7 +218,8 @@ class CompareView(QWidget):
         plot.addItem(item)
 
     def _draw_bars(self, key: str, labels: list[str], values: list[float | None],
-                   captions: list[str | None], trials: list[TrialResult]) -> None:
+                   captions: list[str | None], trials: list[TrialResult],
+                   caption_at: list[float | None] | None = None) -> None:
         plot = self.plots[key]
         present = [i for i, v in enumerate(values) if v is not None]
         if present:
@@ -229,7 +233,8 @@ class CompareView(QWidget):
                 self._na(plot, i, trial)
             elif captions[i]:
                 text = pg.TextItem(captions[i], color="#222222", anchor=(0.5, 1.0))
-                text.setPos(i, values[i])
+                above = caption_at[i] if caption_at and caption_at[i] is not None else None
+                text.setPos(i, max(values[i], above) if above is not None else values[i])
                 plot.addItem(text)
 
     def _draw_intervals(self, key: str, values: list[float | None],

@@ -96,3 +96,13 @@ def test_a_noisy_report_says_so_in_the_compare_view(qtbot, tmp_path, monkeypatch
     p10, p90 = np.percentile(swinging, [10, 90])
     low, high = bf16["Step p10..p90"].removesuffix(" ms").split("..")
     assert (float(low), float(high)) == pytest.approx((p10, p90), rel=5e-3)  # 3 digits shown
+    # each speed-up label sits above its whisker (a whisker once struck the label through)
+    import pyqtgraph as pg
+
+    plot = win.compare_view.plots["throughput"]
+    label_y = {round(t.pos().x()): t.pos().y() for t in plot.items
+               if isinstance(t, pg.TextItem) and t.toPlainText().endswith("vs fp32")}
+    for x, trial in enumerate(record.trials):
+        median_tokens = TOKENS / (np.median([s.step_ms for s in trial.steps]) / 1e3)
+        ci_high = step_spread(trial.steps, TOKENS).tokens_per_s_ci[1]
+        assert ci_high > median_tokens and label_y[x] >= ci_high  # above the bar and whisker
