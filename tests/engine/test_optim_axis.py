@@ -211,3 +211,19 @@ def test_torchao_state_is_filed_as_optimizer_state_by_its_storage(tmp_path, monk
                                      *_state_tensors(optimizer),
                                      *(t for b in batches for t in b.values())])]
     assert result.profiled_step is not None, result.profiled_step_reason
+
+
+def test_an_optimizer_trial_keeps_its_recipe_hue_darkened():
+    from engine.colors import PRECISION_COLORS, color_of
+
+    def rgb(color):
+        return [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+
+    base = rgb(PRECISION_COLORS["bf16-amp"])  # #009E73
+    shades = {o: color_of(f"bf16-amp+{o}") for o in CHOICES}
+    assert len(set(shades.values()) | {color_of("bf16-amp")}) == len(CHOICES) + 1
+    for color in shades.values():
+        mine = rgb(color)
+        share = mine[1] / base[1]  # the same hue: every channel scaled by one share of black
+        assert 0 < share < 1
+        assert all(abs(m - b * share) <= 1 for m, b in zip(mine, base)), (color, base)
