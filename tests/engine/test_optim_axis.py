@@ -227,3 +227,26 @@ def test_an_optimizer_trial_keeps_its_recipe_hue_darkened():
         share = mine[1] / base[1]  # the same hue: every channel scaled by one share of black
         assert 0 < share < 1
         assert all(abs(m - b * share) <= 1 for m, b in zip(mine, base)), (color, base)
+
+
+@pytest.mark.parametrize("label", ["nf4+adamw4bit", "int8+adamw8bit"])
+def test_lora_adapters_take_low_bit_state_too(monkeypatch, label):
+    """Nothing refuses a k-bit base with low-bit state: the adapters are fp32 weights."""
+    made = []
+
+    def keep(*args, **kw):
+        made.append(real(*args, **kw))
+        return made[-1]
+
+    real = trial_mod.make_optimizer
+    monkeypatch.setattr(trial_mod, "make_optimizer", keep)
+    config = RunConfig(model="tiny", precisions=(label,), batch_size=2, seq_len=32, steps=1,
+                       warmup=1, device="cpu", isolation="inline", profile_step=False)
+    result = run_trial(config, label, CPU, lambda e: None, lambda: False)
+    assert result.status == "ok", result.reason
+    (optimizer,) = made
+    sizes = [p.numel() for g in optimizer.param_groups for p in g["params"]]
+    assert sum(sizes) == result.trainable_params < result.param_count
+    held = _distinct_bytes(_state_tensors(optimizer))
+    assert result.memory.optimizer_bytes == held == result.predicted_memory.optimizer_bytes
+    assert held < 8 * sum(sizes)  # below fp32 AdamW's m and v of the same adapters
