@@ -28,9 +28,10 @@ BF16_COMPUTE: tuple[str, ...] = ("bf16-amp", "bf16", "nf4")
 BF16_EMULATED = "emulated (no AVX512-BF16/AMX), slow"  # the device's bf16, said so
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")  # --optimizer: the whole run
 # the "+optim" suffix of a precision: its trial's optimiser (and state precision); torchao's
-# low-bit AdamWs (torchao.optim, 0.18) and AdamW with bf16 state and bf16 stochastic rounding
-STATE_OPTIMIZERS: tuple[str, ...] = OPTIMIZERS + ("adamw8bit-ao", "adamw4bit", "adamw-fp8",
-                                                  "adamw-bf16-sr")
+# low-bit AdamWs (torchao.optim, 0.18) and AdamW with bf16 state and bf16 stochastic rounding,
+# whose step torchao compiles with torch.compile
+TORCHAO_STEP: tuple[str, ...] = ("adamw8bit-ao", "adamw4bit", "adamw-fp8", "adamw-bf16-sr")
+STATE_OPTIMIZERS: tuple[str, ...] = OPTIMIZERS + TORCHAO_STEP
 ISOLATIONS: tuple[str, ...] = ("process", "inline")
 STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp2")  # "none": one process, no torchrun
 REDUCE_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")  # the "@dtype" suffix (distributed)
@@ -165,6 +166,11 @@ class RunConfig:
                              f"measured steps (one per round; got {self.steps}): raise --steps "
                              "or lower --rounds")
         self._check_distributed()
+        compiled_step = [p for p in self.precisions if split_label(p)[1] in TORCHAO_STEP]
+        if compiled_step and self.warmup < 1:
+            raise ValueError(f"{compiled_step[0]}: torchao compiles its optimizer step on the "
+                             "first step, which would be timed as a measured step: set "
+                             "--warmup 1 or more")
         if self.compile and self.warmup < 1:
             raise ValueError(
                 "--compile needs at least one warm-up step, or compilation would be timed as "

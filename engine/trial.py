@@ -19,7 +19,7 @@ from torch.profiler import record_function
 
 from engine import flops as flops_mod
 from engine import inventory, memtrack, nvml
-from engine.config import RunConfig, base_precision
+from engine.config import TORCHAO_STEP, RunConfig, base_precision
 from engine.device import DeviceInfo
 from engine.events import (
     FlopsInfo,
@@ -111,7 +111,6 @@ def make_optimizer(name: str, params: list, lr: float, eps: float = 1e-8,
 
 _TORCHAO_OPTIMIZERS = {"adamw8bit-ao": "AdamW8bit", "adamw4bit": "AdamW4bit",
                        "adamw-fp8": "AdamWFp8"}
-_COMPILED_STEP = (*_TORCHAO_OPTIMIZERS, "adamw-bf16-sr")  # torchao's torch.compile'd step
 
 
 def _bf16_state_adamw():
@@ -131,7 +130,7 @@ def optimizer_reason(name: str, device_type: str) -> str | None:
     """Why a trial's optimiser cannot run on this device, or None. torchao's optimisers
     compile every step with torch.compile(fullgraph=True): inductor needs a C++ compiler
     on the CPU and Triton on a GPU."""
-    if name not in _COMPILED_STEP:
+    if name not in TORCHAO_STEP:
         return None
     try:
         import torchao.optim  # noqa: F401
@@ -418,7 +417,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
         log(state.memory.notes, "warning")
     else:
         state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
-        if state.optimizer in _COMPILED_STEP:
+        if state.optimizer in TORCHAO_STEP:
             state.notes.append(f"{state.optimizer}: the step that watches memory runs the "
                                "optimizer eagerly (torch.compile refuses to trace under the "
                                "memory watcher), so its scratch bytes are eager ones; the "

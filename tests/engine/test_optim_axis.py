@@ -250,3 +250,22 @@ def test_lora_adapters_take_low_bit_state_too(monkeypatch, label):
     held = _distinct_bytes(_state_tensors(optimizer))
     assert result.memory.optimizer_bytes == held == result.predicted_memory.optimizer_bytes
     assert held < 8 * sum(sizes)  # below fp32 AdamW's m and v of the same adapters
+
+
+def test_a_compiled_optimizer_step_needs_a_warm_up_and_a_compiler(monkeypatch):
+    with pytest.raises(ValueError, match="--warmup 1"):
+        RunConfig(precisions="fp32,fp32+adamw-fp8", warmup=0)
+    RunConfig(precisions="fp32,fp32+adamw8bit", warmup=0)  # bitsandbytes compiles nothing
+
+    import torch._inductor.cpp_builder as builder
+
+    def no_compiler():
+        raise RuntimeError("no C++ compiler: tried g++, clang++")
+
+    monkeypatch.setattr(builder, "get_cpp_compiler", no_compiler)
+    config = RunConfig(model="tiny", precisions=("fp32+adamw4bit",), batch_size=2, seq_len=32,
+                       steps=1, warmup=1, device="cpu", isolation="inline")
+    result = run_trial(config, "fp32+adamw4bit", CPU, lambda e: None, lambda: False)
+    assert result.status == "unsupported"
+    assert "C++ compiler" in result.reason and "g++" in result.reason
+    assert result.summary is None
