@@ -16,7 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine import VERSION
-from engine.config import INTERLEAVE, OPTIMIZERS, PRECISIONS, RunConfig, parse_precisions
+from engine.config import (
+    INTERLEAVE,
+    OPTIMIZERS,
+    PRECISIONS,
+    RunConfig,
+    base_precision,
+    parse_precisions,
+)
 
 EXIT_FAILED = 1  # trials failed, or the report could not be written
 EXIT_BAD_INPUT = 2  # nothing ran
@@ -43,7 +50,8 @@ def _add_model_args(p: argparse.ArgumentParser, precisions_default: str) -> None
     p.add_argument("--model", default="tiny",
                    help="preset name (see 'presets'), a local model folder, or a cached hub id")
     p.add_argument("--precision", default=precisions_default,
-                   help=f"comma-separated, from: {','.join(PRECISIONS)}")
+                   help=f"comma-separated, from: {','.join(PRECISIONS)}; RECIPE+OPTIM "
+                        "gives one trial its own optimizer (e.g. bf16-amp+adamw8bit)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a model folder or hub id to run its own code")
@@ -227,7 +235,7 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
     from engine.events import to_dict
     from engine.runner import run_lab_in_child
 
-    lab_args = dict(model=config.model, precision=config.precisions[0].partition("@")[0],
+    lab_args = dict(model=config.model, precision=base_precision(config.precisions[0]),
                     device=config.device,
                     batch_size=config.batch_size, seq_len=config.seq_len, seed=config.seed,
                     trials=[to_dict(t) for t in record.trials],

@@ -28,7 +28,12 @@ PRECISIONS: tuple[str, ...] = (
 # recipes whose matmuls run in bf16: emulated, and slow, on a CPU without bf16 units
 BF16_COMPUTE: tuple[str, ...] = ("bf16-amp", "bf16", "nf4")
 BF16_EMULATED = "emulated (no AVX512-BF16/AMX), slow"  # the device's bf16, said so
-OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")
+OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")  # --optimizer: the whole run
+# the "+optim" suffix of a precision: its trial's optimiser (and state precision); torchao's
+# low-bit AdamWs (torchao.optim, 0.18) and AdamW with bf16 state and bf16 stochastic rounding,
+# whose step torchao compiles with torch.compile
+TORCHAO_STEP: tuple[str, ...] = ("adamw8bit-ao", "adamw4bit", "adamw-fp8", "adamw-bf16-sr")
+STATE_OPTIMIZERS: tuple[str, ...] = OPTIMIZERS + TORCHAO_STEP
 ISOLATIONS: tuple[str, ...] = ("process", "inline")
 STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp2")  # "none": one process, no torchrun
 REDUCE_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")  # the "@dtype" suffix (distributed)
@@ -38,14 +43,26 @@ TORCHRUN_FLAGS: tuple[str, ...] = ("--nnodes", "--node-rank", "--rdzv-backend", 
 INTERLEAVE: tuple[str, ...] = ("auto", "on", "off")  # see engine/rounds.py
 
 
+def split_label(label: str) -> tuple[str, str | None, str]:
+    """``"bf16-amp+adamw8bit@bf16"`` -> (recipe, optimiser or None, reduce dtype or "")."""
+    name, _, reduce = label.partition("@")  # "fp32@bf16": gradients reduced in bf16
+    name, plus, optim = name.partition("+")
+    return name, optim if plus else None, reduce
+
+
+def base_precision(label: str) -> str:
+    """The recipe a trial label trains in, its optimiser and reduction suffixes dropped."""
+    return split_label(label)[0]
+
+
 def parse_precisions(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """Turn ``"fp32,bf16-amp"`` (or a list) into a validated tuple, keeping order."""
+    """Turn ``"fp32,bf16-amp+adamw8bit"`` (or a list) into a validated tuple, keeping order."""
     items = text.split(",") if isinstance(text, str) else list(text)
     names = [item.strip().lower() for item in items if item.strip()]
     if not names:
         raise ValueError(f"no precision given: choose from {', '.join(PRECISIONS)}")
-    for name in names:
-        name, _, reduce = name.partition("@")  # "fp32@bf16": gradients reduced in bf16
+    for label in names:
+        name, optim, reduce = split_label(label)
         if reduce and reduce not in REDUCE_DTYPES:
             raise ValueError(f"unknown gradient-reduction dtype '@{reduce}': "
                              f"use one of {', '.join('@' + d for d in REDUCE_DTYPES)}")
@@ -53,6 +70,9 @@ def parse_precisions(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
             raise ValueError(
                 f"unknown precision '{name}': choose from {', '.join(PRECISIONS)}"
             )
+        if optim is not None and optim not in STATE_OPTIMIZERS:
+            raise ValueError(f"unknown optimizer '+{optim}' in '{label}': write RECIPE+OPTIM "
+                             f"with OPTIM one of {', '.join(STATE_OPTIMIZERS)}")
     if len(set(names)) != len(names):
         raise ValueError("a precision is listed twice: name each precision once")
     return tuple(names)
@@ -148,6 +168,11 @@ class RunConfig:
                              f"measured steps (one per round; got {self.steps}): raise --steps "
                              "or lower --rounds")
         self._check_distributed()
+        compiled_step = [p for p in self.precisions if split_label(p)[1] in TORCHAO_STEP]
+        if compiled_step and self.warmup < 1:
+            raise ValueError(f"{compiled_step[0]}: torchao compiles its optimizer step on the "
+                             "first step, which would be timed as a measured step: set "
+                             "--warmup 1 or more")
         if self.compile and self.warmup < 1:
             raise ValueError(
                 "--compile needs at least one warm-up step, or compilation would be timed as "
@@ -173,6 +198,11 @@ class RunConfig:
                 raise ValueError("a gradient-reduction dtype ('@bf16') needs a distributed run: "
                                  "set --strategy ddp or fsdp2, or drop the '@' suffix")
             return
+        # the ranks build the run's --optimizer (engine/distributed/rank_main.py), and
+        # bitsandbytes' 8-bit state does not shard into FSDP2's DTensors
+        if any("+" in p for p in self.precisions):
+            raise ValueError("a per-trial optimizer ('+adamw8bit') runs in one process only: "
+                             "drop the '+' suffix and use --optimizer, or --strategy none")
         for arg in self.torchrun_args:
             if arg.partition("=")[0] not in TORCHRUN_FLAGS or "=" not in arg:
                 raise ValueError(f"torchrun option '{arg}' is not passed through: use "

@@ -637,11 +637,14 @@ def live_tensor_bytes(*trees) -> int:
     """Bytes of the distinct storages behind the tensors in ``trees`` (dicts, lists, tensors)."""
     from torch.utils._pytree import tree_leaves
 
+    from engine.memtrack import storages
+
     seen: dict[int, int] = {}
     for t in tree_leaves(list(trees)):
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
+            # a wrapper subclass (torchao's low-bit optimiser state) by its inner storages
+            for storage in storages(t):
+                seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
 
 

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from engine import inventory
-from engine.config import OPTIMIZERS
+from engine.config import STATE_OPTIMIZERS
 from engine.events import MemoryBreakdown, PredictedMemory
 from engine.recipes import Recipe
 
@@ -45,6 +45,11 @@ NF4_BLOCK = 64  # bitsandbytes 4-bit block size; one fp32 absmax per block
 ADAM8_BLOCK = 256  # bitsandbytes blockwise 8-bit optimiser state: one fp32 absmax per block
 ADAM8_MIN_SIZE = 4096  # bitsandbytes' min_8bit_size: smaller tensors keep fp32 state
 ADAM8_QMAPS = 2 * 256 * FP32  # the two shared 256-entry quantisation maps
+# torchao 0.18 torchao/optim (subclass_8bit/4bit/fp8.py): bits per code, elements per fp32
+# scale, and the lookup map each state tensor carries (its own copy, not shared)
+TORCHAO_STATE = {"adamw8bit-ao": (8, 256, 256 * FP32), "adamw4bit": (4, 128, 16 * FP32),
+                 "adamw-fp8": (8, 256, 0)}
+TORCHAO_MIN_SIZE = 4096  # torchao quantises state tensors of at least this many elements
 CALIBRATION = Path(__file__).resolve().parent.parent / "resources" / "activation_calibration.json"
 LAYER_BASIS = ("hidden", "attention_width", "kv_width", "mlp_width", "scores", "heads", "one")
 OUTER_BASIS = ("hidden", "vocab", "one")
@@ -170,7 +175,35 @@ def optimizer_bytes_per_param(optimizer: str, weight_bytes: int) -> float:
         return 2.0 * weight_bytes
     if optimizer == "adamw8bit":
         return 2.0
+    if optimizer in TORCHAO_STATE:
+        return 2.0 * TORCHAO_STATE[optimizer][0] / 8
+    if optimizer == "adamw-bf16-sr":
+        return 4.0
     return 0.0
+
+
+def _torchao_bytes(optimizer: str, sizes: tuple[int, ...], weight_bytes: int,
+                   device_type: str) -> tuple[int, str]:
+    """torchao's m and v: codes plus an fp32 scale per block and a lookup map per tensor
+    for tensors of TORCHAO_MIN_SIZE+ elements in whole blocks, the weight's dtype for the
+    rest; bf16 for every tensor with bf16-sr. Each parameter's step count is an fp32 tensor
+    on the host: counted on the CPU only."""
+    steps = FP32 * len(sizes) if device_type == "cpu" else 0
+    if optimizer == "adamw-bf16-sr":
+        total = 2 * 2 * sum(sizes) + steps
+        return total, f"bf16 m+v: 2·2·{sum(sizes):,} + {steps:,} B step counters = {total:,} B"
+    bits, block, qmap = TORCHAO_STATE[optimizer]
+    big = [n for n in sizes if n >= TORCHAO_MIN_SIZE and n % block == 0]
+    small = sum(sizes) - sum(big)
+    codes = 2 * sum(big) * bits // 8
+    scales = 2 * FP32 * sum(n // block for n in big)
+    maps = 2 * qmap * len(big)
+    plain = 2 * weight_bytes * small
+    total = codes + scales + maps + plain + steps
+    text = (f"{optimizer}: 2·{sum(big):,}·{bits}/8 codes + 2·4·n/{block} scales = {scales:,} B"
+            f" + {maps:,} B lookup maps + 2·{weight_bytes}·{small:,} unquantised states"
+            f" + {steps:,} B step counters = {total:,} B")
+    return total, text
 
 
 def _adam8_bytes(sizes: tuple[int, ...]) -> tuple[int, str]:
@@ -339,8 +372,9 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
                         ("total_params", shape.total_params)):
         if value < 1:
             raise ValueError(f"{name} must be 1 or more (got {value}): pass the model's value")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer '{optimizer}': choose from {', '.join(OPTIMIZERS)}")
+    if optimizer not in STATE_OPTIMIZERS:
+        raise ValueError(f"unknown optimizer '{optimizer}': choose from "
+                         f"{', '.join(STATE_OPTIMIZERS)}")
     frozen = shape.total_params - shape.trainable_params - shape.quantized_params
     if min(shape.trainable_params, shape.quantized_params, frozen) < 0:
         raise ValueError(
@@ -363,6 +397,9 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
         opt, opt_text = 2 * grads, f"AdamW m+v: 2·{grads:,} = {2 * grads:,} B"
     elif optimizer == "adamw8bit":
         opt, opt_text = _adam8_bytes(shape.trainable_sizes)
+    elif optimizer in TORCHAO_STATE or optimizer == "adamw-bf16-sr":
+        opt, opt_text = _torchao_bytes(optimizer, shape.trainable_sizes, trainable_weight,
+                                       device_type)
     else:
         opt, opt_text = 0, "SGD (no momentum): no state"
     # autocast copies the weights it casts; a quantised base is dequantised per call

@@ -42,7 +42,8 @@ _DEQUANT_OPS = ("dequantize_4bit", "dequantize_blockwise", "int8_vectorwise_dequ
 
 
 def storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
-    """The storages behind a tensor; a wrapper subclass (torchao's float8) holds several."""
+    """The storages behind a tensor; a wrapper subclass (torchao's float8, its low-bit
+    optimiser state: codes, block scales, lookup map) holds several."""
     if is_traceable_wrapper_subclass(tensor):
         names, _ = tensor.__tensor_flatten__()
         return [s for n in names for s in storages(getattr(tensor, n))]

@@ -55,6 +55,9 @@ class PlanConfig:
         # RunConfig validates the shared fields and says how to fix them
         self.run_config(self.batch_size)
         object.__setattr__(self, "precisions", parse_precisions(self.precisions))
+        if any("+" in p for p in self.precisions):
+            raise ValueError("plan predicts every precision with --optimizer: drop the "
+                             "'+OPTIM' suffix (profile compares optimizers side by side)")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer '{self.optimizer}': choose from "
                              f"{', '.join(OPTIMIZERS)}")

@@ -7,12 +7,13 @@ the dtype the recipe's matmuls actually run in.
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
-from engine.config import PRECISIONS
+from engine.config import PRECISIONS, parse_precisions, split_label
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Recipe:
     cpu_description: str | None = None
     # torchao Float8LinearRecipeName value the fp8 recipes convert with (None: no float8)
     float8_recipe: str | None = None
+    optimizer: str | None = None  # a "+optim" label's own optimiser; None: the run's --optimizer
 
 
 _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -97,6 +99,11 @@ def float8_config(rec: Recipe):
 
 
 def recipe(precision: str) -> Recipe:
+    """The recipe of a trial label; ``"fp32+adamw8bit"`` is fp32's, with its own optimiser."""
+    if "+" in precision:
+        parse_precisions([precision])  # the ValueError that names the choices
+        name, optim, _ = split_label(precision)
+        return dataclasses.replace(RECIPES[name], precision=precision, optimizer=optim)
     try:
         return RECIPES[precision]
     except KeyError:
@@ -126,6 +133,20 @@ def fp8_shape_reason(tokens_per_micro_batch: int, hidden: int) -> str | None:
             f"and sequence length whose product is a multiple of {FP8_MULTIPLE}")
 
 
+# torchao 0.18 torchao/optim/adam.py: state tensors under 4096 elements (or not a whole
+# number of blocks) stay unquantised in the weight's dtype; each step is torch.compile'd
+OPTIMIZER_TEXT = {
+    "adamw8bit-ao": "torchao AdamW8bit: m and v as 8-bit codes with an fp32 scale per "
+                    "256-element block, step compiled with torch.compile",
+    "adamw4bit": "torchao AdamW4bit: m and v as 4-bit codes with an fp32 scale per "
+                 "128-element block, step compiled with torch.compile",
+    "adamw-fp8": "torchao AdamWFp8: m and v in float8 e4m3 with an fp32 scale per 256-element "
+                 "block, step compiled with torch.compile",
+    "adamw-bf16-sr": "AdamW with bf16 m and v (torchao's _AdamW step, compiled): bf16 weights "
+                     "are updated with stochastic rounding, fp32 weights exactly",
+}
+
+
 def run_description(rec: Recipe, device_type: str, optimizer: str,
                     compiled: bool | None) -> str:
     """The recipe as it ran: its text, the optimiser implementation and compilation.
@@ -140,6 +161,8 @@ def run_description(rec: Recipe, device_type: str, optimizer: str,
                      "inf check stays on the GPU: no host sync mid-step)")
     elif optimizer == "adamw8bit":
         parts.append("bitsandbytes AdamW8bit (a GradScaler reads its inf check on the host)")
+    elif optimizer in OPTIMIZER_TEXT:
+        parts.append(OPTIMIZER_TEXT[optimizer])
     if rec.fp8 and compiled is False:
         parts.append("this trial ran eagerly (no warm-up step to compile in): its fp8 speed "
                      "is NOT representative")

@@ -19,7 +19,7 @@ from torch.profiler import record_function
 
 from engine import flops as flops_mod
 from engine import inventory, memtrack, nvml
-from engine.config import RunConfig
+from engine.config import TORCHAO_STEP, RunConfig, base_precision
 from engine.device import DeviceInfo
 from engine.events import (
     FlopsInfo,
@@ -107,7 +107,57 @@ def make_optimizer(name: str, params: list, lr: float, eps: float = 1e-8,
         import bitsandbytes as bnb
 
         return bnb.optim.AdamW8bit(params, lr=lr, eps=eps)
+    if name in _TORCHAO_OPTIMIZERS:
+        import torchao.optim
+
+        # torchao's AdamWs default to weight_decay=1e-2 as torch's AdamW does
+        return getattr(torchao.optim, _TORCHAO_OPTIMIZERS[name])(params, lr=lr, eps=eps)
+    if name == "adamw-bf16-sr":
+        return _bf16_state_adamw()(params, lr=lr, eps=eps, bf16_stochastic_round=True)
     return torch.optim.AdamW(params, lr=lr, eps=eps, fused=fused or None)
+
+
+_TORCHAO_OPTIMIZERS = {"adamw8bit-ao": "AdamW8bit", "adamw4bit": "AdamW4bit",
+                       "adamw-fp8": "AdamWFp8"}
+
+
+def _bf16_state_adamw():
+    """torchao's ``_AdamW`` keeps m and v in the weight's dtype (fp32 under AMP); this one
+    keeps them in bf16 for every weight. Its step computes in fp32 and stochastically rounds
+    bf16 weights (torchao 0.18 ``single_param_adam``); the state is rounded to nearest."""
+    from torchao.optim import _AdamW
+
+    class AdamWBf16State(_AdamW):
+        def _new_buffer(self, p, signed):
+            return torch.zeros_like(p, dtype=torch.bfloat16)
+
+    return AdamWBf16State
+
+
+def optimizer_reason(name: str, device_type: str) -> str | None:
+    """Why a trial's optimiser cannot run on this device, or None. torchao's optimisers
+    compile every step with torch.compile(fullgraph=True): inductor needs a C++ compiler
+    on the CPU and Triton on a GPU."""
+    if name not in TORCHAO_STEP:
+        return None
+    try:
+        import torchao.optim  # noqa: F401
+    except Exception as exc:
+        return f"torchao's optimizers cannot load ({type(exc).__name__}: {exc})"
+    if device_type == "cuda":
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else (
+            f"{name} compiles its step with torch.compile, which needs Triton on a GPU: "
+            "pip install triton")
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except Exception as exc:
+        return (f"{name} compiles its step with torch.compile, which needs a C++ compiler on "
+                f"the CPU ({exc}): install g++")
+    return None
 
 
 def make_scaler(rec: Recipe, device: torch.device, config: RunConfig):
@@ -152,13 +202,18 @@ class _State:
     def phase(self, emit, phase: str) -> None:
         emit(PhaseChanged(self.rec.precision, phase, time.time(), self.round_index))
 
+    @property
+    def optimizer(self) -> str:
+        """This trial's optimiser: its label's "+optim", else the run's --optimizer."""
+        return self.rec.optimizer or self.config.optimizer
+
     def result(self, status: str, reason: str | None) -> TrialResult:
         verdict = self.device_info.verdict(self.rec.precision)
         return TrialResult(
             precision=self.rec.precision,
             status=status,
             reason=reason,
-            recipe=run_description(self.rec, self.device_info.kind, self.config.optimizer,
+            recipe=run_description(self.rec, self.device_info.kind, self.optimizer,
                                    self.compiled),
             notes=list(self.notes),
             device=self.device_info.describe(),
@@ -256,7 +311,9 @@ def run_trial(
     rec = recipe(precision)
     state = _State(config, rec, device_info, steps=list(prior_steps), round_index=round_index,
                    step_offset=len(prior_steps))
-    reason = device_info.unsupported_reason(precision) or _shape_reason(config, rec)
+    reason = (device_info.unsupported_reason(base_precision(precision))
+              or optimizer_reason(state.optimizer, device_info.kind)
+              or _shape_reason(config, rec))
     if reason:
         return state.result("unsupported", reason)
     # before this trial touches the GPU: the fallback when NVML shows no pid of ours
@@ -333,9 +390,9 @@ def _measure(state: _State, emit, cancelled) -> bool:
 
     params = [p for p in model.parameters() if p.requires_grad]
     eps = adam_eps(params)
-    optimizer = make_optimizer(config.optimizer, params, config.lr, eps,
+    optimizer = make_optimizer(state.optimizer, params, config.lr, eps,
                                fused=info.kind == "cuda")
-    if eps != 1e-8 and config.optimizer != "sgd":
+    if eps != 1e-8 and state.optimizer != "sgd":
         dtype = str(trainable_dtype(params)).removeprefix("torch.")
         log(f"Adam epsilon raised from 1e-8 to {eps:.3g}: 1e-8 rounds to 0 in {dtype} (the "
             "trained weights' dtype) and 0/0 would make NaN weights", "warning")
@@ -354,7 +411,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
         state.notes.append(f"emulated: {verdict.reason}")
     _probe(state, loaded, batches[0])
     state.peak = _peak(info, rec, state.flops.by_peak_dtype)
-    state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, config.optimizer,
+    state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, state.optimizer,
                                           device.type))
     if state.compiled:
         # as a fresh process would: an inline trial (fit's probes) must not reuse the graphs,
@@ -388,8 +445,13 @@ def _measure(state: _State, emit, cancelled) -> bool:
         log(state.memory.notes, "warning")
     else:
         state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
+        if state.optimizer in TORCHAO_STEP:
+            state.notes.append(f"{state.optimizer}: the step that watches memory runs the "
+                               "optimizer eagerly (torch.compile refuses to trace under the "
+                               "memory watcher), so its scratch bytes are eager ones; the "
+                               "optimizer state is the same")
     shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
-    predicted = predict_memory(rec, config.optimizer, shape, config.batch_size, config.seq_len,
+    predicted = predict_memory(rec, state.optimizer, shape, config.batch_size, config.seq_len,
                                config.grad_checkpointing, device.type)
     state.predicted = with_errors(predicted, state.memory)
     if not config.profile_step:
@@ -709,7 +771,9 @@ def tracked_step(config: RunConfig, rec: Recipe, device: torch.device, model, op
     runs the same step on fake tensors."""
     watcher = memtrack.MemoryWatcher(device)
     watcher.track_training(model, optimizer, batches[0])
-    with watcher:
+    # torchao's optimisers compile their step with fullgraph=True, which refuses to run
+    # under a TorchDispatchMode: here it runs eagerly (the model is eager here already)
+    with watcher, torch.compiler.set_stance("force_eager"):
         for micro in range(config.grad_accum):
             batch = batches[micro % len(batches)]
             watcher.phase = "forward"

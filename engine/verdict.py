@@ -23,7 +23,7 @@ from engine.compare import (
     format_bytes,
     speed_verdict,
 )
-from engine.config import BF16_COMPUTE
+from engine.config import BF16_COMPUTE, base_precision
 from engine.record import RunRecord
 
 LOSS_TOLERANCE_REL = 0.02  # final loss within 2% of fp32's (same data and seed) ...
@@ -191,8 +191,8 @@ def verdict(record: RunRecord) -> Verdict:
                                            f"beyond the tolerance of {tolerance:.3g}")
         else:
             group = _group(speed, row.precision)
-            if bf16_emulated and row.precision in BF16_COMPUTE and group is not None \
-                    and base_group is not None:
+            emulated = bf16_emulated and base_precision(row.precision) in BF16_COMPUTE
+            if emulated and group is not None and base_group is not None:
                 group = max(group, base_group)  # never faster on emulated bf16
             groups[row.precision] = group
             faster = group is not None and base_group is not None and group < base_group
@@ -245,7 +245,7 @@ def verdict(record: RunRecord) -> Verdict:
     ranked = sorted(good, key=cmp_to_key(better))
     best = ranked[0]
     speed_part = (_speed_text(best) if best.speedup_vs_fp32 is not None else "speed n/a")
-    if bf16_emulated and best.precision in BF16_COMPUTE:
+    if bf16_emulated and base_precision(best.precision) in BF16_COMPUTE:
         speed_part += " (bf16 emulated here: not judged on speed)"
     elif groups[best.precision] == base_group:
         speed_part += " (not significantly faster)"

@@ -54,7 +54,8 @@ def test_profile_prints_the_verdict_before_the_table(tmp_path):
 def test_help_and_presets_describe_every_precision():
     texts = json.loads((ROOT / "resources" / "precisions.json").read_text())
     assert list(texts) == ["fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", "int8",
-                           "nf4", "fp8"]
+                           "nf4", "fp8", "+adamw", "+sgd", "+adamw8bit", "+adamw8bit-ao",
+                           "+adamw4bit", "+adamw-fp8", "+adamw-bf16-sr"]
     for args in (["presets"], ["profile", "--help"], ["footprint", "--help"]):
         run = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True,
                              text=True, timeout=120)
