@@ -41,7 +41,9 @@ def precision_lines() -> str:
     """Each precision and what it trains, one line each (``--help`` and ``presets``)."""
     from engine.resources import precision_descriptions
 
-    return "\n".join(f"  {name:<9} {text}" for name, text in precision_descriptions().items())
+    texts = precision_descriptions()
+    width = max(map(len, texts))
+    return "\n".join(f"  {name:<{width}} {text}" for name, text in texts.items())
 
 
 def _add_model_args(p: argparse.ArgumentParser, precisions_default: str) -> None:

@@ -39,7 +39,8 @@ def test_a_precision_typo_is_refused_before_torch_is_imported(command, tmp_path)
     assert "torch" not in imported and "transformers" not in imported
     said = [line for line in run.stderr.splitlines() if not line.startswith("import time:")]
     assert said == ["ampscope: error: unknown precision 'fp33': choose from fp32, tf32, "
-                    "fp16-amp, bf16-amp, fp16, bf16, int8, nf4, fp8"]
+                    "fp16-amp, bf16-amp, fp16, bf16, int8, nf4, fp8, fp8-rowwise, "
+                    "fp8-rowwise-gw-hp"]
 
 
 def test_presets_says_each_preset_before_the_table(tmp_path):

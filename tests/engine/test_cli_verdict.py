@@ -54,13 +54,15 @@ def test_profile_prints_the_verdict_before_the_table(tmp_path):
 def test_help_and_presets_describe_every_precision():
     texts = json.loads((ROOT / "resources" / "precisions.json").read_text())
     assert list(texts) == ["fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", "int8",
-                           "nf4", "fp8", "+adamw", "+sgd", "+adamw8bit", "+adamw8bit-ao",
-                           "+adamw4bit", "+adamw-fp8", "+adamw-bf16-sr"]
+                           "nf4", "fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "+adamw", "+sgd",
+                           "+adamw8bit", "+adamw8bit-ao", "+adamw4bit", "+adamw-fp8",
+                           "+adamw-bf16-sr"]
+    width = max(map(len, texts))
     for args in (["presets"], ["profile", "--help"], ["footprint", "--help"]):
         run = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         lines = run.stdout.splitlines()
         for name, text in texts.items():
-            assert f"  {name:<9} {text}" in lines, (args, name)
+            assert f"  {name:<{width}} {text}" in lines, (args, name)
         assert max(len(line) for line in lines[-len(texts):]) <= 100
