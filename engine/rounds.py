@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 from engine.config import RunConfig
 from engine.events import StepSample, TrialResult
-from engine.recipes import recipe
 
 CHEAP_PARAMS = 400_000_000
 MIN_ROUND_STEPS = 5
@@ -81,6 +80,8 @@ def choose_rounds(config: RunConfig, params: int | None = None) -> tuple[int, st
     if config.compile:
         return 1, (f"precisions run one after another: torch.compile would recompile the model "
                    f"in every round ({CHEAP_RULE}); --interleave on forces rounds")
+    from engine.recipes import recipe  # loads torch: not at import (the window's start-up)
+
     if any(recipe(p.partition("@")[0]).fp8 for p in config.precisions) and config.warmup >= 1:
         # fp8 trials compile by default
         return 1, ("precisions run one after another: fp8 trials are compiled, and "

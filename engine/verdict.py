@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from functools import cmp_to_key
 
 from engine.compare import (
-    BASELINE,
     BUSY_TEXT,
     ComparisonRow,
     SpeedVerdict,
+    baseline_label,
     baseline_reason,
     comparison_rows,
     format_bytes,
@@ -154,11 +154,12 @@ def verdict(record: RunRecord) -> Verdict:
     if len(rows) == 1:
         return _none("only fp32 ran, so there is nothing to compare it with",
                      "profile fp32 with bf16-amp and fp16-amp (the default precisions)")
-    base = rows[BASELINE]
+    baseline = baseline_label(record)  # fp32, or the ticked fp32 of a comparison
+    base = rows[baseline]
     device = record.environment.get("device")
     device = device if isinstance(device, dict) else {}  # older reports: a description
     bf16_emulated = device.get("bf16_hardware") is False
-    base_group = _group(speed, BASELINE)
+    base_group = _group(speed, baseline)
     reasons = [f"speed: {speed.text}", *gated]
     if bf16_emulated:
         reasons.append(f"bf16 is emulated on this {device.get('kind', 'device')} (no "
@@ -166,13 +167,13 @@ def verdict(record: RunRecord) -> Verdict:
     lab = _lab_choice(record)
     if lab:
         reasons.append(f"the numerics lab recommends {lab}")
-    tolerance = max(LOSS_TOLERANCE_ABS, LOSS_TOLERANCE_REL * abs(record.trial(BASELINE)
+    tolerance = max(LOSS_TOLERANCE_ABS, LOSS_TOLERANCE_REL * abs(record.trial(baseline)
                                                                   .summary.final_loss or 0.0))
-    figures = {BASELINE: _figure(base, base, "baseline", "the reference every ratio uses")}
+    figures = {baseline: _figure(base, base, "baseline", "the reference every ratio uses")}
     good: list[ComparisonRow] = []
     groups: dict[str, int | None] = {}
     for row in rows.values():
-        if row.precision == BASELINE:
+        if row.precision == baseline:
             continue
         trial = record.trial(row.precision)
         loss = trial.summary.final_loss if trial.summary else None
@@ -235,12 +236,12 @@ def verdict(record: RunRecord) -> Verdict:
         # failure reasons are long sentences: the headline names the status, "Why" says more
         others = ", ".join(f"{f.precision} {f.judgement}"
                            + (f" ({f.note})" if f.judgement in ("slower", "diverged") else "")
-                           for p, f in figures.items() if p != BASELINE)
+                           for p, f in figures.items() if p != baseline)
         headline = (f"Train in fp32: no other precision was significantly faster or "
                     f"{MEMORY_MIN_SAVING:.0%} smaller without diverging or being slower"
                     + (f"; {others}" if others else ""))
-        figures[BASELINE] = _figure(base, base, "recommended", "nothing beat it")
-        return Verdict(BASELINE, headline, tuple(figures.values()), tuple(reasons),
+        figures[baseline] = _figure(base, base, "recommended", "nothing beat it")
+        return Verdict(baseline, headline, tuple(figures.values()), tuple(reasons),
                        speed.suggestion)
     ranked = sorted(good, key=cmp_to_key(better))
     best = ranked[0]

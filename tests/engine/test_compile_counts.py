@@ -10,6 +10,7 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 import engine.trial as trial_mod
+from engine import gating
 from engine.config import RunConfig
 from engine.device import probe
 from engine.fit import FitConfig, fit_precision
@@ -62,7 +63,9 @@ def test_fit_probes_inline_start_from_a_reset_dynamo_each(monkeypatch):
         return real_run(config, *args, **kwargs)
 
     monkeypatch.setattr(trial_mod, "run_trial", run)
-    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True)
+    # a device with fp8 hardware as the gating matrix judges an H100: native, so compiled
+    fp8_device = dataclasses.replace(CPU, unsupported={}, fp8_supported=True, verdicts={
+        "fp8": gating.Verdict("native", "fp8 Tensor Cores")})
     config = FitConfig(model="tiny", precisions=("fp8",), seq_len=16, max_batch=2,
                        memory_budget_bytes=8 * 2**30, device="cpu", isolation="inline")
     result = fit_precision(config, "fp8", fp8_device, config.memory_budget_bytes)

@@ -64,11 +64,11 @@ def test_interleaved_rounds_say_between_rounds_and_reload(data_dir):
     for p in ("fp32", "bf16-amp"):
         assert _phases(events, p, 0) == [*full, "between rounds"]
         assert _phases(events, p, 1) == full
-    # ABAB: fp32 waits between rounds while bf16-amp runs its first round
+    # mirrored rounds (ABBA): fp32 waits between rounds while bf16-amp runs both of its own
     order = [(e.precision, e.round, e.phase) for e in events if isinstance(e, PhaseChanged)
              and e.phase in ("loading", "between rounds")]
     assert order == [("fp32", 0, "loading"), ("fp32", 0, "between rounds"),
                      ("bf16-amp", 0, "loading"), ("bf16-amp", 0, "between rounds"),
-                     ("fp32", 1, "loading"), ("bf16-amp", 1, "loading")]
+                     ("bf16-amp", 1, "loading"), ("fp32", 1, "loading")]
     finished = [e.result.precision for e in events if isinstance(e, TrialFinished)]
-    assert finished == ["fp32", "bf16-amp"]
+    assert finished == ["bf16-amp", "fp32"]

@@ -1,8 +1,10 @@
 """The window on the real engine: tiny preset, CPU, inline trials, a few short steps."""
 
+import json
 import multiprocessing
 import signal
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
@@ -163,9 +165,12 @@ def test_precisions_the_cpu_runs_emulated_are_marked_and_can_be_ticked(window):
         assert "runs emulated here" in item.toolTip() and "fp8 matrix unit" in item.toolTip()
         tick(panel.precisions, name)
         assert name in panel.checked_precisions()
+    texts = json.loads((Path(__file__).resolve().parents[2] / "resources" /
+                        "precisions.json").read_text())
     for name in ("fp32", "bf16-amp"):  # native on the CPU: plain, not marked
         item = _precision_item(window, name)
-        assert item.text() == name and not item.font().italic() and item.toolTip() == ""
+        assert item.text() == name and not item.font().italic()
+        assert item.toolTip() == f"{name}: {texts[name]}"  # what it trains, nothing more
 
 
 def test_invalid_input_shows_inline_and_disables_run(window):

@@ -58,13 +58,13 @@ def test_each_phase_is_shown_as_it_happens(qtbot):
             expected = f"{SAID[event.phase]} (round {event.round + 1}/2)"
         assert row == expected, (event, row)
         assert bar == f"{event.precision}: {expected}"
-    # while bf16 runs its first round, fp32 says it waits for it (not "running"); in bf16's
-    # second round fp32 has finished
+    # mirrored rounds (fp32, bf16, bf16, fp32): while bf16 runs both of its rounds, fp32
+    # says it waits (not "running"); in fp32's second round bf16 has finished
     for event, _, other, _ in seen:
-        if event.precision == "bf16" and event.round == 0:
+        if event.precision == "bf16":
             assert other == "between rounds (round 1/2)", (event, other)
-        if event.precision == "bf16" and event.round == 1:
-            assert other == "ok", (event, other)  # fp32 finished its last round
+        if event.precision == "fp32" and event.round == 1:
+            assert other == "ok", (event, other)  # bf16 finished its last round
     # a second round's row says what it does, measuring included, not "loading model"
     assert ("fp32", "measuring (round 2/2)") in [
         (e.precision, row) for e, row, _, _ in seen if isinstance(e, PhaseChanged)]
