@@ -29,7 +29,16 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(f"{message} (see '{help_cmd}')")
 
 
+def precision_lines() -> str:
+    """Each precision and what it trains, one line each (``--help`` and ``presets``)."""
+    from engine.resources import precision_descriptions
+
+    return "\n".join(f"  {name:<9} {text}" for name, text in precision_descriptions().items())
+
+
 def _add_model_args(p: argparse.ArgumentParser, precisions_default: str) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # keep the lines below as written
+    p.epilog = f"precisions:\n{precision_lines()}"
     p.add_argument("--model", default="tiny",
                    help="preset name (see 'presets'), a local model folder, or a cached hub id")
     p.add_argument("--precision", default=precisions_default,
@@ -63,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--isolation", default="process", choices=("process", "inline"),
                       help="each trial in a child process (default) or in this one")
     prof.add_argument("--interleave", default="auto", choices=INTERLEAVE,
-                      help="run the precisions in alternating rounds (ABAB) to cancel drift; "
+                      help="run the precisions in mirrored rounds (ABBA) to cancel drift; "
                            "auto: where each trial is cheap (at most 400 M parameters, no "
                            "--compile, 5+ measured steps per round)")
     prof.add_argument("--rounds", type=int, default=2,
@@ -96,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     num.add_argument("--seq-len", type=int, default=64)
     num.add_argument("--json", action="store_true", help="print JSON")
     num.add_argument("--out", help="also write a report (.json or .html) with the numerics")
-    num.epilog = "--precision takes one precision here"
+    num.epilog = f"--precision takes one precision here\n\n{num.epilog}"
 
     fit = sub.add_parser("fit", help="largest micro-batch per precision within a memory budget")
     _add_model_args(fit, "fp32,bf16-amp,fp16-amp")
@@ -118,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     wat = sub.add_parser("watch", help="follow a run journal live in the terminal (Ctrl-C ends)")
     wat.add_argument("journal", help="a run journal (runs/<run id>.jsonl), local or mounted")
     wat.add_argument("--interval", type=float, default=0.5, help="seconds between reads")
+
+    # plan lives in engine/plan_cli.py (arguments and handler together)
+    from engine.plan_cli import add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 
@@ -133,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
                    "numerics": _numerics, "report": _report, "fit": _fit,
-                   "watch": _watch}[args.command]
+                   "watch": _watch, "plan": _plan}[args.command]
         return handler(args)
     except ValueError as exc:
         _say(f"ampscope: error: {exc}", err=True)
@@ -182,6 +196,11 @@ def _check_out(out: str):
     return check_writable(out)
 
 
+def _verdict_text(v) -> str:
+    """The verdict as the CLI prints it first: the headline, then what to do."""
+    return f"verdict: {v.headline}" + (f"\n  to do: {v.advice}" if v.advice else "")
+
+
 def _journaled_record(runner):
     """The run as its journal holds it (the record in memory may stop mid-event)."""
     from engine.journal import read_journal
@@ -226,7 +245,9 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
 def _finish(record, runner, out, signals, trace: str | None = None) -> int:
     """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
     from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
+    from engine.verdict import verdict as recommend
 
+    _say(_verdict_text(recommend(record)))
     verdict = speed_verdict(record.trials)
     _say(format_table(comparison_rows(record, verdict)))
     if record.config.get("strategy", "none") != "none":
@@ -484,6 +505,7 @@ def _presets(args) -> int:
     for item in items:
         print(f"{item['name']:<12} {item['params']:>15,} params  {item['task']:<9}  "
               f"{item['description']}")
+    print(f"\nprecisions (--precision):\n{precision_lines()}")
     return 0
 
 
@@ -586,6 +608,15 @@ def _fit(args) -> int:
     else:
         print(format_fit(budget, results))
     return 0
+# --- plan --------------------------------------------------------------------------
+
+
+def _plan(args) -> int:
+    from engine.plan_cli import run_plan
+
+    return run_plan(args)
+
+
 # --- watch -------------------------------------------------------------------------
 
 

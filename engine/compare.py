@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine import spread
+from engine.contention import CONTENTION_RULE, contention_problems
 from engine.events import TrialResult
 from engine.record import RunRecord
 
@@ -154,9 +155,11 @@ NOISY_RULE = (
     f"its step-time CV is above {CV_LIMIT:.0%}, or (interleaved) the medians of its rounds "
     f"differ by more than {DRIFT_LIMIT:.0%}; otherwise two precisions are ranked only when "
     f"the {spread.CI_LEVEL:.0%} bootstrap CI of the ratio of their median step times "
-    "excludes 1.0, and precisions whose CIs include 1.0 count as tied"
+    "excludes 1.0, and precisions whose CIs include 1.0 count as tied; and "
+    + CONTENTION_RULE
 )
 NOISY_TEXT = "noisy: speed-ups not significant"
+BUSY_TEXT = "not ranked: the machine was busy"
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,8 @@ class SpeedVerdict:
     """Whether the run's speeds can rank its precisions, and the ranking when they can.
 
     ``status``: "ranked" (at least two groups told apart), "tied" (spread fine, but no
-    precision measurably faster than another), "noisy" (spread too wide to rank) or
+    precision measurably faster than another), "noisy" (spread too wide to rank, or the
+    host too busy: ``engine.contention``) or
     "n/a" (fewer than two finished trials). ``ranking`` is None unless "ranked": groups
     fastest first, precisions in one group statistically tied.
     """
@@ -229,6 +233,11 @@ def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
             and t.summary.median_step_ms]
     if len(done) < 2:
         return SpeedVerdict("n/a", "fewer than two finished trials: nothing to rank")
+    busy = contention_problems(done)
+    if busy:  # a steady slowdown passes the spread checks below: never rank through it
+        return SpeedVerdict("noisy", f"{BUSY_TEXT}: " + "; ".join(busy), tuple(busy), None,
+                            "close other programs and runs (or wait for them to finish) "
+                            "and profile again")
     few = [f"{t.precision} {len(_measured(t))}" for t in done
            if len(_measured(t)) < spread.MIN_STEPS]
     problems, unsteady = [], False

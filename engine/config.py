@@ -23,6 +23,9 @@ PRECISIONS: tuple[str, ...] = (
     "nf4",
     "fp8",
 )
+# recipes whose matmuls run in bf16: emulated, and slow, on a CPU without bf16 units
+BF16_COMPUTE: tuple[str, ...] = ("bf16-amp", "bf16", "nf4")
+BF16_EMULATED = "emulated (no AVX512-BF16/AMX), slow"  # the device's bf16, said so
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")
 ISOLATIONS: tuple[str, ...] = ("process", "inline")
 STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp2")  # "none": one process, no torchrun
@@ -97,7 +100,7 @@ class RunConfig:
     # naming the rank; None: STALL_FACTOR x the median step, at least STALL_FLOOR_S
     stall_timeout_s: float | None = None
     torchrun_args: tuple[str, ...] = ()
-    interleave: str = "auto"  # ABAB rounds of the precisions; auto: where trials are cheap
+    interleave: str = "auto"  # ABBA rounds of the precisions; auto: where trials are cheap
     rounds: int = 2
     extra: dict = field(default_factory=dict, compare=False)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import nvml
-from engine.config import PRECISIONS
+from engine.config import BF16_EMULATED, PRECISIONS
 
 
 def cuda_unavailable_reason() -> str:
@@ -77,6 +77,18 @@ class DeviceInfo:
     mig: bool = False  # a MIG slice of a GPU, not the whole GPU
     power_method: str | None = None  # what NVML's power reading is on this GPU
     fallback_reason: str | None = None  # why --device auto chose the CPU
+    # does bf16 math run on bf16 units? CPU: AVX512-BF16/AMX (x86) or BF16 (Arm);
+    # False: torch emulates it in fp32, slower than fp32 itself; None: not known
+    bf16_hardware: bool | None = None
+
+    @property
+    def bf16_text(self) -> str:
+        """The device's bf16 support in a few words, as the status bar and reports say it."""
+        if not self.bf16_supported:
+            return "no"
+        if self.bf16_hardware is False:
+            return BF16_EMULATED
+        return "yes"
 
     def unsupported_reason(self, precision: str) -> str | None:
         return self.unsupported.get(precision)
@@ -107,16 +119,36 @@ class DeviceInfo:
         return f"{self.name} (compute capability {cc}, CUDA {self.cuda_version})"
 
 
-def _cpu_name() -> str:
-    name = platform.processor() or platform.machine()
+# bf16 matrix instructions as /proc/cpuinfo names them: x86 "flags", Arm "Features"
+# (Linux kernel arch/x86/include/asm/cpufeatures.h; arch/arm64/kernel/cpuinfo.c)
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_bf16_hardware(cpuinfo: str | None) -> bool | None:
+    """Whether /proc/cpuinfo's text lists a bf16 matrix instruction; None without flags."""
+    flags: set[str] = set()
+    for line in (cpuinfo or "").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    if not flags:
+        return None
+    return any(f in flags for f in BF16_CPU_FLAGS)
+
+
+def _cpuinfo() -> str | None:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            return fh.read()
     except OSError:
-        pass
-    return name or "unknown CPU"
+        return None
+
+
+def _cpu_name() -> str:
+    for line in (_cpuinfo() or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def _has(module: str) -> bool:
@@ -153,6 +185,7 @@ def probe(requested: str = "auto") -> DeviceInfo:
             driver_version=None,
             nvml_available=nvml.available(),
             bf16_supported=True,
+            bf16_hardware=cpu_bf16_hardware(_cpuinfo()),
             tf32_supported=False,
             fp8_supported=False,
             unsupported=unsupported,
@@ -195,6 +228,7 @@ def probe(requested: str = "auto") -> DeviceInfo:
         driver_version=handle_info.get("driver_version"),
         nvml_available=nvml.available(),
         bf16_supported=bf16,
+        bf16_hardware=bf16,
         tf32_supported=tf32,
         fp8_supported=fp8 and "fp8" not in unsupported,
         unsupported={p: r for p, r in unsupported.items() if p in PRECISIONS},

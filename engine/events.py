@@ -134,6 +134,9 @@ class MonitorSample:
     gpm_sm_occupancy_pct: float | None = None
     gpm_dram_bw_util_pct: float | None = None
     gpm_reason: str | None = None  # why GPM is n/a: on the first poll that meets it only
+    # the machine's load (engine/contention.py), on GPU runs too: busy hosts slow steps
+    load_avg_1m: float | None = None  # /proc/loadavg's 1-minute load average
+    other_cpu_pct: float | None = None  # processes outside this run, % of all cores
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,22 @@ class StepTimeSpread:
     ci_level: float
     method: str
     rounds: int = 1
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """How busy the machine was while a trial ran (rules in engine/contention.py).
+
+    Means and maxima over the monitor samples taken between the trial's start and end
+    (every round of an interleaved precision); None where the host could not say.
+    """
+
+    cpu_count: int
+    samples: int
+    load_avg_1m_mean: float | None
+    load_avg_1m_max: float | None
+    other_cpu_pct_mean: float | None  # processes outside this run, % of all cores
+    other_cpu_pct_max: float | None
 
 
 @dataclass(frozen=True)
@@ -482,6 +501,7 @@ class TrialResult:
     gpm: GpmMetrics | None = None
     ranks: list[RankResult] = field(default_factory=list)  # distributed trials only
     distributed: DistributedSummary | None = None
+    host_load: HostLoad | None = None  # None: not sampled (older reports, user runs)
     # "profile" (AmpScope trained it), or a user's own training recorded through the
     # public API: "user-loop" (ampscope.Recorder), "user-trainer" (ampscope.AmpScopeCallback)
     source: str = "profile"

@@ -64,6 +64,7 @@ _MONITOR_KEYS = {
     "host_mem_used_bytes": "hm", "gpm_tensor_any_util_pct": "ta",
     "gpm_tensor_hmma_util_pct": "th", "gpm_tensor_imma_util_pct": "ti", "gpm_sm_util_pct": "sa",
     "gpm_sm_occupancy_pct": "so", "gpm_dram_bw_util_pct": "db", "gpm_reason": "gr",
+    "load_avg_1m": "la", "other_cpu_pct": "oc",
 }
 _MONITOR_FIELDS = {short: name for name, short in _MONITOR_KEYS.items()}
 STEPS_JOURNALED = "journal"  # a finished trial's steps are the "step" lines above it

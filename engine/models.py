@@ -256,7 +256,8 @@ def _random_init(config, task: str, dtype: torch.dtype, device: torch.device, se
     # different weights, and "loss vs fp32" needs every recipe to start from the same ones
     with _seeded(seed), torch.device("cpu"):
         net = model_class(task).from_config(config, dtype=dtype, trust_remote_code=trust)
-    return net.to(device)
+    # no move to the CPU: under engine.plan's fake tensors a move swaps every parameter
+    return net if device.type == "cpu" else net.to(device)
 
 
 def conv1d_to_linear(model: nn.Module) -> int:

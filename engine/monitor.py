@@ -2,7 +2,8 @@
 
 NVML when the run is on a GPU and NVML answers; the host (psutil) otherwise. With a
 ``GpmPoller`` each sample also carries NVML GPM's tensor-pipe, SM and DRAM activity since
-the previous poll (Hopper and newer), or once the reason GPM is n/a.
+the previous poll (Hopper and newer), or once the reason GPM is n/a. Every sample, on a
+GPU too, carries the host's load (``engine.contention``): a busy host slows the steps.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from engine.contention import LoadSampler
 from engine.events import MonitorSample
 from engine.gpm import GpmPoller
 from engine.trackers import HostTracker, NvmlTracker
@@ -18,19 +20,20 @@ from engine.trackers import HostTracker, NvmlTracker
 
 class Monitor:
     def __init__(self, tracker, emit: Callable[[MonitorSample], None], hz: float = 10.0,
-                 gpm: GpmPoller | None = None):
+                 gpm: GpmPoller | None = None, load=None):
         self.tracker = tracker
         self.gpm = gpm
+        self.load = load  # anything with sample() -> {"load_avg_1m", "other_cpu_pct"}
         self.emit = emit
         self.interval_s = 1.0 / hz
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def for_device(cls, device_info, emit, hz: float = 10.0) -> Monitor:
+    def for_device(cls, device_info, emit, hz: float = 10.0, load=None) -> Monitor:
         handle = device_info.nvml_handle() if device_info.nvml_available else None
         tracker = NvmlTracker(handle) if handle is not None else HostTracker()
-        return cls(tracker, emit, hz, GpmPoller(device_info))
+        return cls(tracker, emit, hz, GpmPoller(device_info), load or LoadSampler())
 
     def watch_pid(self, pid: int) -> None:
         """Count a trial child's GPU memory as ours (NVML only).
@@ -53,6 +56,8 @@ class Monitor:
             fields = self.tracker.sample()
             if self.gpm is not None:
                 fields.update(self.gpm.poll())
+            if self.load is not None:
+                fields.update(self.load.sample())
             self.emit(MonitorSample(time_s=time.time(), source=self.tracker.source, **fields))
             next_t += self.interval_s  # schedule from the plan, not from now: no drift
             delay = next_t - time.monotonic()

@@ -60,6 +60,10 @@ class RunRecord:
         elif isinstance(event, TrialFinished):
             self.trials = [t for t in self.trials if t.precision != event.result.precision]
             self.trials.append(event.result)
+            # mirrored rounds finish precisions out of order: list them as configured
+            order = list(self.config.get("precisions") or ())
+            self.trials.sort(key=lambda t: order.index(t.precision) if t.precision in order
+                             else len(order))
         elif isinstance(event, LogEvent):
             self.logs.append(event)
         elif isinstance(event, ScalarLog):

@@ -1,10 +1,13 @@
-"""Interleaved precisions: ABAB rounds, so drift hits every precision alike.
+"""Interleaved precisions: mirrored rounds (ABBA), so drift hits every precision alike.
 
 A machine that warms up, throttles or gets busier during a run makes whichever
 precision ran last look slower. Benchmark harnesses cancel such drift by alternating
 the candidates; here each precision's measured steps are split over ``rounds`` rounds
-and the schedule runs round 1 of every precision, then round 2 of every precision, and
-so on (fp32, bf16-amp, fp32, bf16-amp). Every round is a fresh trial (its own process
+and the schedule runs round 1 of every precision, then round 2 of every precision in
+the reverse order, and so on (fp32, bf16-amp, bf16-amp, fp32). Plain ABAB does not
+cancel a steady drift: with two rounds A runs at times 1 and 3, B at 2 and 4, so B
+averages one slot later; mirrored, both average the same time, whatever the length of
+a round, and with any even number of rounds. Every round is a fresh trial (its own process
 by default) with its own warm-up; it receives the steps of the precision's earlier
 rounds, numbers its steps after them, and summarises them all, so the last round's
 result is the precision's combined result. Only that one is reported as finished.
@@ -94,12 +97,13 @@ def choose_rounds(config: RunConfig, params: int | None = None) -> tuple[int, st
 
 
 def schedule(config: RunConfig, rounds: int) -> list[TrialRound]:
-    """Rounds in ABAB order: every precision's round r before any precision's round r+1."""
+    """Every precision's round r before any precision's round r+1; odd rounds run the
+    precisions in reverse (ABBA), so a linear drift adds the same time to each."""
     shares = split_steps(config.steps, rounds)
     return [
         TrialRound(p, r, rounds, config if rounds == 1 else config.replace(steps=shares[r]))
         for r in range(rounds)
-        for p in config.precisions
+        for p in (config.precisions if r % 2 == 0 else config.precisions[::-1])
     ]
 
 

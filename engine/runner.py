@@ -10,6 +10,7 @@ can be reopened. ``cancel()`` and ``abort()`` may be called from any thread.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import queue
@@ -19,7 +20,8 @@ import uuid
 from collections.abc import Callable
 
 from engine.child import StderrFile, become_child, describe_exit, oom_kill_count, sigint_blocked
-from engine.config import RunConfig
+from engine.config import BF16_COMPUTE, BF16_EMULATED, RunConfig
+from engine.contention import cpu_count, summarise
 from engine.device import DeviceInfo, probe
 from engine.environment import collect
 from engine.events import (
@@ -90,8 +92,9 @@ def _lab_main(lab_args: dict, out, parent_pid: int, stderr_path: str) -> None:
 
 class Runner:
     def __init__(self, config: RunConfig, on_event: Callable[[object], None] | None = None,
-                 journal: bool = True):
+                 journal: bool = True, load=None):
         self.config = config
+        self._load = load  # the host-load source; None: the real one (engine.contention)
         self.on_event = on_event
         self.record = RunRecord()
         self.journal: JournalWriter | None = None
@@ -153,12 +156,19 @@ class Runner:
         self._emit(RunStarted(run_id, self.config.to_dict(), collect(info), time.time()))
         if info.fallback_reason:  # e.g. a driver too old for this torch: say why not the GPU
             self._emit(LogEvent("warning", info.fallback_reason, None, time.time()))
-        monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz)
+        emulated = [p for p in self.config.precisions if p.partition("@")[0] in BF16_COMPUTE]
+        if info.bf16_hardware is False and emulated:
+            self._emit(LogEvent(
+                "warning", f"bf16: {BF16_EMULATED}: this CPU has no bf16 matrix instructions, "
+                f"so {' and '.join(emulated)} run bf16 in emulation, slower than fp32; their "
+                "speeds say nothing about bf16 hardware", None, time.time()))
+        monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz, self._load)
         monitor.start()
         try:
             rounds, why = choose_rounds(self.config)
             self._emit(LogEvent("info", why, None, time.time()))
             plan, book = schedule(self.config, rounds), RoundBook()
+            windows: dict[str, list[tuple[float, float]]] = {}  # precision -> its rounds' spans
             for index, item in enumerate(plan):
                 precision = item.precision
                 if precision in book.done:  # an earlier round of it failed or was stopped
@@ -166,7 +176,8 @@ class Runner:
                 if self.cancelled:
                     result = book.stopped(item)
                 else:
-                    self._emit(TrialStarted(precision, index, len(plan), time.time(),
+                    began = time.time()
+                    self._emit(TrialStarted(precision, index, len(plan), began,
                                             item.round, item.rounds))
                     if self.config.strategy != "none":  # torchrun starts the ranks
                         from engine.distributed.trial import run_distributed
@@ -177,7 +188,10 @@ class Runner:
                         result = self._inline(precision, info, item, book)
                     else:
                         result = self._in_child(precision, info, monitor, item, book)
+                    windows.setdefault(precision, []).append((began, time.time()))
                     result = book.finish(item, result)
+                    if result is not None:
+                        result = self._with_host_load(result, windows[precision])
                 if result is not None:  # the precision's last round: its combined result
                     self._emit(TrialFinished(result, time.time()))
         finally:
@@ -186,6 +200,15 @@ class Runner:
         if self.journal is not None:
             self.journal.close()
         return self.record
+
+    def _with_host_load(self, result: TrialResult, spans: list[tuple[float, float]]
+                        ) -> TrialResult:
+        """The trial's result with the host's load while its rounds ran."""
+        with self._lock:  # the monitor thread appends samples under the same lock
+            samples = [m for m in self.record.monitor_samples
+                       if any(a <= m.time_s <= b for a, b in spans)]
+        load = summarise(samples, cpu_count())
+        return result if load is None else dataclasses.replace(result, host_load=load)
 
     def add_numerics(self, numerics: dict) -> None:
         """Attach the numerics lab's result to the run, in the record and the journal."""

@@ -351,7 +351,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
         state.memory = _memory_at_rest(model, optimizer, batches[0], device)
         return True
     try:
-        measured = _tracked_step(state, model, optimizer, scaler, batches)
+        measured = tracked_step(config, rec, device, model, optimizer, scaler, batches)
     except Exception as exc:
         if not _eager_oom_of_compiled(state, exc):
             raise
@@ -670,11 +670,11 @@ def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, 
     emit(sample)
 
 
-def _tracked_step(state: _State, model, optimizer, scaler, batches) -> memtrack.MeasuredPeak:
+def tracked_step(config: RunConfig, rec: Recipe, device: torch.device, model, optimizer, scaler,
+                 batches) -> memtrack.MeasuredPeak:
     """One more optimiser step, untimed, watched by engine.memtrack from a steady state
-    (optimiser state exists, gradients were freed), as the timed steps ran it."""
-    config, rec = state.config, state.rec
-    device = state.device_info.torch_device
+    (optimiser state exists, gradients were freed), as the timed steps ran it. engine.plan
+    runs the same step on fake tensors."""
     watcher = memtrack.MemoryWatcher(device)
     watcher.track_training(model, optimizer, batches[0])
     with watcher:
@@ -712,14 +712,11 @@ def _memory_at_rest(model, optimizer, batch, device) -> MemoryBreakdown:
         notes="a stopped trial: its peak (activations, gradients in flight) was not measured")
 
 
-def _memory(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: DeviceInfo,
-            compiled: bool, nvml_baseline_bytes: int | None = None) -> MemoryBreakdown:
+def breakdown_fields(measured: memtrack.MeasuredPeak, method: str) -> dict:
+    """MemoryBreakdown's fields from a watched step (measured here, or traced on fake
+    tensors by engine.plan)."""
     at = measured.at_peak
-    method = ("engine.memtrack: every storage from allocation to release over one step; "
-              "the largest sum of live bytes")
-    if compiled:
-        method += " (an eager step: compiled kernels fuse and may allocate less)"
-    fields = dict(
+    return dict(
         params_bytes=at["params"],
         buffers_bytes=at["buffers"],
         quant_state_bytes=at["quant_state"],
@@ -736,6 +733,15 @@ def _memory(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: Devi
         peak_phase=measured.phase,
         at_phase_start_bytes=measured.at_phase_start,
     )
+
+
+def _memory(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: DeviceInfo,
+            compiled: bool, nvml_baseline_bytes: int | None = None) -> MemoryBreakdown:
+    method = ("engine.memtrack: every storage from allocation to release over one step; "
+              "the largest sum of live bytes")
+    if compiled:
+        method += " (an eager step: compiled kernels fuse and may allocate less)"
+    fields = breakdown_fields(measured, method)
     peak_alloc, peak_res, covers = alloc.stop()
     if peak_alloc is None:  # the CPU, or no step ran before a cancel
         return MemoryBreakdown(**fields, notes="categories are what was held at the peak; "

@@ -1,5 +1,6 @@
 """Side-by-side comparison of the trials of a run (or of trials picked from several).
 
+At the top, the verdict (``engine.verdict``): which precision to train in, or why none.
 Bars: memory by category per precision with the predicted total beside the measured
 one, throughput with the speed-up vs fp32 written above it, MFU and peak memory. A
 value the engine could not give is written as "n/a" where its bar would stand, never
@@ -36,11 +37,13 @@ from engine.compare import (
 )
 from engine.events import TrialResult
 from engine.record import RunRecord
+from engine.verdict import figure_text
+from engine.verdict import verdict as recommend
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.chart_specs import COMPARE_CHARTS
 from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
-from gui.plain_text import plain_label
+from gui.plain_text import as_html, plain_label
 from gui.rank_view import RankView
 
 BAR = 0.36  # bar width; measured and predicted memory bars sit side by side
@@ -78,6 +81,11 @@ class CompareView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.record: RunRecord | None = None
+        # the recommendation, first: names precisions and reasons from the record
+        self.verdict_label = plain_label()
+        self.verdict_label.setObjectName("verdict")
+        self.verdict_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.verdict_label.hide()
         self.note = plain_label(EMPTY_TEXT)
         # the speed verdict: can this run rank the precisions? (names precisions: plain text)
         self.speed_note = plain_label()
@@ -130,12 +138,15 @@ class CompareView(QWidget):
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(2, 1)
         splitter.setSizes([480, 300, 380])  # room for the speed note and every row at 768 px
-        QVBoxLayout(self).addWidget(splitter)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.verdict_label)
+        layout.addWidget(splitter, 1)
 
     # --- filling ---------------------------------------------------------------------
 
     def show_record(self, record: RunRecord, note: str | None = None) -> None:
         self.record = record
+        self._show_verdict(record)
         self.ranks.show_record(record)
         verdict = speed_verdict(record.trials)
         rows = comparison_rows(record, verdict)
@@ -166,6 +177,19 @@ class CompareView(QWidget):
         peaks = [values[p].peak_memory_bytes for p in labels]
         self._draw_bars("peak_memory", labels, [_mib(v) for v in peaks],
                         [None if v is None else format_bytes(v) for v in peaks], record.trials)
+
+    def _show_verdict(self, record: RunRecord) -> None:
+        v = recommend(record)
+        self.verdict_label.setText(v.headline + (f"\nTo do: {v.advice}" if v.advice else ""))
+        why = [f"{f.precision}: {f.judgement}: {figure_text(f)} ({f.note})" for f in v.figures]
+        self.verdict_label.setToolTip(as_html("\n".join([*why, *v.reasons, f"Rules: {v.rules}."])))
+        # green for a recommendation, amber when there is none (a run to repeat)
+        color = "#E8F5EC; border: 1px solid #9FD3B5" if v.precision else \
+            "#FDF6E3; border: 1px solid #E8C77A"
+        self.verdict_label.setStyleSheet(f"QLabel#verdict {{ background: {color}; "
+                                         "border-radius: 4px; padding: 6px; font-size: 11pt; "
+                                         "font-weight: 600; }")
+        self.verdict_label.show()
 
     def _explain_missing_mfu(self, trials: list[TrialResult], mfu: list[float | None]) -> None:
         """The engine's reasons for n/a MFU, written across the empty chart."""

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, REDUCE_DTYPES, STRATEGIES, RunConfig
 from engine.model_check import check_model
 from engine.presets import presets
+from engine.resources import precision_descriptions
 from engine.rounds import CHEAP_RULE
 from gui.device_status import PROBING
 from gui.palette import precision_color
@@ -140,12 +141,20 @@ class ConfigPanel(QWidget):
         for name in PRECISIONS:
             item = QListWidgetItem(_swatch(precision_color(name)), name)
             item.setData(Qt.ItemDataRole.UserRole, name)
+            item.setToolTip(f"{name}: {precision_descriptions()[name]}")
             item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
             item.setCheckState(
                 Qt.CheckState.Checked if name in defaults.precisions else Qt.CheckState.Unchecked
             )
             self.precisions.addItem(item)
         self.precisions.setMaximumHeight(self.precisions.sizeHintForRow(0) * 10)
+        # what the precision under the cursor (or the last one picked) trains, in a line
+        self.precision_help = QLabel("Point at a precision to see what it trains.")
+        self.precision_help.setTextFormat(Qt.TextFormat.PlainText)
+        self.precision_help.setWordWrap(True)
+        self.precisions.setMouseTracking(True)
+        self.precisions.itemEntered.connect(self._describe_precision)
+        self.precisions.currentItemChanged.connect(self._describe_precision)
 
         self.batch_size = _spin(1, 65536, defaults.batch_size)
         self.seq_len = _spin(1, 1 << 20, defaults.seq_len)
@@ -183,11 +192,12 @@ class ConfigPanel(QWidget):
         self.reduce_dtype.setToolTip("dtype gradients are reduced in: a DDP compression hook "
                                      "or FSDP2's reduce_dtype")
 
-        self.interleave = QCheckBox("Interleave precisions (ABAB rounds) where cheap")
+        self.interleave = QCheckBox("Interleave precisions (ABBA rounds) where cheap")
         self.interleave.setChecked(defaults.interleave != "off")
         self.interleave.setToolTip(
-            f"Split each precision's steps over {defaults.rounds} rounds run in turn (fp32, "
-            f"bf16-amp, fp32, bf16-amp), so a machine that drifts slows every precision alike. "
+            f"Split each precision's steps over {defaults.rounds} rounds run in turn, every other "
+            f"round reversed (fp32, bf16-amp, bf16-amp, fp32), so a machine that drifts slows "
+            f"every precision alike. "
             f"Only where {CHEAP_RULE}; each round reloads the model and warms up again."
         )
 
@@ -203,7 +213,9 @@ class ConfigPanel(QWidget):
         model_form.addRow("Model", self.model_stack)
         model_form.addRow(self.trust_remote_code)
         precision_box = QGroupBox("Precisions")
-        QVBoxLayout(precision_box).addWidget(self.precisions)
+        precision_layout = QVBoxLayout(precision_box)
+        precision_layout.addWidget(self.precisions)
+        precision_layout.addWidget(self.precision_help)
         train_box = QGroupBox("Training")
         form = QFormLayout(train_box)
         form.addRow("Batch size", self.batch_size)
@@ -409,19 +421,24 @@ class ConfigPanel(QWidget):
         self.device_changed.emit(self.device_info)
         self._on_edit()
 
+    def _describe_precision(self, item: QListWidgetItem | None, *_previous) -> None:
+        if item is not None:
+            self.precision_help.setText(item.toolTip())
+
     def _grey_out_unsupported(self) -> None:
         self.precisions.blockSignals(True)
         for i in range(self.precisions.count()):
             item = self.precisions.item(i)
             name = item.data(Qt.ItemDataRole.UserRole)
             reason = self.device_info.unsupported_reason(name) if self.device_info else None
+            what = f"{name}: {precision_descriptions()[name]}"
             if reason:
                 item.setFlags(Qt.ItemFlag.NoItemFlags)
                 item.setCheckState(Qt.CheckState.Unchecked)
-                item.setToolTip(f"{name} cannot run here: {reason}")
+                item.setToolTip(f"{what}\n{name} cannot run here: {reason}")
             else:
                 item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
-                item.setToolTip("")
+                item.setToolTip(what)
         self.precisions.blockSignals(False)
 
     def _on_edit(self, *_args) -> None:

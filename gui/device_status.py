@@ -30,7 +30,7 @@ def device_summary(info: DeviceInfo | None, error: str | None = None) -> str:
         f"compute capability {cc}",
         f"CUDA {info.cuda_version}" if info.cuda_version else "CUDA: none",
         "NVML: available" if info.nvml_available else "NVML: n/a",
-        f"bf16: {_yes_no(info.bf16_supported)}",
+        f"bf16: {info.bf16_text}",
         f"fp8: {_yes_no(info.fp8_supported)}",
     ]
     return "  |  ".join(parts)

@@ -53,6 +53,7 @@ from gui.journal_watcher import JournalWatcher
 from gui.kernel_view import KernelView
 from gui.model_view import ModelView
 from gui.plain_text import as_html
+from gui.plan_view import PlanView
 from gui.trial_table import TrialTable
 from gui.worker import LabWorker, ReportLoader, RunWorker
 
@@ -175,6 +176,8 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.kernel_view, "Kernels")
         self.fit_view = FitView(self.config_panel.form_values)
         self.tabs.addTab(self.fit_view, "Fit")
+        self.plan_view = PlanView()
+        self.tabs.addTab(self.plan_view, "Plan")
         self._stale_views: set[QWidget] = set()  # views not yet showing self.record
         self.tabs.currentChanged.connect(self._tab_changed)
         self.setCentralWidget(self.tabs)

@@ -25,11 +25,13 @@ from engine.compare import (
     speed_verdict,
     trained_text,
 )
+from engine.config import BF16_EMULATED
 from engine.events import TrialResult
 from engine.record import SCHEMA_VERSION, RunRecord
 from engine.report.atomic import atomic_write
 from engine.report.charts import Chart, report_charts
 from engine.resources import RESOURCES
+from engine.verdict import Verdict, figure_text, verdict
 
 TEMPLATE_PATH = RESOURCES / "report_template.html"
 NA = '<span class="na">n/a</span>'
@@ -121,7 +123,10 @@ def _flatten(data: dict, prefix: str = "") -> list[tuple[str, object]]:
 def _device(record: RunRecord) -> str:
     device = record.environment.get("device")
     if isinstance(device, dict):
+        emulated = device.get("bf16_hardware") is False
         device = device.get("description") or device.get("name")
+        if device and emulated:  # bf16 trials ran in emulation: their speeds are no guide
+            device += f"; bf16: {BF16_EMULATED}"
     if not device:
         device = next((t.device for t in record.trials if t.device), None)
     return _e(device) if device else NA
@@ -131,35 +136,48 @@ def _device(record: RunRecord) -> str:
 
 
 def _header(record: RunRecord) -> str:
+    """The title and one line of facts; environment and configuration folded away."""
     model = record.config.get("model", "unknown model")
     duration = (
         f"{record.finished_s - record.started_s:.1f} s"
         if record.finished_s and record.started_s
         else "n/a"
     )
-    facts = [
-        ("model", _e(model)),
-        ("date", _e(_date(record.started_s))),
-        ("device", _device(record)),
-        ("run status", _status(record.status)),
-        ("duration", _e(duration)),
-        ("run id", _e(record.run_id) if record.run_id else NA),
-    ]
+    facts = " &middot; ".join([
+        _device(record), _e(_date(record.started_s)), f"run {_status(record.status)}",
+        _e(duration), f"run id {_e(record.run_id) if record.run_id else NA}",
+    ])
+    return (
+        f"<h1>AmpScope report: {_e(model)}</h1>"
+        f'<p class="meta">{facts}. "n/a" marks a value this run could not measure; the '
+        "reason is given next to it.</p>"
+    )
+
+
+def _run_details(record: RunRecord) -> str:
+    """Environment, library versions, the probed device and the configuration: folded."""
     env = {k: v for k, v in record.environment.items() if not isinstance(v, dict) or k != "device"}
     env_html = _kv([(k, render_value(v)) for k, v in _flatten(env)]) if env else NA
     device = record.environment.get("device")
-    if isinstance(device, dict):  # the probed device in full: long, so folded away
-        env_html += f"<details><summary>device details</summary>{render_value(device)}</details>"
+    device_html = render_value(device) if isinstance(device, dict) else NA
     config = _kv([(k, render_value(v)) for k, v in _flatten(record.config)])
-    return (
-        f"<h1>AmpScope report: {_e(model)}</h1>"
-        '<p class="meta">Mixed-precision training profile. "n/a" marks a value this run '
-        "could not measure; the reason is given next to it.</p>"
-        f'<div class="grid2"><div>{_kv(facts)}</div>'
-        f"<div><h4>Environment and library versions</h4>"
-        f"{env_html}</div></div>"
-        f"<details><summary>Run configuration</summary>{config}</details>"
-    )
+    return (f"<details><summary>Environment and library versions</summary>{env_html}</details>"
+            f"<details><summary>Device details</summary>{device_html}</details>"
+            f"<details><summary>Run configuration</summary>{config}</details>")
+
+
+def _verdict(v: Verdict) -> str:
+    """The recommendation first: the headline, what to do, and why, folded."""
+    cls = "verdict" if v.precision else "verdict none"
+    advice = f'<p class="todo">To do: {_e(v.advice)}</p>' if v.advice else ""
+    reasons = "".join(f"<li>{_e(r)}</li>" for r in v.reasons)
+    figures = _table(["precision", "judgement", "figures vs fp32 (95% CI)", "why"],
+                     [[_swatch(f.precision), _e(f.judgement), _e(figure_text(f)), _e(f.note)]
+                      for f in v.figures])
+    return (f'<section class="{cls}"><p class="headline">{_e(v.headline)}</p>{advice}'
+            f"<details><summary>Why: each precision, the reasons and the rules</summary>"
+            f"{figures}<ul>{reasons}</ul><p class=\"note\">Rules: {_e(v.rules)}.</p>"
+            "</details></section>")
 
 
 def _speed_note(record: RunRecord, verdict) -> str:
@@ -174,21 +192,26 @@ def _speed_note(record: RunRecord, verdict) -> str:
             "those batches, not on new data." if batches else
             "The number of distinct batches was not recorded by the AmpScope that ran this.")
     return (f"<p{style}>Speed: {_e(verdict.text)}.{suggestion}</p>"
-            f'<p class="note">Spread: {_e(spread.METHOD)}. Rule: {_e(NOISY_RULE)}. {pool}</p>')
+            "<details><summary>How the spread and the ranking are computed</summary>"
+            f'<p class="note">Spread: {_e(spread.METHOD)}. Rule: {_e(NOISY_RULE)}. {pool}</p>'
+            "</details>")
 
 
-def _comparison(record: RunRecord) -> str:
-    verdict = speed_verdict(record.trials)
-    rows = comparison_rows(record, verdict)
-    if not rows:
-        return '<p class="na">No trial finished.</p>'
-    headers = [header for _, header, _ in COLUMNS]
-    numeric = {i for i, (key, _, _) in enumerate(COLUMNS)
-               if key not in ("precision", "status", "reason", "speed_verdict")}
+# the columns that fit 1280 px; the rest are folded into a second table below
+PRIMARY_COLUMNS = ("precision", "status", "median_step_ms", "speedup_vs_fp32", "speedup_ci",
+                   "speed_verdict", "peak_memory_bytes", "memory_saving_vs_fp32",
+                   "skipped_steps", "final_loss_diff_vs_fp32")
+_TEXT_COLUMNS = ("precision", "status", "reason", "speed_verdict", "trained")
+
+
+def _columns_table(rows, columns) -> str:
+    keys = [key for key, _, _ in COLUMNS if key in columns]
+    headers = [header for key, header, _ in COLUMNS if key in columns]
+    numeric = {i for i, key in enumerate(keys) if key not in _TEXT_COLUMNS}
     cells = []
     for row in rows:
         line = []
-        for key, _, _ in COLUMNS:
+        for key in keys:
             value = getattr(row, key)
             if key == "precision":
                 line.append(_swatch(value))
@@ -198,11 +221,23 @@ def _comparison(record: RunRecord) -> str:
                 text = format_cell(key, value)
                 line.append(NA if text == "n/a" else _e(text))
         cells.append(line)
+    return _table(headers, cells, numeric)
+
+
+def _comparison(record: RunRecord) -> str:
+    verdict = speed_verdict(record.trials)
+    rows = comparison_rows(record, verdict)
+    if not rows:
+        return '<p class="na">No trial finished.</p>'
+    secondary = ("precision",) + tuple(key for key, _, _ in COLUMNS
+                                       if key not in PRIMARY_COLUMNS)
     note = baseline_reason(record)
     baseline = (f'<p class="note">Baseline n/a: {_e(note)}</p>' if note else
                 '<p class="note">Speed-up, memory saved and loss difference are against '
                 "the fp32 trial.</p>")
-    return _table(headers, cells, numeric) + baseline + _speed_note(record, verdict)
+    return (_columns_table(rows, PRIMARY_COLUMNS) + baseline + _speed_note(record, verdict)
+            + "<details><summary>More columns: throughput, spread, MFU/HFU, energy, trained "
+            f"parameters, reasons</summary>{_columns_table(rows, secondary)}</details>")
 
 
 def _chart(chart: Chart) -> str:
@@ -300,6 +335,20 @@ def _flops(trial: TrialResult) -> str:
     return out
 
 
+def _host_load(trial: TrialResult) -> str:
+    load = trial.host_load
+    if load is None:
+        return f"{NA}: not sampled (a report from an older AmpScope, or a user run)"
+
+    def pair(mean, peak, fmt):
+        return NA if mean is None else _e(f"{fmt(mean)} mean, {fmt(peak)} max")
+
+    loads = pair(load.load_avg_1m_mean, load.load_avg_1m_max, lambda v: f"{v:.2f}")
+    others = pair(load.other_cpu_pct_mean, load.other_cpu_pct_max, lambda v: f"{v:.0f}%")
+    return (f"1-minute load average {loads} on {load.cpu_count} cores; other processes "
+            f"{others} of the CPU ({load.samples} samples)")
+
+
 def _summary(trial: TrialResult) -> str:
     s = trial.summary
     if s is None:
@@ -325,6 +374,7 @@ def _summary(trial: TrialResult) -> str:
         ("skipped steps", _number(s.skipped_steps)),
         ("final loss", _number(s.final_loss)),
         ("final loss scale", _number(s.final_loss_scale)),
+        ("host load while it ran", _host_load(trial)),
         ("GPU energy per step / per token",
          f"{_number(s.energy_per_step_j)} J / {_number(s.energy_per_token_j)} J "
          f"({_e(s.energy_method) or NA})"),
@@ -457,12 +507,13 @@ def _trial(trial: TrialResult) -> str:
          _bytes(trial.memory.quant_state_bytes) if trial.memory else NA),
         *([("notes", "<br>".join(_e(n) for n in trial.notes))] if trial.notes else []),
     ]))
-    parts.append('<div class="grid2">')
-    parts.append(f"<div><h4>Summary and MFU</h4>{_summary(trial)}</div>")
-    parts.append(f"<div><h4>FLOPs per step</h4>{_flops(trial)}</div>")
-    parts.append("</div>")
-    parts.append(f"<h4>Memory: measured vs predicted</h4>{_memory(trial)}")
-    parts.append(f"<h4>Time by dtype: one extra profiled step</h4>{_kernel_time(trial)}")
+    parts.append(f"<h4>Summary and MFU</h4>{_summary(trial)}")
+    parts.append(f"<details><summary>FLOPs per step and their formulas</summary>"
+                 f"{_flops(trial)}</details>")
+    parts.append(f"<details><summary>Memory: measured vs predicted</summary>{_memory(trial)}"
+                 "</details>")
+    parts.append(f"<details><summary>Time by dtype: one extra profiled step</summary>"
+                 f"{_kernel_time(trial)}</details>")
     if trial.ranks:
         parts.append(_ranks(trial))
     if trial.dtype_map:
@@ -523,7 +574,9 @@ def render_html(record: RunRecord) -> str:
     return template.substitute(
         title=_e(f"AmpScope report: {model}, {_date(record.started_s)}"),
         header=_header(record),
+        verdict=_verdict(verdict(record)),
         comparison=_comparison(record),
+        details=_run_details(record),
         charts="\n".join(_chart(c) for c in report_charts(record)),
         trials="\n".join(_trial(t) for t in record.trials) or '<p class="na">No trials.</p>',
         numerics=numerics,

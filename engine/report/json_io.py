@@ -18,14 +18,17 @@ from engine.report.validate import validate_report
 
 
 def comparison_dict(record: RunRecord) -> dict:
-    """The comparison table and speed verdict as written for readers of the JSON file.
+    """The verdict, the comparison table and the speed verdict as written for readers of
+    the JSON file.
 
     Derived from the trials (readers of the report recompute it and ignore this key)."""
     from engine import spread
     from engine.compare import NOISY_RULE, comparison_rows, speed_verdict
+    from engine.verdict import verdict as recommend
 
     verdict = speed_verdict(record.trials)
     return {
+        "verdict": dataclasses.asdict(recommend(record)),
         "rows": [dataclasses.asdict(r) for r in comparison_rows(record, verdict)],
         "speed_verdict": dataclasses.asdict(verdict),
         "spread_method": spread.METHOD,

@@ -51,7 +51,7 @@ def test_table_shows_the_spread_columns(profiled):
         assert "suggestion:" in stdout and "noisy: not significant" in stdout
 
 
-def test_rounds_ran_abab_and_were_combined(profiled):
+def test_rounds_ran_mirrored_and_were_combined(profiled):
     _, report = profiled
     assert report["config"]["interleave"] == "on"
     fp32, bf16 = report["trials"]
@@ -66,8 +66,8 @@ def test_rounds_ran_abab_and_were_combined(profiled):
         times = [s["time_s"] for s in trial["steps"] if s["round"] == r]
         return min(times), max(times)
 
-    # fp32 round 1, bf16 round 1, fp32 round 2, bf16 round 2
-    order = [span(fp32, 0), span(bf16, 0), span(fp32, 1), span(bf16, 1)]
+    # mirrored: fp32 round 1, bf16 round 1, bf16 round 2, fp32 round 2
+    order = [span(fp32, 0), span(bf16, 0), span(bf16, 1), span(fp32, 1)]
     assert all(a[1] < b[0] for a, b in zip(order, order[1:]))
 
 

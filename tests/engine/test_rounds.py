@@ -1,4 +1,4 @@
-"""Interleaved precisions: the ABAB schedule, the cheap rule, and a real run's events."""
+"""Interleaved precisions: the mirrored (ABBA) schedule, the cheap rule, and a real run's events."""
 
 import numpy as np
 import pytest
@@ -17,17 +17,29 @@ def _config(**kw):
     return RunConfig(**base)
 
 
-def test_schedule_is_abab_and_splits_the_steps():
+def test_schedule_mirrors_every_other_round_and_splits_the_steps():
     config = _config(precisions=("fp32", "bf16-amp", "fp16-amp"), steps=11, rounds=3)
     plan = schedule(config, 3)
     assert [(r.precision, r.round) for r in plan] == [
         ("fp32", 0), ("bf16-amp", 0), ("fp16-amp", 0),
-        ("fp32", 1), ("bf16-amp", 1), ("fp16-amp", 1),
+        ("fp16-amp", 1), ("bf16-amp", 1), ("fp32", 1),
         ("fp32", 2), ("bf16-amp", 2), ("fp16-amp", 2),
     ]
     assert [r.config.steps for r in plan[::3]] == [4, 4, 3] == split_steps(11, 3)
     assert all(r.config.warmup == 1 for r in plan)  # every fresh round warms up
     assert [r.config for r in schedule(config, 1)] == [config] * 3
+
+
+@pytest.mark.parametrize("rounds", [2, 4])
+def test_a_steady_drift_adds_the_same_time_to_every_precision(rounds):
+    # a machine slowing by 1 ms per slot: each precision's mean added delay must be equal
+    config = _config(precisions=("fp32", "bf16-amp", "fp16-amp"), steps=4 * rounds,
+                     rounds=rounds)
+    added: dict[str, list[int]] = {}
+    for slot, item in enumerate(schedule(config, rounds)):
+        added.setdefault(item.precision, []).append(slot)
+    means = {p: sum(v) / len(v) for p, v in added.items()}
+    assert len(set(means.values())) == 1, means
 
 
 @pytest.mark.parametrize(
@@ -65,18 +77,19 @@ def test_interleaved_run_alternates_rounds_and_combines_their_steps():
     config = _config(interleave="on", rounds=2, steps=4, warmup=1)
     record = Runner(config, events.append).run()
     started = [(e.precision, e.round, e.rounds) for e in events if isinstance(e, TrialStarted)]
-    assert started == [("fp32", 0, 2), ("bf16", 0, 2), ("fp32", 1, 2), ("bf16", 1, 2)]
+    assert started == [("fp32", 0, 2), ("bf16", 0, 2), ("bf16", 1, 2), ("fp32", 1, 2)]
     steps = [(e.precision, e.round, e.step, e.warmup) for e in events
              if isinstance(e, StepSample)]
     assert steps == [
         ("fp32", 0, 0, True), ("fp32", 0, 1, False), ("fp32", 0, 2, False),
         ("bf16", 0, 0, True), ("bf16", 0, 1, False), ("bf16", 0, 2, False),
-        ("fp32", 1, 3, True), ("fp32", 1, 4, False), ("fp32", 1, 5, False),
         ("bf16", 1, 3, True), ("bf16", 1, 4, False), ("bf16", 1, 5, False),
+        ("fp32", 1, 3, True), ("fp32", 1, 4, False), ("fp32", 1, 5, False),
     ]
     # one finished trial per precision, after its last round, holding every round's steps
     finished = [e.result for e in events if isinstance(e, TrialFinished)]
-    assert [t.precision for t in finished] == ["fp32", "bf16"]
+    assert [t.precision for t in finished] == ["bf16", "fp32"]
+    assert [t.precision for t in record.trials] == ["fp32", "bf16"]  # as configured
     assert any(isinstance(e, LogEvent) and "2 rounds" in e.message for e in events)
     for trial in finished:
         assert trial.status == "ok"

@@ -38,7 +38,7 @@ def test_interleave_checkbox_sets_the_runs_rounds(qtbot):
     _click(panel.interleave)
     assert panel.config().interleave == "auto"
 
-    # a cheap run from the form: tiny model, 10 steps, two precisions -> two ABAB rounds
+    # a cheap run from the form: tiny model, 10 steps, two precisions -> two mirrored (ABBA) rounds
     panel.preset.setCurrentText("tiny")
     panel.device.setCurrentText("cpu")
     panel.isolation.setCurrentText("inline")

@@ -1,0 +1,353 @@
+"""Plan a training step on a card this machine does not have, with fake tensors.
+
+The model is built from its config under torch's ``FakeTensorMode``: every tensor has a
+shape, dtype and storage size but no memory. One training step of each recipe then runs
+for real (engine.models.load_model, engine.trial's optimiser, scaler and
+``tracked_step``), so engine.memtrack follows every allocation exactly as in a measured
+trial and FlopCounterMode counts the step's FLOPs by dtype. Nothing is estimated: the
+peak and its categories are those of the traced step.
+
+The trace runs on the CPU device (a CPU build of torch has no CUDA autocast and no CUDA
+fake device), so autocast follows the CPU's op lists and attention takes the CPU's fused
+kernel; what a CUDA allocator adds (512-byte rounding, cuBLAS workspaces, the context)
+is covered by the stated context allowance.
+
+What fake tensors cannot run (bitsandbytes' quantised layers and 8-bit optimiser) falls
+back to engine.memory_model where it can, and says so in the trial.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine import flops as flops_mod
+from engine.config import OPTIMIZERS, RunConfig, parse_precisions
+from engine.events import MemoryBreakdown
+from engine.peaks import _entry as peak_entry
+from engine.peaks import peak_flops, table
+
+# What CUDA holds outside the allocator (context, loaded kernels, cuBLAS handles); a
+# stated allowance, not a measurement: `profile` on the card reports its context gap.
+CUDA_CONTEXT_BYTES = 1 << 30
+DEFAULT_CARDS = ("RTX 4090", "H100 SXM")
+MAX_BATCH = 64
+TRACE_METHOD = ("traced: one training step on fake tensors (torch FakeTensorMode), every "
+                "storage followed by engine.memtrack from allocation to release; the "
+                "largest sum of live bytes")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    model: str = "tiny"
+    precisions: tuple[str, ...] = ("fp32",)
+    batch_size: int = 1
+    seq_len: int = 128
+    grad_checkpointing: bool = False
+    optimizer: str = "adamw"
+    cards: tuple[str, ...] = DEFAULT_CARDS
+    context_bytes: int = CUDA_CONTEXT_BYTES
+    max_batch: int = MAX_BATCH  # 0: no search for the largest micro-batch
+
+    def __post_init__(self) -> None:
+        # RunConfig validates the shared fields and says how to fix them
+        self.run_config(self.batch_size)
+        object.__setattr__(self, "precisions", parse_precisions(self.precisions))
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer '{self.optimizer}': choose from "
+                             f"{', '.join(OPTIMIZERS)}")
+        if not self.cards:
+            raise ValueError("no card given: name at least one, e.g. --card \"RTX 4090\"")
+        for name in self.cards:
+            if peak_entry(name) is None:
+                known = ", ".join(g["name"] for g in table()["gpus"])
+                raise ValueError(f"unknown card '{name}': choose from {known}")
+        if self.context_bytes < 0:
+            raise ValueError("the CUDA context allowance cannot be negative")
+        if self.max_batch < 0:
+            raise ValueError("--max-batch must be 0 (no search) or more")
+
+    def run_config(self, batch_size: int) -> RunConfig:
+        return RunConfig(model=self.model, precisions=self.precisions, batch_size=batch_size,
+                         seq_len=self.seq_len, optimizer=self.optimizer, device="cpu",
+                         grad_checkpointing=self.grad_checkpointing, isolation="inline")
+
+
+@dataclass(frozen=True)
+class CardVerdict:
+    card: str  # the table's name
+    memory_bytes: int | None  # as the driver reports it (nvidia-smi); None: not in the table
+    memory_source: str
+    usable_bytes: int | None  # memory minus the context allowance
+    fits: bool | None
+    headroom_bytes: int | None  # usable minus the traced peak; negative: short by that much
+    max_batch: int | None  # largest micro-batch that fits (0: not even 1), None: not searched
+    max_batch_note: str
+    predicted_step_ms: float | None  # roofline prediction, never a measurement
+    prediction_model: str
+    reason: str | None = None  # why fits/headroom are n/a
+
+
+@dataclass(frozen=True)
+class PlanTrial:
+    precision: str
+    method: str  # "traced", "memory model" or "n/a"
+    reason: str | None
+    memory: MemoryBreakdown | None
+    flops_by_peak_dtype: dict = field(default_factory=dict)
+    trace_s: float | None = None
+    cards: list = field(default_factory=list)  # CardVerdict per card
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    model: str
+    batch_size: int
+    seq_len: int
+    grad_checkpointing: bool
+    optimizer: str
+    context_bytes: int
+    trials: list = field(default_factory=list)
+    kind: str = "plan"
+
+
+def _traceable(precision: str, optimizer: str) -> str | None:
+    from engine.recipes import recipe
+
+    if recipe(precision).quant:
+        return ("bitsandbytes quantises while loading a checkpoint and runs its own kernels, "
+                "which fake tensors cannot run; the memory model needs the quantised "
+                "model's shape, which only loading it gives")
+    if optimizer == "adamw8bit":
+        return "bitsandbytes' 8-bit AdamW runs its own kernels, which fake tensors cannot run"
+    return None
+
+
+class _NoReadScaler:
+    """Drives a GradScaler without reading its inf check: a fake tensor has no value.
+
+    ``GradScaler.step`` reads found-inf with ``.item()`` to decide whether to skip; the
+    steady state a trial watches is a step that did not skip, which is what this runs.
+    """
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+
+    def scale(self, loss):
+        return self.scaler.scale(loss)
+
+    def step(self, optimizer):
+        self.scaler.unscale_(optimizer)
+        optimizer.step()
+
+    def update(self):
+        self.scaler.update()
+
+
+def trace_step(config: PlanConfig, precision: str, batch_size: int):
+    """(MeasuredPeak, FLOPs by peak dtype) of one steady-state training step, traced."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from engine.models import load_model, make_batches
+    from engine.recipes import autocast_for, fp32_precision, recipe
+    from engine.trial import adam_eps, make_optimizer, make_scaler, tracked_step
+
+    rec = recipe(precision)
+    run = config.run_config(batch_size)
+    device = torch.device("cpu")
+    eps = adam_eps(rec)  # reads a real tensor: outside the fake mode
+    mode = FakeTensorMode()
+    with fp32_precision(rec), mode:
+        loaded = load_model(config.model, rec, device, run.seed, run.trust_remote_code,
+                            run.lora_r, config.grad_checkpointing)
+        model = loaded.model
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = make_optimizer(config.optimizer, params, run.lr, eps)
+        scaler = make_scaler(rec, device, run)
+        scaler = _NoReadScaler(scaler) if scaler is not None else None
+    real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len, 1, run.seed,
+                        device)
+    with fp32_precision(rec), mode:
+        batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
+
+        # a warm-up step, its forward and backward counted as a trial's probe counts them
+        # (apart from the watched step: FlopCounterMode's module hooks keep checkpointed
+        # layers' recomputed tensors alive); it leaves the optimiser's state in place
+        def probe():
+            with autocast_for(rec, device):
+                loss = model(**batches[0]).loss
+            (scaler.scale(loss) if scaler else loss).backward()
+
+        counted = flops_mod.count_flops(probe, tf32=False)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        measured = tracked_step(run, rec, device, model, optimizer, scaler, batches)
+    return measured, dict(counted.by_peak_dtype)
+
+
+def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBreakdown:
+    """engine.memory_model's prediction for a recipe fake tensors cannot trace."""
+    from engine.memory_model import predict_memory, shape_of
+    from engine.models import dims, load_config, model_class, resolve_source
+    from engine.recipes import recipe
+
+    model_config, task = load_config(resolve_source(config.model))
+    with torch.device("meta"):
+        model = model_class(task).from_config(model_config)
+    rec = recipe(precision)
+    shape = shape_of(model, model_config, dims(model_config))
+    p = predict_memory(rec, config.optimizer, shape, batch_size, config.seq_len,
+                       config.grad_checkpointing, "cuda")
+    return MemoryBreakdown(
+        params_bytes=p.params_bytes, grads_bytes=p.grads_bytes,
+        optimizer_bytes=p.optimizer_bytes, activations_bytes=p.activations_bytes,
+        activations_method=p.activations_method, buffers_bytes=p.buffers_bytes,
+        quant_state_bytes=p.quant_state_bytes, weight_copies_bytes=p.weight_copies_bytes,
+        total_bytes=p.total_bytes,
+        total_method="predicted by engine.memory_model (calibrated), not traced",
+        notes=p.formula)
+
+
+def card_memory(card: str) -> tuple[str, int | None, str]:
+    """(table name, memory as the driver reports it, its source or why it is missing)."""
+    entry = peak_entry(card)
+    memory = entry.get("memory_bytes")
+    if memory is None:
+        return entry["name"], None, (f"{entry['name']} has no memory size in "
+                                     "resources/peak_flops.json")
+    return entry["name"], int(memory), entry["memory_source"]
+
+
+def roofline_ms(card: str, by_peak_dtype: dict) -> tuple[float | None, str]:
+    """Compute-bound step time: each dtype's FLOPs at that dtype's datasheet peak."""
+    if not by_peak_dtype:
+        return None, "n/a: the step's FLOPs were not counted"
+    blend = flops_mod.blended_peak(by_peak_dtype, lambda key: peak_flops(card, key))
+    if blend.flops_per_s is None:
+        return None, f"n/a: {blend.reason}"
+    total = sum(by_peak_dtype.values())
+    return total / blend.flops_per_s * 1e3, (
+        "prediction (compute roofline: the traced step's FLOPs by dtype at the datasheet "
+        f"dense peak, {flops_mod.describe_blend(blend)}; a lower bound: memory traffic, "
+        "launch overhead and less than 100% utilisation are not modelled)")
+
+
+def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict) -> CardVerdict:
+    name, memory, source = card_memory(card)
+    step_ms, model = roofline_ms(name, by_dtype)
+    total = peak_at(config.batch_size)
+    if memory is None or total is None:
+        reason = source if memory is None else "the step's memory is n/a"
+        return CardVerdict(name, memory, source, None, None, None, None,
+                           f"n/a: {reason}", step_ms, model, reason)
+    usable = memory - config.context_bytes
+    fits = total <= usable
+    best, note = None, "not searched (--max-batch 0)"
+    if config.max_batch:
+        from engine.fit import search
+
+        def fits_at(batch: int) -> bool:
+            peak = peak_at(batch)
+            return peak is not None and peak <= usable
+
+        best = (search(fits_at, config.max_batch) or 0) if fits else 0
+        note = (f"searched over traced steps, batch 1..{config.max_batch}" if fits
+                else f"batch {config.batch_size} does not fit, so no smaller search above it")
+        if not fits and config.batch_size > 1:
+            best = search(fits_at, config.batch_size - 1) or 0
+            note = f"searched over traced steps, batch 1..{config.batch_size - 1}"
+    return CardVerdict(name, memory, source, usable, fits, usable - total, best, note,
+                       step_ms, model)
+
+
+def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
+    trials = []
+    for precision in config.precisions:
+        reason = _traceable(precision, config.optimizer)
+        peaks: dict[int, int | None] = {}
+        by_dtype: dict = {}
+        memory, method, trace_s = None, "traced", None
+        if reason is None:
+            log(f"{precision}: tracing one step at batch {config.batch_size}")
+            start = time.perf_counter()
+            try:
+                measured, by_dtype = trace_step(config, precision, config.batch_size)
+            except Exception as exc:  # a custom op without a fake kernel
+                reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
+            else:
+                from engine.trial import breakdown_fields
+
+                trace_s = time.perf_counter() - start
+                memory = MemoryBreakdown(
+                    **breakdown_fields(measured, TRACE_METHOD),
+                    notes="traced on the CPU device: CPU autocast op lists; CUDA's "
+                          "allocator rounding and kernels' scratch are not in this figure")
+                peaks[config.batch_size] = measured.peak_bytes
+        if memory is None and config.optimizer == "adamw8bit" and not _quant(precision):
+            memory, method = _fallback(config, precision, config.batch_size), "memory model"
+            reason += "; the calibrated memory model predicts it instead"
+        elif memory is None:
+            method = "n/a"
+        if memory is not None:
+            peaks.setdefault(config.batch_size, memory.total_bytes)
+
+        def peak_at(batch: int, precision=precision, method=method, peaks=peaks):
+            if batch not in peaks:
+                if method == "traced":
+                    log(f"{precision}: tracing batch {batch}")
+                    peaks[batch] = trace_step(config, precision, batch)[0].peak_bytes
+                elif method == "memory model":
+                    peaks[batch] = _fallback(config, precision, batch).total_bytes
+                else:
+                    peaks[batch] = None
+            return peaks[batch]
+
+        cards = [_verdict(config, card, peak_at, by_dtype) for card in config.cards]
+        trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards))
+    return PlanResult(config.model, config.batch_size, config.seq_len,
+                      config.grad_checkpointing, config.optimizer, config.context_bytes, trials)
+
+
+def _quant(precision: str) -> bool:
+    from engine.recipes import recipe
+
+    return recipe(precision).quant is not None
+
+
+def _gib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def format_plan(result: PlanResult) -> str:
+    lines = [f"plan: {result.model}, batch {result.batch_size} x {result.seq_len} tokens, "
+             f"{result.optimizer}{', gradient checkpointing' if result.grad_checkpointing else ''}"
+             f"; CUDA context allowance {_gib(result.context_bytes)}"]
+    for trial in result.trials:
+        mem = trial.memory
+        head = f"{trial.precision}: peak {_gib(mem.total_bytes) if mem else 'n/a'} ({trial.method})"
+        if mem is not None:
+            head += (f"; params {_gib(mem.params_bytes)}, grads {_gib(mem.grads_bytes)}, "
+                     f"optimizer {_gib(mem.optimizer_bytes)}, weight copies "
+                     f"{_gib(mem.weight_copies_bytes)}, activations {_gib(mem.activations_bytes)}, "
+                     f"temporaries {_gib(mem.temporaries_bytes)}")
+        lines.append(head)
+        if trial.reason:
+            lines.append(f"  note: {trial.reason}")
+        for c in trial.cards:
+            if c.fits is None:
+                lines.append(f"  {c.card}: n/a ({c.reason})")
+                continue
+            verdict = "fits" if c.fits else "does not fit"
+            room = "headroom" if c.fits else "short by"
+            batch = "n/a" if c.max_batch is None else str(c.max_batch)
+            step = "n/a" if c.predicted_step_ms is None else f"{c.predicted_step_ms:.1f} ms"
+            lines.append(f"  {c.card}: {verdict} in {_gib(c.usable_bytes)} usable, {room} "
+                         f"{_gib(abs(c.headroom_bytes))}; largest micro-batch {batch}; "
+                         f"predicted step {step} (roofline)")
+    return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""``python3 main.py plan``: the arguments and the handler, kept apart from engine/cli.py."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import html
+import json
+import sys
+from pathlib import Path
+
+from engine.config import OPTIMIZERS, PRECISIONS
+
+
+def add_plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="trace one training step on fake tensors: fits / does not "
+                                    "fit per card, with no GPU and no weights")
+    p.add_argument("--model", default="tiny",
+                   help="preset name (see 'presets'), a local model folder, or a cached hub id")
+    p.add_argument("--precision", default="fp32,bf16-amp",
+                   help=f"comma-separated, from: {','.join(PRECISIONS)}")
+    p.add_argument("--batch-size", type=int, default=1, help="micro-batch")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--grad-checkpointing", action="store_true")
+    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    p.add_argument("--card", default="RTX 4090,H100 SXM",
+                   help="comma-separated card names from resources/peak_flops.json")
+    p.add_argument("--cuda-context", default="1GiB",
+                   help="memory a card loses to the CUDA context and kernels (default 1GiB)")
+    p.add_argument("--max-batch", type=int, default=64,
+                   help="largest micro-batch to search for per card (0: no search)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--out", help="report file: .json or .html")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from engine.fit import parse_bytes
+    from engine.model_health import check_model
+    from engine.plan import PlanConfig, format_plan, plan
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.suffix.lower() not in (".json", ".html"):
+        raise ValueError(f"--out '{args.out}' must end in .json or .html")
+    if out is not None and out.is_dir():
+        raise ValueError(f"--out '{args.out}' is a folder: name a file")
+    cards = tuple(c.strip() for c in args.card.split(",") if c.strip())
+    config = PlanConfig(model=args.model, precisions=args.precision,
+                        batch_size=args.batch_size, seq_len=args.seq_len,
+                        grad_checkpointing=args.grad_checkpointing, optimizer=args.optimizer,
+                        cards=cards, context_bytes=parse_bytes(args.cuda_context),
+                        max_batch=args.max_batch)
+    check_model(config.model, config.seq_len)  # bad input exits 2 before any tracing
+
+    def log(msg: str) -> None:
+        if not args.quiet:
+            print(f"plan: {msg}", file=sys.stderr, flush=True)
+
+    result = plan(config, log)
+    data = dataclasses.asdict(result)
+    if out is not None:
+        text = (json.dumps(data, indent=2) if out.suffix.lower() == ".json"
+                else plan_html(result))
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            print(f"ampscope: error: cannot write --out '{out}': {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps(data, indent=2) if args.json else format_plan(result))
+    return 0
+
+
+def plan_html(result) -> str:
+    """The answer first: recipe x card, fits or not, with headroom."""
+    cards = [c.card for c in result.trials[0].cards] if result.trials else []
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cards)
+    rows = []
+    for t in result.trials:
+        cells = []
+        for c in t.cards:
+            if c.fits is None:
+                cells.append(f"<td>n/a: {html.escape(c.reason or '')}</td>")
+            else:
+                word = "fits" if c.fits else "does not fit"
+                cells.append(f"<td>{word}, headroom {c.headroom_bytes / 2**30:.2f} GiB</td>")
+        peak = (f"{t.memory.total_bytes / 2**30:.2f} GiB ({t.method})" if t.memory
+                else f"n/a: {html.escape(t.reason or '')}")
+        rows.append(f"<tr><th>{html.escape(t.precision)}</th><td>{peak}</td>{''.join(cells)}</tr>")
+    title = (f"Plan: {html.escape(result.model)}, batch {result.batch_size} x "
+             f"{result.seq_len}")
+    return (f"<!doctype html><meta charset='utf-8'><title>{title}</title><h1>{title}</h1>"
+            f"<table border='1'><tr><th>recipe</th><th>traced peak</th>{head}</tr>"
+            f"{''.join(rows)}</table><p>Usable memory is the card's memory as the driver reports "
+            f"it minus a CUDA context allowance of {result.context_bytes / 2**30:.2f} GiB. "
+            "Step times are roofline predictions, not measurements.</p>")

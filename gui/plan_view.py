@@ -1,0 +1,198 @@
+"""The Plan view: will a model train on a card this machine does not have?
+
+The form is the ``plan`` command's. ``PlanWorker`` runs ``engine.plan.plan`` in a thread
+(one training step per recipe traced on fake tensors: nothing is allocated) and hands
+the result back as a signal; the view shows it as a recipe x card table.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QFormLayout,
+    QHeaderView,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from gui.palette import precision_color
+from gui.plain_text import plain_label
+
+
+class PlanWorker(QObject):
+    finished = Signal(object)  # engine.plan.PlanResult
+    errored = Signal(str)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread: threading.Thread | None = None
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, config) -> None:
+        self._thread = threading.Thread(target=self._run, args=(config,), name="ampscope-plan",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, config) -> None:
+        from engine.plan import plan
+
+        try:
+            result = plan(config)
+        except ValueError as exc:
+            self.errored.emit(str(exc))
+            return
+        except Exception as exc:  # shown in the view; the window stays up
+            self.errored.emit(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            return
+        self.finished.emit(result)
+
+    def join(self, timeout_s: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+def _cell(text: str, tooltip: str = "") -> QTableWidgetItem:
+    item = QTableWidgetItem(text)
+    item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
+    if tooltip:
+        item.setToolTip(tooltip)
+    return item
+
+
+def card_text(card) -> tuple[str, str]:
+    """A table cell for one card: the verdict, and a tooltip with how it was reached."""
+    if card.fits is None:
+        return "n/a", card.reason or ""
+    gib = abs(card.headroom_bytes) / 2**30
+    text = (f"fits, {gib:.2f} GiB headroom" if card.fits
+            else f"does not fit, short {gib:.2f} GiB")
+    batch = "n/a" if card.max_batch is None else str(card.max_batch)
+    step = ("n/a" if card.predicted_step_ms is None
+            else f"{card.predicted_step_ms:.1f} ms")
+    tip = (f"usable {card.usable_bytes / 2**30:.2f} GiB ({card.memory_source}); largest "
+           f"micro-batch {batch} ({card.max_batch_note}); step {step}: "
+           f"{card.prediction_model}")
+    return text, tip
+
+
+class PlanView(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.last_result = None
+        self.worker = PlanWorker(self)
+        self.worker.finished.connect(self._on_finished)
+        self.worker.errored.connect(self._on_errored)
+        self.model = QLineEdit("llama-3-8b")
+        self.precisions = QLineEdit("fp32,bf16-amp")
+        self.batch = QSpinBox()
+        self.batch.setRange(1, 1_000_000)
+        self.batch.setValue(1)
+        self.seq = QSpinBox()
+        self.seq.setRange(1, 10_000_000)
+        self.seq.setValue(2048)
+        self.checkpointing = QCheckBox("Gradient checkpointing")
+        self.cards = QLineEdit("RTX 4090,H100 SXM")
+        self.max_batch = QSpinBox()
+        self.max_batch.setRange(0, 4096)
+        self.max_batch.setValue(0)
+        self.plan_button = QPushButton("Plan")
+        self.plan_button.clicked.connect(self.start_plan)
+        self.error_label = plain_label()
+        self.error_label.setStyleSheet("color: #B00020")
+        self.error_label.hide()
+        self.status = plain_label("Traces one training step per recipe on fake tensors: no GPU "
+                                  "and no weights needed. Step times are roofline predictions.")
+        self.table = QTableWidget(0, 0)
+        self.table.horizontalHeader().setSectionResizeMode(
+            QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+
+        form = QFormLayout()
+        form.addRow("Model", self.model)
+        form.addRow("Precisions", self.precisions)
+        form.addRow("Micro-batch", self.batch)
+        form.addRow("Sequence length", self.seq)
+        form.addRow("", self.checkpointing)
+        form.addRow("Cards", self.cards)
+        form.addRow("Largest batch to search (0: none)", self.max_batch)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.plan_button)
+        layout.addWidget(self.error_label)
+        layout.addWidget(self.status)
+        layout.addWidget(self.table, 1)
+
+    def config(self):
+        from engine.plan import PlanConfig
+
+        cards = tuple(c.strip() for c in self.cards.text().split(",") if c.strip())
+        return PlanConfig(model=self.model.text().strip(), precisions=self.precisions.text(),
+                          batch_size=self.batch.value(), seq_len=self.seq.value(),
+                          grad_checkpointing=self.checkpointing.isChecked(), cards=cards,
+                          max_batch=self.max_batch.value())
+
+    def start_plan(self) -> bool:
+        if self.worker.is_running():
+            return False
+        try:
+            config = self.config()
+        except ValueError as exc:
+            self._show_error(str(exc))
+            return False
+        self._show_error(None)
+        self.table.setRowCount(0)
+        self.status.setText(f"Tracing {', '.join(config.precisions)}…")
+        self.plan_button.setEnabled(False)
+        self.worker.start(config)
+        return True
+
+    def _show_error(self, error: str | None) -> None:
+        self.error_label.setText(error or "")
+        self.error_label.setVisible(error is not None)
+
+    def _on_errored(self, message: str) -> None:
+        self.worker.join()
+        self.plan_button.setEnabled(True)
+        self.status.setText("The plan did not run.")
+        self._show_error(message.splitlines()[0])
+
+    def _on_finished(self, result) -> None:
+        self.worker.join()
+        self.plan_button.setEnabled(True)
+        self.show_result(result)
+
+    def show_result(self, result) -> None:
+        self.last_result = result
+        cards = [c.card for c in result.trials[0].cards] if result.trials else []
+        headers = ["Recipe", "Traced peak", *cards]
+        self.table.setColumnCount(len(headers))
+        self.table.setHorizontalHeaderLabels(headers)
+        self.table.setRowCount(len(result.trials))
+        for row, trial in enumerate(result.trials):
+            name = _cell(trial.precision)
+            name.setForeground(precision_color(trial.precision))
+            self.table.setItem(row, 0, name)
+            peak = (f"{trial.memory.total_bytes / 2**30:.2f} GiB ({trial.method})"
+                    if trial.memory else "n/a")
+            self.table.setItem(row, 1, _cell(peak, trial.reason or trial.memory.total_method))
+            for col, card in enumerate(trial.cards, start=2):
+                self.table.setItem(row, col, _cell(*card_text(card)))
+        self.status.setText(f"{result.model}: batch {result.batch_size} x {result.seq_len}; "
+                            f"CUDA context allowance {result.context_bytes / 2**30:.2f} GiB")
+
+    def cell(self, row: int, header: str) -> str:
+        for col in range(self.table.columnCount()):
+            if self.table.horizontalHeaderItem(col).text() == header:
+                return self.table.item(row, col).text()
+        raise KeyError(header)

@@ -1,0 +1,218 @@
+"""engine.plan: a training step traced on fake tensors, checked against real CPU trials,
+torch's MemTracker in fake mode and parameter counts worked out by hand."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as tf
+
+from engine.config import RunConfig
+from engine.device import probe
+from engine.plan import PlanConfig, plan, trace_step
+from engine.trial import run_trial
+from tests.engine.families import FAMILIES
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = probe("cpu")
+CATEGORIES = ("params_bytes", "buffers_bytes", "grads_bytes", "optimizer_bytes",
+              "inputs_bytes", "weight_copies_bytes", "activations_bytes", "temporaries_bytes")
+
+
+def _folder(tmp_path, family: str) -> str:
+    FAMILIES[family]().save_pretrained(tmp_path / family)
+    return str(tmp_path / family)
+
+
+def _measured(model: str, precision: str, batch: int, seq: int, checkpointing: bool = False):
+    config = RunConfig(model=model, precisions=(precision,), batch_size=batch, seq_len=seq,
+                       steps=1, warmup=1, device="cpu", isolation="inline",
+                       profile_step=False, grad_checkpointing=checkpointing)
+    result = run_trial(config, precision, CPU, lambda e: None, lambda: False)
+    assert result.status == "ok", result.reason
+    return result.memory
+
+
+def _close(traced: int, measured: int) -> bool:
+    return abs(traced - measured) <= 0.02 * measured if measured else traced == 0
+
+
+@pytest.mark.parametrize("model,precision,checkpointing", [
+    ("tiny", "fp32", False),
+    ("tiny", "bf16-amp", False),
+    ("tiny", "fp16-amp", True),
+    ("llama-gqa", "bf16-amp", False),
+    ("gpt2", "fp32", True),
+])
+def test_traced_step_equals_a_real_cpu_trial(tmp_path, model, precision, checkpointing):
+    source = model if model == "tiny" else _folder(tmp_path, model)
+    config = PlanConfig(model=source, precisions=(precision,), batch_size=2, seq_len=32,
+                        grad_checkpointing=checkpointing, max_batch=0)
+    result = plan(config)
+    trial = result.trials[0]
+    assert trial.method == "traced", trial.reason
+    measured = _measured(source, precision, 2, 32, checkpointing)
+    traced = trial.memory
+    assert _close(traced.total_bytes, measured.total_bytes), (traced.total_bytes,
+                                                              measured.total_bytes)
+    for name in CATEGORIES:
+        assert _close(getattr(traced, name), getattr(measured, name)), name
+    assert traced.peak_phase == measured.peak_phase
+
+
+def _llama_params(h, f, layers, heads, kv_heads, vocab, head_dim=None, tied=False):
+    """Llama's parameter count from its config: embeddings, per layer q/k/v/o, SwiGLU's
+    three projections and two RMSNorms, the final norm and the LM head."""
+    head_dim = head_dim or h // heads
+    attention = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2
+    per_layer = attention + 3 * h * f + 2 * h
+    return vocab * h * (1 if tied else 2) + layers * per_layer + h
+
+
+def test_8b_widths_match_memtracker_and_hand_counted_bytes(tmp_path):
+    """Llama 3 8B's widths (config.json of meta-llama/Meta-Llama-3-8B) with 2 layers: every
+    layer is the same, so 2 show what 32 do, at a fraction of the tracing time."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    h, f, layers, heads, kv, vocab = 4096, 14336, 2, 32, 8, 128256
+    cfg = tf.LlamaConfig(hidden_size=h, intermediate_size=f, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                         max_position_embeddings=8192, tie_word_embeddings=False)
+    cfg.save_pretrained(tmp_path / "l8b2")
+    config = PlanConfig(model=str(tmp_path / "l8b2"), precisions=("bf16-amp",), batch_size=1,
+                        seq_len=64, max_batch=0)
+    measured, _ = trace_step(config, "bf16-amp", 1)
+
+    n = _llama_params(h, f, layers, heads, kv, vocab)
+    tensors = 3 + 9 * layers  # embeddings, final norm, head; 9 per layer
+    at = measured.at_peak
+    assert at["params"] == 4 * n
+    assert at["optimizer"] == 8 * n + 4 * tensors  # m and v in fp32, a float step each
+    assert measured.at_phase_start["optimizer"]["grads"] == 4 * n
+
+    # torch's own tracker over the same step, built here without engine code
+    cfg.use_cache = False
+    with FakeTensorMode() as mode:
+        model = tf.LlamaForCausalLM(cfg)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ids = mode.from_tensor(torch.randint(0, vocab, (1, 64)))
+        tracker = MemTracker()
+        tracker.track_external(model, opt)
+        with tracker:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            del loss
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    assert abs(measured.peak_bytes - peak) <= 0.02 * peak, (measured.peak_bytes, peak)
+
+
+def _cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "main.py", "plan", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
+    run = _cli("--model", "llama-3-8b", "--precision", "bf16-amp", "--batch-size", "1",
+               "--seq-len", "2048", "--card", "RTX 4090", "--max-batch", "0", "--json",
+               "--quiet", "--out", str(tmp_path / "plan.html"))
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    trial = data["trials"][0]
+    assert trial["precision"] == "bf16-amp" and trial["method"] == "traced"
+    mem = trial["memory"]
+    # Llama 3 8B, config.json of meta-llama/Meta-Llama-3-8B
+    n = _llama_params(4096, 14336, 32, 32, 8, 128256)
+    assert n == 8_030_261_248
+    assert mem["params_bytes"] == 4 * n  # AMP keeps fp32 weights
+    assert mem["at_phase_start_bytes"]["optimizer"]["grads"] == 4 * n
+    # fp32 weights, gradients and AdamW's two moments alone: 16 bytes a parameter
+    static = 16 * n
+    assert mem["total_bytes"] >= static
+    card = trial["cards"][0]
+    assert card["card"] == "NVIDIA GeForce RTX 4090"
+    usable = 24564 * 2**20 - 2**30  # the 4090's 24564 MiB less the 1 GiB allowance
+    assert card["usable_bytes"] == usable
+    assert static > usable and card["fits"] is False
+    assert card["headroom_bytes"] == usable - mem["total_bytes"]
+    assert "prediction" in card["prediction_model"] and card["predicted_step_ms"] > 0
+    page = (tmp_path / "plan.html").read_text(encoding="utf-8")
+    assert "does not fit" in page and "NVIDIA GeForce RTX 4090" in page
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--card", "RTX 9999"), "unknown card 'RTX 9999'"),
+    (("--batch-size", "0"), "batch size"),
+    (("--model", "no-such-model"), "no-such-model"),
+    (("--precision", "fp7"), "fp7"),
+    (("--model", "tiny", "--seq-len", "513"), "--seq-len 512"),  # tiny has 512 positions
+])
+def test_cli_bad_input_exits_2_with_one_line(args, needle):
+    run = _cli(*args, timeout=120)
+    assert run.returncode == 2, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.startswith("ampscope:")]
+    assert len(lines) == 1 and needle in lines[0], run.stderr
+    assert run.stdout == ""
+
+
+def test_largest_micro_batch_agrees_with_real_trials():
+    """A card whose usable memory lies between the real peaks at batch 3 and 4: the search
+    over traced steps must land on 3."""
+    from engine.plan import card_memory
+
+    p3 = _measured("tiny", "fp32", 3, 32).total_bytes
+    p4 = _measured("tiny", "fp32", 4, 32).total_bytes
+    assert p4 > p3
+    _, memory, _ = card_memory("RTX 4090")
+    usable = (p3 + p4) // 2
+    config = PlanConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=32,
+                        cards=("RTX 4090",), context_bytes=memory - usable, max_batch=16)
+    card = plan(config).trials[0].cards[0]
+    assert card.fits is True and card.max_batch == 3
+
+
+def test_a_card_without_memory_in_the_table_is_na():
+    config = PlanConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
+                        cards=("T4",), max_batch=0)
+    card = plan(config).trials[0].cards[0]
+    assert card.fits is None and card.headroom_bytes is None
+    assert "no memory size" in card.reason
+
+
+def test_quantised_recipes_are_not_traced_and_say_why():
+    config = PlanConfig(model="tiny", precisions=("nf4",), batch_size=1, seq_len=16,
+                        max_batch=0)
+    trial = plan(config).trials[0]
+    assert trial.method == "n/a" and trial.memory is None
+    assert "fake tensors cannot run" in trial.reason
+    assert all(c.fits is None for c in trial.cards)
+
+
+def test_8bit_adamw_falls_back_to_the_memory_model_and_says_so():
+    """bitsandbytes' 8-bit AdamW cannot run on fake tensors; its state is worked out here
+    from bitsandbytes' layout: per tensor of 4096+ elements two uint8 states and one fp32
+    absmax per 256-element block each, fp32 states below that, two 256-entry fp32 maps."""
+    config = PlanConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
+                        optimizer="adamw8bit", max_batch=0)
+    trial = plan(config).trials[0]
+    assert trial.method == "memory model"
+    assert "8-bit AdamW" in trial.reason and "memory model predicts" in trial.reason
+    assert "not traced" in trial.memory.total_method
+    cfg = tf.GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1024, n_positions=512)
+    with torch.device("meta"):
+        sizes = [p.numel() for p in tf.GPT2LMHeadModel(cfg).parameters()]
+    state = sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in sizes)
+    assert trial.memory.optimizer_bytes == state + 2 * 256 * 4
+    assert trial.memory.params_bytes == 4 * sum(sizes)
+    assert all(c.fits is True for c in trial.cards)  # a 2-layer model on a 24 GB card

@@ -1,0 +1,156 @@
+"""The verdict's rules against hand-built run records (real event dataclasses).
+
+Each expected figure is recomputed here from the step times and peaks the record was
+built with, not read back from engine.compare.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.compare import format_bytes
+from engine.events import HostLoad
+from engine.verdict import figure_text, verdict
+from tests.engine.verdict_records import STEPS, GiB, median_ms, record, trial
+
+
+def test_clear_winner_cites_its_measured_speed_memory_and_loss():
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.000)
+    bf16 = trial("bf16-amp", 52.0, 5 * GiB, 3.002)
+    fp16 = trial("fp16-amp", 52.0, 5 * GiB, 3.001, skipped=2)
+    v = verdict(record(fp32, bf16, fp16))
+    assert v.precision == "bf16-amp"
+    speedup = median_ms(fp32) / median_ms(bf16)
+    assert v.headline.startswith(f"Train in bf16-amp: {speedup:.2f}x fp32's speed [")
+    figure = next(f for f in v.figures if f.precision == "bf16-amp")
+    assert figure.judgement == "recommended"
+    assert figure.speedup_ci[0] < speedup < figure.speedup_ci[1]
+    assert f"[{figure.speedup_ci[0]:.2f}-{figure.speedup_ci[1]:.2f}]" in v.headline
+    assert figure_text(figure) == (f"{speedup:.2f}x [{figure.speedup_ci[0]:.2f}-"
+                                   f"{figure.speedup_ci[1]:.2f}], saves 3.00 GiB (38%), "
+                                   f"loss {3.002 - 3.000:+.3g}")
+    assert f"saves {format_bytes(3 * GiB)} ({3 / 8:.0%})" in v.headline
+    assert f"loss {3.002 - 3.000:+.3g} vs fp32 after {STEPS} steps" in v.headline
+    assert v.headline.endswith("fp16-amp is as fast but skipped 2 steps")
+
+
+def test_noisy_run_recommends_nothing_and_says_what_to_do():
+    v = verdict(record(trial("fp32", 100.0, 8 * GiB, 3.0, cv=0.4),
+                        trial("bf16-amp", 50.0, 5 * GiB, 3.0, cv=0.4)))
+    assert v.precision is None
+    assert v.headline.startswith("No recommendation: step times too noisy to rank (")
+    assert "CV above 10%" in v.headline
+    assert "idle machine" in v.advice
+
+
+def test_single_precision_has_nothing_to_compare():
+    v = verdict(record(trial("fp32", 100.0, 8 * GiB, 3.0)))
+    assert v.precision is None
+    assert "only fp32 ran" in v.headline and "bf16-amp" in v.advice
+
+
+def test_all_failed_says_so_with_each_status():
+    v = verdict(record(trial("fp32", 0, 0, 0, status="oom"),
+                        trial("bf16-amp", 0, 0, 0, status="error")))
+    assert v.precision is None
+    assert "no trial finished (fp32: oom; bf16-amp: error)" in v.headline
+    assert "smaller batch" in v.advice
+
+
+def test_no_fp32_baseline_is_no_recommendation():
+    v = verdict(record(trial("bf16-amp", 50.0, 5 * GiB, 3.0),
+                        trial("fp16-amp", 50.0, 5 * GiB, 3.0)))
+    assert v.precision is None and "no fp32 trial" in v.headline
+
+
+@pytest.mark.parametrize("fp16_loss", [float("nan"), 3.0 + 0.5])
+def test_diverged_fp16_is_never_recommended_however_fast(fp16_loss):
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    bf16 = trial("bf16-amp", 60.0, 6 * GiB, 3.01)
+    fp16 = trial("fp16", 30.0, 4 * GiB, fp16_loss)  # faster and smaller, but diverged
+    v = verdict(record(fp32, bf16, fp16))
+    assert v.precision == "bf16-amp"
+    judged = {f.precision: f.judgement for f in v.figures}
+    assert judged == {"fp32": "baseline", "bf16-amp": "recommended", "fp16": "diverged"}
+
+
+def test_nothing_better_recommends_fp32_and_says_why_not_the_others():
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    same = trial("bf16-amp", 100.0, 8 * GiB, 3.0, seed=1)  # tied speed, same memory
+    v = verdict(record(fp32, same))
+    assert v.precision == "fp32"
+    assert v.headline.startswith("Train in fp32: no other precision was significantly faster")
+    assert "bf16-amp not better" in v.headline
+
+
+def test_slower_precision_is_not_recommended_for_its_memory():
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    slow = trial("fp16-amp", 300.0, 6 * GiB, 3.0)  # 25% less memory, 3x slower
+    v = verdict(record(fp32, slow))
+    assert v.precision == "fp32"
+    assert {f.precision: f.judgement for f in v.figures}["fp16-amp"] == "slower"
+
+
+def test_tie_in_speed_is_broken_by_memory():
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    big = trial("fp16-amp", 50.0, 6 * GiB, 3.0)
+    small = trial("bf16-amp", 50.0, 4 * GiB, 3.0, seed=2)
+    v = verdict(record(fp32, big, small))
+    assert v.precision == "bf16-amp"
+    assert v.headline.endswith(f"fp16-amp is as fast but uses {format_bytes(2 * GiB)} more")
+
+
+def test_emulated_bf16_is_not_recommended_on_speed():
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    bf16 = trial("bf16-amp", 50.0, 8 * GiB, 3.0)  # "faster", no memory saved
+    assert verdict(record(fp32, bf16)).precision == "bf16-amp"  # with bf16 hardware
+    v = verdict(record(fp32, bf16, bf16_hardware=False))
+    assert v.precision == "fp32"
+    assert any("bf16 is emulated" in r for r in v.reasons)
+
+
+def test_lora_recipes_are_listed_apart():
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    nf4 = trial("nf4", 50.0, 2 * GiB, 3.0, lora={"r": 8})
+    v = verdict(record(fp32, nf4))
+    assert v.precision == "fp32"
+    assert {f.precision: f.judgement for f in v.figures}["nf4"] == "LoRA only"
+
+
+def test_numerics_lab_breaks_a_tie_in_speed_and_memory():
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    fp16 = trial("fp16-amp", 50.0, 5 * GiB, 3.0)
+    bf16 = trial("bf16-amp", 50.0, 5 * GiB, 3.0, seed=3)
+    rec = record(fp32, fp16, bf16)
+    rec.numerics = {"advice": {"recommended": "fp16-amp"}}
+    v = verdict(rec)
+    assert v.precision == "fp16-amp"
+    assert "the numerics lab recommends fp16-amp" in v.reasons
+
+
+def test_busy_host_refuses_to_rank_even_a_steady_slowdown():
+    # the issue's run: fp32 steady (CV 1%) but slowed by another program during its trial
+    idle = HostLoad(cpu_count=2, samples=50, load_avg_1m_mean=1.1, load_avg_1m_max=1.3,
+                    other_cpu_pct_mean=3.0, other_cpu_pct_max=6.0)
+    busy = HostLoad(cpu_count=2, samples=50, load_avg_1m_mean=1.9, load_avg_1m_max=2.0,
+                    other_cpu_pct_mean=24.0, other_cpu_pct_max=30.0)
+    v = verdict(record(trial("fp32", 110.0, 8 * GiB, 3.0, host_load=busy),
+                        trial("bf16-amp", 100.0, 8 * GiB, 3.0, host_load=idle)))
+    assert v.precision is None
+    assert "machine was busy" in v.headline
+    assert "3% of the CPU during bf16-amp and 24% during fp32" in v.headline
+    assert "close other programs" in v.advice
+
+
+def test_gated_and_failed_precisions_are_named_and_their_reasons_kept():
+    from engine.events import TrialResult
+
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    oom = trial("fp16", 0, 0, 0, status="oom")
+    fp8 = TrialResult("fp8", "unsupported", "fp8 training needs compute capability 8.9+")
+    v = verdict(record(fp32, oom, fp8))
+    assert v.precision == "fp32"
+    assert v.headline.endswith("fp16 oom, fp8 unsupported")
+    assert "fp8 did not run: fp8 training needs compute capability 8.9+" in v.reasons
+    why = {f.precision: f.note for f in v.figures}
+    assert why["fp16"] == "fp16 failed in the test"  # the trial's own reason, under "Why"

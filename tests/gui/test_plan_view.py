@@ -1,0 +1,68 @@
+"""The Plan tab: the plan command's form, a traced step per recipe, a recipe x card table."""
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+
+from engine.config import RunConfig
+from engine.device import probe
+from engine.trial import run_trial
+from gui.main_window import MainWindow
+from tests.gui.clicks import click, type_into
+
+TIMEOUT_MS = 300_000
+
+
+@pytest.fixture
+def window(qtbot):
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitExposed(win)
+    return win
+
+
+def _open_plan_tab(window):
+    bar = window.tabs.tabBar()
+    index = next(i for i in range(bar.count()) if bar.tabText(i) == "Plan")
+    QTest.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(index).center())
+    assert window.tabs.currentWidget() is window.plan_view
+    return window.plan_view
+
+
+def _fill(view, precisions: str, cards: str) -> None:
+    type_into(view.model, "tiny")
+    type_into(view.precisions, precisions)
+    type_into(view.batch, "2")
+    type_into(view.seq, "32")
+    type_into(view.cards, cards)
+    type_into(view.max_batch, "0")
+
+
+def test_plan_tab_shows_recipe_by_card(qtbot, window):
+    view = _open_plan_tab(window)
+    _fill(view, "fp32,bf16-amp", "RTX 4090,T4")
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    assert view.table.rowCount() == 2
+    # a real CPU trial of the same step: the traced peak agrees within 2%
+    config = RunConfig(model="tiny", precisions=("fp32",), batch_size=2, seq_len=32, steps=1,
+                       warmup=1, device="cpu", isolation="inline", profile_step=False)
+    measured = run_trial(config, "fp32", probe("cpu"), lambda e: None, lambda: False)
+    traced = view.last_result.trials[0].memory.total_bytes
+    assert abs(traced - measured.memory.total_bytes) <= 0.02 * measured.memory.total_bytes
+    assert view.cell(0, "Traced peak") == f"{traced / 2**30:.2f} GiB (traced)"
+    usable = 24564 * 2**20 - 2**30  # the 4090's memory less the 1 GiB context allowance
+    assert view.cell(0, "NVIDIA GeForce RTX 4090") == (
+        f"fits, {(usable - traced) / 2**30:.2f} GiB headroom")
+    assert view.cell(1, "NVIDIA T4") == "n/a"  # no memory size in the table
+    assert view.plan_button.isEnabled()
+
+
+def test_plan_tab_refuses_an_unknown_card_inline(qtbot, window):
+    view = _open_plan_tab(window)
+    _fill(view, "fp32", "RTX 9999")
+    click(view.plan_button)
+    assert not view.error_label.isHidden()
+    assert "unknown card 'RTX 9999'" in view.error_label.text()
+    assert view.table.rowCount() == 0 and not view.worker.is_running()
