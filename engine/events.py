@@ -487,6 +487,7 @@ class DistributedSummary:
     comm_method: str = ""
     comm_time_reason: str = ""
     failed_rank: int | None = None
+    comm_hook: str | None = None  # the DDP communication hook that ran, and under what name
 
 
 @dataclass(frozen=True)

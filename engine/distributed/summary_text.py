@@ -21,7 +21,8 @@ def distributed_lines(record: RunRecord) -> list[str]:
         slowest = "n/a" if d.slowest_step_ms is None else f"{d.slowest_step_ms:.1f} ms"
         lines.append(f"{trial.precision} ({d.strategy}, {d.world_size} ranks, {d.backend}): "
                      f"slowest rank {d.slowest_rank} at {slowest}, spread {spread}; "
-                     f"memory {_mib(d.min_memory_bytes)} to {_mib(d.max_memory_bytes)}")
+                     f"memory {_mib(d.min_memory_bytes)} to {_mib(d.max_memory_bytes)}"
+                     + (f"; gradients reduced by {d.comm_hook}" if d.comm_hook else ""))
         for r in trial.ranks:
             m = r.memory
             if m is None:

@@ -86,7 +86,7 @@ def run_distributed(config: RunConfig, label: str, info: DeviceInfo,
                     emit: Callable[[object], None], cancelled: Callable[[], bool]) -> TrialResult:
     """Measure one precision under ``config.strategy`` with torchrun. Never raises."""
     started = time.time()
-    reason = unsupported_reason(label, config.strategy) or _device_reason(config, info)
+    reason = unsupported_reason(label, config.strategy) or _device_reason(config, info, label)
     if reason:
         return TrialResult(label, "unsupported", reason, started_s=started, finished_s=started)
     rec = dist_recipe(label, config.strategy)
@@ -130,7 +130,23 @@ def _rebased(sample: MonitorSample, baseline: int | None) -> MonitorSample:
                                + " (read before torchrun started the ranks)")
 
 
-def _device_reason(config: RunConfig, info: DeviceInfo) -> str | None:
+def _hook_text(hook: str | None, info: DeviceInfo) -> str | None:
+    """Which DDP hook reduced the gradients: DDP accepts torch's bf16/fp16 compress hooks
+    only under NCCL, so on gloo the same function runs registered under another name."""
+    if hook is None:
+        return None
+    if info.kind == "cuda":
+        return f"torch's {hook} (NCCL)"
+    return (f"torch's {hook} arithmetic, registered as compress_hook_on_gloo (DDP accepts "
+            f"the {hook} name only under NCCL)")
+
+
+def _device_reason(config: RunConfig, info: DeviceInfo, label: str) -> str | None:
+    # what the device cannot run alone it cannot run in ranks either (tf32 on a CPU is
+    # fp32 arithmetic under another name: ranked apart, it would be a speed-up of noise)
+    own = info.unsupported_reason(label.partition("@")[0])
+    if own:
+        return own
     if info.kind != "cuda":
         return None
     import torch
@@ -394,7 +410,7 @@ def _result(config: RunConfig, rec, info: DeviceInfo, label: str, follower: _Fol
                     + first.get("comm_formula", "n/a"),
         comm_time_reason="not measured: collectives overlap backward, and the dispatch "
                          "count sees their launch, not their completion",
-        failed_rank=failed_rank)
+        failed_rank=failed_rank, comm_hook=_hook_text(rec.hook, info))
     return TrialResult(
         precision=label, status=status, reason=reason, recipe=rec.description,
         device=f"{world} x {info.describe()}" if info.kind == "cuda" else

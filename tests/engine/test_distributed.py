@@ -64,7 +64,7 @@ def single_report(tmp_path_factory):
 def ddp_report(tmp_path_factory):
     return _profile(tmp_path_factory.mktemp("ddp"), "ddp", "--strategy", "ddp",
                     "--nproc-per-node", "2", "--batch-size", "2",
-                    "--precision", "fp32,fp32@bf16,int8")
+                    "--precision", "fp32,fp32@bf16,int8,tf32")
 
 
 def test_ddp_bf16_compression_halves_the_all_reduce_bytes(ddp_report, tiny_model):
@@ -98,6 +98,22 @@ def test_ddp_bf16_compression_halves_the_all_reduce_bytes(ddp_report, tiny_model
 def test_unsupported_recipe_is_named_not_run(ddp_report):
     int8 = _trial(ddp_report, "int8")
     assert int8["status"] == "unsupported" and "ddp" in int8["reason"]
+
+
+def test_what_the_cpu_cannot_run_alone_it_does_not_run_in_ranks(ddp_report):
+    # tf32 on a CPU is fp32 arithmetic: run under DDP it was once ranked 1.41x "faster"
+    from engine.device import probe
+
+    tf32 = _trial(ddp_report, "tf32")
+    assert tf32["status"] == "unsupported" and not tf32["steps"]
+    assert tf32["reason"] == probe("cpu").unsupported_reason("tf32")
+
+
+def test_the_report_names_the_hook_that_ran_on_gloo(ddp_report):
+    bf16, fp32 = _trial(ddp_report, "fp32@bf16"), _trial(ddp_report, "fp32")
+    hook = bf16["distributed"]["comm_hook"]
+    assert "bf16_compress_hook" in hook and "compress_hook_on_gloo" in hook
+    assert fp32["distributed"]["comm_hook"] is None
 
 
 def test_ddp_losses_equal_one_process_on_the_same_global_batch(ddp_report, single_report):
