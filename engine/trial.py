@@ -75,6 +75,14 @@ class _Fp16GradScaler(torch.amp.GradScaler):
         return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
 
 
+def fp32_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The gradients' global L2 norm as a device tensor, summed in fp32: in bf16 the sum of
+    squares loses about 0.5%."""
+    parts = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(parts)) if parts else torch.zeros(
+        (), device=device)
+
+
 def adam_eps(params: list) -> float:
     """Adam's epsilon, raised where the default would round to zero in a trainable dtype.
 
@@ -623,12 +631,8 @@ def _step(config: RunConfig, rec: Recipe, device: torch.device, model, params, o
         # the scale as a device tensor: read after the step, so no extra host sync now
         scale_before = scaler._get_scale_async().clone()
     with record_function(GRAD_NORM_RANGE):
-        # the norm only (clip_grad_norm_ would also rewrite every gradient), summed in
-        # fp32: in bf16 the sum of squares loses about 0.5%
-        norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float32)
-                 for p in params if p.grad is not None]
-        grad_norm = (torch.linalg.vector_norm(torch.stack(norms)) if norms
-                     else torch.zeros((), device=device))
+        # the norm only: clip_grad_norm_ would also rewrite every gradient
+        grad_norm = fp32_norm([p.grad for p in params if p.grad is not None], device)
     if scaler:
         with record_function(SCALER_RANGE):
             scaler.step(optimizer)

@@ -41,7 +41,7 @@ from engine.trackers import (
     ScalarReadback,
     StepTimer,
 )
-from engine.trial import BATCH_POOL, adam_eps, make_optimizer
+from engine.trial import BATCH_POOL, adam_eps, fp32_norm, make_optimizer
 
 
 class _Journal:
@@ -253,10 +253,7 @@ def _step(config: RunConfig, rec: DistRecipe, device: torch.device, model, param
     # the norm only (clip_grad_norm_ would rewrite every gradient). Under FSDP2, of this
     # rank's shards: on DTensors the norm would be all-reduced inside the step; the
     # ranks' parts are combined after the timed steps instead
-    # summed in fp32: a bf16 norm of bf16 gradients is about 0.5% off
-    parts = [torch.linalg.vector_norm(_local(p.grad), dtype=torch.float32)
-             for p in params if p.grad is not None]
-    norm = torch.linalg.vector_norm(torch.stack(parts)) if parts else torch.zeros((), device=device)
+    norm = fp32_norm([_local(p.grad) for p in params if p.grad is not None], device)
     if scaler:
         scaler.step(optimizer)
         scaler.update()

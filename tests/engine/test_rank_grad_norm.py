@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from engine.config import RunConfig
@@ -26,15 +25,7 @@ class _Net(nn.Module):
         return SimpleNamespace(loss=self.b(torch.tanh(self.a(x))).float().pow(2).mean())
 
 
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def test_the_rank_step_sums_the_gradient_norm_in_fp32(one_rank):
+def test_the_rank_step_sums_the_gradient_norm_in_fp32(one_rank_group):
     torch.manual_seed(0)
     rec = dist_recipe("bf16", "ddp")
     model = nn.parallel.DistributedDataParallel(_Net())

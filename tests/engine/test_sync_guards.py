@@ -15,7 +15,6 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from engine.config import RunConfig
 from engine.device import probe
@@ -70,14 +69,6 @@ def test_the_trial_reads_each_step_one_step_late(precision, sync_guard):
     steps = sync_guard.steps()
     assert len(steps) == config.warmup + config.steps
     _check_lag_by_one(steps, values)
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(("strategy", "precision"), [("ddp", "fp32"), ("fsdp2", "bf16-amp")])
