@@ -19,8 +19,10 @@ from tests.engine.test_recorder import tiny_gpt2
 
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < {seconds}: pass\n"
 # started by a process that exits at once: the busy one is no descendant of ours
+# (its output not inherited: a reader of ours would wait for it to end)
 DETACHED = ("import subprocess, sys\n"
-            "p = subprocess.Popen([sys.executable, '-c', {code!r}])\n"
+            "p = subprocess.Popen([sys.executable, '-c', {code!r}], "
+            "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
             "print(p.pid, flush=True)\n")
 HOLDS_MEMORY = ("import time\nb = bytearray(300 * 2**20)\nprint('ready', flush=True)\n"
                 "time.sleep(30)\n")
