@@ -53,12 +53,14 @@ class Monitor:
     def _loop(self) -> None:
         next_t = time.monotonic()
         while not self._stop.is_set():
+            # stamped as the readings begin: a sample inside a trial's window was read inside it
+            stamp = time.time()
             fields = self.tracker.sample()
             if self.gpm is not None:
                 fields.update(self.gpm.poll())
             if self.load is not None:
                 fields.update(self.load.sample())
-            self.emit(MonitorSample(time_s=time.time(), source=self.tracker.source, **fields))
+            self.emit(MonitorSample(time_s=stamp, source=self.tracker.source, **fields))
             next_t += self.interval_s  # schedule from the plan, not from now: no drift
             delay = next_t - time.monotonic()
             if delay < 0:  # fell behind (a slow poll): skip missed ticks instead of bursting

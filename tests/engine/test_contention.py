@@ -15,7 +15,7 @@ from engine.compare import speed_verdict
 from engine.config import RunConfig
 from engine.contention import LoadSampler, parse_loadavg
 from engine.device import cpu_bf16_hardware
-from engine.events import TrialStarted
+from engine.events import TrialFinished
 from engine.journal import read_journal
 from engine.record import RunRecord
 from engine.report.validate import validate_report
@@ -28,7 +28,7 @@ BUSY = ("171.3 2.90 1.80 6/812 4242", 45.0)
 
 
 class PhasedLoad:
-    """Answers like LoadSampler; the test switches it to BUSY as the second trial starts."""
+    """Answers like LoadSampler; the test switches it to BUSY between the two trials."""
 
     def __init__(self):
         self.phase = IDLE
@@ -41,8 +41,10 @@ class PhasedLoad:
 
 
 def _busy_during_bf16(load: PhasedLoad):
+    # switched when fp32 has finished, before bf16-amp's window opens: every sample stamped in
+    # that window was read after the switch (the monitor stamps a sample as its reading begins)
     def on_event(event):
-        if isinstance(event, TrialStarted) and event.precision == "bf16-amp":
+        if isinstance(event, TrialFinished) and event.result.precision == "fp32":
             with load.lock:
                 load.phase = BUSY
     return on_event
