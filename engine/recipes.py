@@ -112,6 +112,15 @@ def recipe(precision: str) -> Recipe:
         ) from None
 
 
+def compiles(rec: Recipe, compile_flag: bool, warmup: int, verdict) -> bool:
+    """Whether a trial's steps run under torch.compile. float8 is only fast compiled, and
+    compiling needs a warm-up step to land in; emulated float8 (the CPU, GPUs before sm89)
+    is not fast either way, so compiling it would only cost minutes. ``verdict`` is the
+    device's gating verdict for the recipe (``None``: not known)."""
+    emulated = verdict is not None and verdict.support == "emulated"
+    return compile_flag or (rec.fp8 and warmup >= 1 and not emulated)
+
+
 FP8_MULTIPLE = 16  # float8 GEMMs (torch._scaled_mm) need every dimension divisible by 16
 
 
@@ -164,7 +173,7 @@ def run_description(rec: Recipe, device_type: str, optimizer: str,
     elif optimizer in OPTIMIZER_TEXT:
         parts.append(OPTIMIZER_TEXT[optimizer])
     if rec.fp8 and compiled is False:
-        parts.append("this trial ran eagerly (no warm-up step to compile in): its fp8 speed "
+        parts.append("this trial ran eagerly (float8 is fast only compiled): its fp8 speed "
                      "is NOT representative")
     elif compiled and not rec.fp8:
         parts.append("compiled with torch.compile")

@@ -63,8 +63,9 @@ def model_params(config: RunConfig) -> int | None:
         return None
 
 
-def choose_rounds(config: RunConfig, params: int | None = None) -> tuple[int, str]:
-    """How many rounds, and why, in one sentence for the run's log."""
+def choose_rounds(config: RunConfig, params: int | None = None, info=None) -> tuple[int, str]:
+    """How many rounds, and why, in one sentence for the run's log. ``info`` is the probed
+    device (its gating verdicts say whether fp8 would be compiled there)."""
     n = len(config.precisions)
     if config.interleave == "off":
         return 1, "precisions run one after another (interleaving is off)"
@@ -80,10 +81,13 @@ def choose_rounds(config: RunConfig, params: int | None = None) -> tuple[int, st
     if config.compile:
         return 1, (f"precisions run one after another: torch.compile would recompile the model "
                    f"in every round ({CHEAP_RULE}); --interleave on forces rounds")
-    from engine.recipes import recipe  # loads torch: not at import (the window's start-up)
+    from engine.recipes import compiles, recipe  # loads torch: not at the window's start-up
 
-    if any(recipe(p.partition("@")[0]).fp8 for p in config.precisions) and config.warmup >= 1:
-        # fp8 trials compile by default
+    def compiled(label: str) -> bool:
+        verdict = info.verdict(label) if info is not None else None
+        return compiles(recipe(label), config.compile, config.warmup, verdict)
+
+    if any(compiled(p.partition("@")[0]) for p in config.precisions):
         return 1, ("precisions run one after another: fp8 trials are compiled, and "
                    f"torch.compile would recompile the model in every round ({CHEAP_RULE}); "
                    "--interleave on forces rounds")

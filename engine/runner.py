@@ -170,7 +170,7 @@ class Runner:
         monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz, self._load)
         monitor.start()
         try:
-            rounds, why = choose_rounds(self.config)
+            rounds, why = choose_rounds(self.config, info=info)
             self._emit(LogEvent("info", why, None, time.time()))
             plan, book = schedule(self.config, rounds), RoundBook()
             windows: dict[str, list[tuple[float, float]]] = {}  # precision -> its rounds' spans

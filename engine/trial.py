@@ -52,6 +52,7 @@ from engine.peaks import mfu as mfu_of
 from engine.recipes import (
     Recipe,
     autocast_for,
+    compiles,
     fp8_shape_reason,
     fp32_precision,
     library_sync_notes,
@@ -410,12 +411,9 @@ def _measure(state: _State, emit, cancelled) -> bool:
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
     state.distinct_batches = len(batches)
 
-    # float8 is only fast compiled; compiling needs a warm-up step to land in. Emulated
-    # float8 (the CPU) is not fast either way: compiling it would only cost minutes
     verdict = info.verdict(rec.precision)
-    emulated = verdict is not None and verdict.support == "emulated"
-    state.compiled = config.compile or (rec.fp8 and config.warmup >= 1 and not emulated)
-    if emulated:
+    state.compiled = compiles(rec, config.compile, config.warmup, verdict)
+    if verdict is not None and verdict.support == "emulated":
         state.notes.append(f"emulated: {verdict.reason}")
     _probe(state, loaded, batches[0])
     state.peak = _peak(info, rec, state.flops.by_peak_dtype)

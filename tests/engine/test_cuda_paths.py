@@ -556,3 +556,26 @@ def test_runs_with_fp8_are_not_interleaved_by_default_since_fp8_compiles():
     assert rounds == 1 and "fp8 trials are compiled" in why
     eager = config.replace(warmup=0)  # nothing compiles without a warm-up step
     assert choose_rounds(eager, params=10_000_000)[0] > 1
+    # what an H100 (sm90) reports: float8 native there, so its trials compile
+    h100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0,
+                           multi_processor_count=132, total_memory=80 * 2**30)
+    info = DeviceInfo(kind="cuda", index=0, name=h100.name, compute_capability=(9, 0),
+                      total_memory_bytes=None, cuda_version="13.0", driver_version=None,
+                      nvml_available=False, bf16_supported=True, tf32_supported=True,
+                      fp8_supported=True, verdicts=gating.matrix(
+                          gating.DeviceDescription.from_properties(h100)))
+    rounds, why = choose_rounds(config, params=10_000_000, info=info)
+    assert rounds == 1 and "fp8 trials are compiled" in why
+
+
+def test_emulated_fp8_on_the_cpu_is_interleaved_and_not_compiled():
+    """The runner's own choice: on the CPU float8 is emulated, so it is not compiled and
+    nothing stops a cheap run from alternating in rounds."""
+    logs = []
+    config = _config(precisions=("bf16-amp", "fp8"), steps=10, warmup=1, interleave="auto",
+                     batch_size=1, seq_len=16, profile_step=False)
+    record = Runner(config, logs.append).run()
+    assert any("interleaved in 2 rounds" in getattr(e, "message", "") for e in logs)
+    fp8 = record.trial("fp8")
+    assert fp8.status == "ok" and "ran eagerly (float8 is fast only compiled)" in fp8.recipe
+    assert any(n.startswith("emulated:") for n in fp8.notes)
