@@ -30,7 +30,7 @@ def test_profile_prints_the_verdict_before_the_table(tmp_path):
         [sys.executable, "main.py", "profile", "--model", "tiny", "--precision",
          "fp32,bf16-amp", "--batch-size", "1", "--seq-len", "16", "--steps", "6",
          "--warmup", "1", "--device", "cpu", "--interleave", "off", "--no-kernel-profile",
-         "--quiet", "--out", str(out)],
+         "--isolation", "inline", "--quiet", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
