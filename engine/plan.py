@@ -19,6 +19,7 @@ back to engine.memory_model where it can, and says so in the trial.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +47,7 @@ class PlanConfig:
     batch_size: int = 1
     seq_len: int = 128
     grad_checkpointing: bool = False
+    grad_accum: int = 1  # micro-batches per optimiser step, gradients kept across them
     optimizer: str = "adamw"
     cards: tuple[str, ...] = DEFAULT_CARDS
     context_bytes: int = CUDA_CONTEXT_BYTES
@@ -75,7 +77,8 @@ class PlanConfig:
     def run_config(self, batch_size: int) -> RunConfig:
         return RunConfig(model=self.model, precisions=self.precisions, batch_size=batch_size,
                          seq_len=self.seq_len, optimizer=self.optimizer, device="cpu",
-                         grad_checkpointing=self.grad_checkpointing, isolation="inline")
+                         grad_checkpointing=self.grad_checkpointing,
+                         grad_accum=self.grad_accum, isolation="inline")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class PlanResult:
     context_bytes: int
     trials: list = field(default_factory=list)
     kind: str = "plan"
+    grad_accum: int = 1
 
 
 def _traceable(precision: str, optimizer: str) -> str | None:
@@ -126,6 +130,27 @@ def _traceable(precision: str, optimizer: str) -> str | None:
     if optimizer == "adamw8bit":
         return "bitsandbytes' 8-bit AdamW runs its own kernels, which fake tensors cannot run"
     return None
+
+
+@contextmanager
+def _unpacked_rows():
+    """Tell transformers' mask builder what the real step finds: no packed sequences.
+
+    transformers reads the position ids' values to see whether a row packs several
+    sequences, and takes a fake tensor for "maybe packed": it then builds a full mask,
+    which turns off SDPA's causal kernel and its grouped-query path (key/value heads are
+    repeated and saved, for every layer). engine.models.make_batches passes no position
+    ids, so the model's own are 0..n-1 in every row: one sequence per row, which is what
+    the same function returns for the real batch.
+    """
+    from transformers import masking_utils
+
+    real = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = real
 
 
 class _NoReadScaler:
@@ -155,7 +180,7 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
 
     from engine.models import load_model, make_batches
     from engine.recipes import autocast_for, fp32_precision, recipe
-    from engine.trial import adam_eps, make_optimizer, make_scaler, tracked_step
+    from engine.trial import BATCH_POOL, adam_eps, make_optimizer, make_scaler, tracked_step
 
     rec = recipe(precision)
     run = config.run_config(batch_size)
@@ -171,9 +196,10 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
         optimizer = make_optimizer(config.optimizer, params, run.lr, eps)
         scaler = make_scaler(rec, device, run)
         scaler = _NoReadScaler(scaler) if scaler is not None else None
-    real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len, 1, run.seed,
-                        device)
-    with fp32_precision(rec), mode:
+    # one batch per micro-batch, as a trial cycles through its pool of distinct batches
+    real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len,
+                        min(BATCH_POOL, config.grad_accum), run.seed, device)
+    with fp32_precision(rec), mode, _unpacked_rows():
         batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
 
         # a warm-up step, its forward and backward counted as a trial's probe counts them
@@ -192,7 +218,8 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         measured = tracked_step(run, rec, device, model, optimizer, scaler, batches)
-    return measured, dict(counted.by_peak_dtype)
+    # FLOPs of one optimiser step: every micro-batch's forward and backward
+    return measured, {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()}
 
 
 def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBreakdown:
@@ -315,7 +342,8 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
         cards = [_verdict(config, card, peak_at, by_dtype) for card in config.cards]
         trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards))
     return PlanResult(config.model, config.batch_size, config.seq_len,
-                      config.grad_checkpointing, config.optimizer, config.context_bytes, trials)
+                      config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
+                      grad_accum=config.grad_accum)
 
 
 def _quant(precision: str) -> bool:
@@ -329,8 +357,11 @@ def _gib(value: int | None) -> str:
 
 
 def format_plan(result: PlanResult) -> str:
-    lines = [f"plan: {result.model}, batch {result.batch_size} x {result.seq_len} tokens, "
-             f"{result.optimizer}{', gradient checkpointing' if result.grad_checkpointing else ''}"
+    accum = (f" x {result.grad_accum} micro-batches (gradients accumulated)"
+             if result.grad_accum > 1 else "")
+    lines = [f"plan: {result.model}, batch {result.batch_size} x {result.seq_len} tokens"
+             f"{accum}, {result.optimizer}"
+             f"{', gradient checkpointing' if result.grad_checkpointing else ''}"
              f"; CUDA context allowance {_gib(result.context_bytes)}"]
     for trial in result.trials:
         mem = trial.memory

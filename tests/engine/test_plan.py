@@ -27,10 +27,12 @@ def _folder(tmp_path, family: str) -> str:
     return str(tmp_path / family)
 
 
-def _measured(model: str, precision: str, batch: int, seq: int, checkpointing: bool = False):
+def _measured(model: str, precision: str, batch: int, seq: int, checkpointing: bool = False,
+              grad_accum: int = 1):
     config = RunConfig(model=model, precisions=(precision,), batch_size=batch, seq_len=seq,
                        steps=1, warmup=1, device="cpu", isolation="inline",
-                       profile_step=False, grad_checkpointing=checkpointing)
+                       profile_step=False, grad_checkpointing=checkpointing,
+                       grad_accum=grad_accum)
     result = run_trial(config, precision, CPU, lambda e: None, lambda: False)
     assert result.status == "ok", result.reason
     return result.memory
@@ -61,6 +63,40 @@ def test_traced_step_equals_a_real_cpu_trial(tmp_path, model, precision, checkpo
     for name in CATEGORIES:
         assert _close(getattr(traced, name), getattr(measured, name)), name
     assert traced.peak_phase == measured.peak_phase
+
+
+def test_cli_grad_accum_traces_gradients_kept_across_micro_batches():
+    """3 micro-batches: the second and third forwards run while the first's gradients are
+    held, as in a real trial with --grad-accum 3."""
+    run = _cli("--model", "tiny", "--precision", "fp32,bf16-amp", "--batch-size", "2",
+               "--seq-len", "32", "--grad-accum", "3", "--card", "RTX 4090", "--max-batch",
+               "0", "--json", "--quiet")
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["grad_accum"] == 3
+    for trial in data["trials"]:
+        measured = _measured("tiny", trial["precision"], 2, 32, grad_accum=3)
+        traced = trial["memory"]
+        assert _close(traced["total_bytes"], measured.total_bytes), (
+            traced["total_bytes"], measured.total_bytes)
+        for name in CATEGORIES:
+            assert _close(traced[name], getattr(measured, name)), name
+        assert traced["peak_phase"] == measured.peak_phase
+        # and not the single-micro-batch figure: gradients of the first micro-batch are live
+        single = _measured("tiny", trial["precision"], 2, 32).total_bytes
+        assert traced["total_bytes"] > single
+
+
+def test_grad_accum_on_a_second_family(tmp_path):
+    source = _folder(tmp_path, "llama-gqa")
+    config = PlanConfig(model=source, precisions=("bf16-amp",), batch_size=2, seq_len=32,
+                        grad_accum=2, max_batch=0)
+    traced = plan(config).trials[0].memory
+    measured = _measured(source, "bf16-amp", 2, 32, grad_accum=2)
+    assert _close(traced.total_bytes, measured.total_bytes), (traced.total_bytes,
+                                                              measured.total_bytes)
+    for name in CATEGORIES:
+        assert _close(getattr(traced, name), getattr(measured, name)), name
 
 
 def _llama_params(h, f, layers, heads, kv_heads, vocab, head_dim=None, tied=False):
@@ -157,6 +193,7 @@ def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
     (("--model", "no-such-model"), "no-such-model"),
     (("--precision", "fp7"), "fp7"),
     (("--model", "tiny", "--seq-len", "513"), "--seq-len 512"),  # tiny has 512 positions
+    (("--grad-accum", "0"), "--grad-accum"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args, needle):
     run = _cli(*args, timeout=120)

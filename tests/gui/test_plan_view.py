@@ -59,6 +59,25 @@ def test_plan_tab_shows_recipe_by_card(qtbot, window):
     assert view.plan_button.isEnabled()
 
 
+def test_plan_tab_accumulates_gradients(qtbot, window):
+    """Gradient accumulation typed into the form: the traced step holds the first
+    micro-batch's gradients through the second, as a real trial with --grad-accum 2."""
+    view = _open_plan_tab(window)
+    _fill(view, "fp32", "RTX 4090")
+    type_into(view.grad_accum, "2")
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    assert view.last_result.grad_accum == 2
+    config = RunConfig(model="tiny", precisions=("fp32",), batch_size=2, seq_len=32, steps=1,
+                       warmup=1, device="cpu", isolation="inline", profile_step=False,
+                       grad_accum=2)
+    measured = run_trial(config, "fp32", probe("cpu"), lambda e: None, lambda: False).memory
+    traced = view.last_result.trials[0].memory
+    assert abs(traced.total_bytes - measured.total_bytes) <= 0.02 * measured.total_bytes
+    assert traced.peak_phase == measured.peak_phase == "backward"
+    assert "x 2 micro-batches" in view.status.text()
+
+
 def test_plan_tab_refuses_an_unknown_card_inline(qtbot, window):
     view = _open_plan_tab(window)
     _fill(view, "fp32", "RTX 9999")
