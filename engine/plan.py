@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import flops as flops_mod
-from engine.config import OPTIMIZERS, RunConfig, parse_precisions
+from engine.config import OPTIMIZERS, RunConfig, base_precision, parse_precisions, split_label
 from engine.events import MemoryBreakdown
 from engine.peaks import _entry as peak_entry
 from engine.peaks import peak_flops, table
@@ -57,9 +57,9 @@ class PlanConfig:
         # RunConfig validates the shared fields and says how to fix them
         self.run_config(self.batch_size)
         object.__setattr__(self, "precisions", parse_precisions(self.precisions))
-        if any("+" in p for p in self.precisions):
-            raise ValueError("plan predicts every precision with --optimizer: drop the "
-                             "'+OPTIM' suffix (profile compares optimizers side by side)")
+        if any(split_label(p)[2] for p in self.precisions):
+            raise ValueError("an '@dtype' gradient reduction needs several ranks: drop the "
+                             "'@' suffix (plan traces one process)")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer '{self.optimizer}': choose from "
                              f"{', '.join(OPTIMIZERS)}")
@@ -105,6 +105,7 @@ class PlanTrial:
     flops_by_peak_dtype: dict = field(default_factory=dict)
     trace_s: float | None = None
     cards: list = field(default_factory=list)  # CardVerdict per card
+    optimizer: str = ""  # the label's '+OPTIM', else --optimizer
 
 
 @dataclass(frozen=True)
@@ -120,16 +121,19 @@ class PlanResult:
     grad_accum: int = 1
 
 
-def _traceable(precision: str, optimizer: str) -> str | None:
+def _traceable(precision: str) -> str | None:
     from engine.recipes import recipe
 
-    if recipe(precision).quant:
+    if recipe(base_precision(precision)).quant:
         return ("bitsandbytes quantises while loading a checkpoint and runs its own kernels, "
                 "which fake tensors cannot run; the memory model needs the quantised "
                 "model's shape, which only loading it gives")
-    if optimizer == "adamw8bit":
-        return "bitsandbytes' 8-bit AdamW runs its own kernels, which fake tensors cannot run"
     return None
+
+
+def trial_optimizer(config: PlanConfig, precision: str) -> str:
+    """The optimiser a trial label trains with: its '+OPTIM' suffix, else --optimizer."""
+    return split_label(precision)[1] or config.optimizer
 
 
 @contextmanager
@@ -174,15 +178,38 @@ class _NoReadScaler:
         self.scaler.update()
 
 
+def _optimizer_on_fake(name: str, params: list, lr: float, eps: float, mode):
+    """engine.trial's optimiser over fake parameters. bitsandbytes' and torchao's low-bit
+    AdamWs build their quantisation maps from real values (``.tolist()``), which a fake
+    tensor has none of: the maps are built here outside the fake mode (torchao caches
+    its own; bitsandbytes' become fake tensors of the same size), and the step runs their
+    registered fake kernels."""
+    from engine.trial import make_optimizer
+
+    if name == "adamw8bit":
+        optimizer = make_optimizer(name, params, lr, eps)
+        optimizer.name2qmap = {k: mode.from_tensor(v) for k, v in optimizer.name2qmap.items()}
+        return optimizer
+    if name in ("adamw8bit-ao", "adamw4bit"):
+        from torchao.optim import subclass_4bit, subclass_8bit
+
+        for module in (subclass_8bit, subclass_4bit):  # lru_cache'd: the step reuses them
+            module.get_qmap_signed()
+            module.get_qmap_unsigned()
+    with mode:
+        return make_optimizer(name, params, lr, eps)
+
+
 def trace_step(config: PlanConfig, precision: str, batch_size: int):
     """(MeasuredPeak, FLOPs by peak dtype) of one steady-state training step, traced."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from engine.models import load_model, make_batches
     from engine.recipes import autocast_for, fp32_precision, recipe
-    from engine.trial import BATCH_POOL, adam_eps, make_optimizer, make_scaler, tracked_step
+    from engine.trial import BATCH_POOL, adam_eps, make_scaler, tracked_step
 
-    rec = recipe(precision)
+    name, optim, _ = split_label(precision)
+    rec = recipe(name)
     run = config.run_config(batch_size)
     device = torch.device("cpu")
     mode = FakeTensorMode()
@@ -192,8 +219,8 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
         model = loaded.model
         params = [p for p in model.parameters() if p.requires_grad]
     eps = adam_eps(params)  # reads the trained dtypes with a real tensor: outside the mode
+    optimizer = _optimizer_on_fake(optim or config.optimizer, params, run.lr, eps, mode)
     with fp32_precision(rec), mode:
-        optimizer = make_optimizer(config.optimizer, params, run.lr, eps)
         scaler = make_scaler(rec, device, run)
         scaler = _NoReadScaler(scaler) if scaler is not None else None
     # one batch per micro-batch, as a trial cycles through its pool of distinct batches
@@ -211,11 +238,12 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
             (scaler.scale(loss) if scaler else loss).backward()
 
         counted = flops_mod.count_flops(probe, tf32=False)
-        if scaler:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
+        with torch.compiler.set_stance("force_eager"):  # torchao's step, as tracked_step
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         measured = tracked_step(run, rec, device, model, optimizer, scaler, batches)
     # FLOPs of one optimiser step: every micro-batch's forward and backward
@@ -231,9 +259,9 @@ def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBrea
     model_config, task = load_config(resolve_source(config.model))
     with torch.device("meta"):
         model = model_class(task).from_config(model_config)
-    rec = recipe(precision)
+    rec = recipe(base_precision(precision))
     shape = shape_of(model, model_config, dims(model_config))
-    p = predict_memory(rec, config.optimizer, shape, batch_size, config.seq_len,
+    p = predict_memory(rec, trial_optimizer(config, precision), shape, batch_size, config.seq_len,
                        config.grad_checkpointing, "cuda")
     return MemoryBreakdown(
         params_bytes=p.params_bytes, grads_bytes=p.grads_bytes,
@@ -300,7 +328,7 @@ def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict) -> CardVerd
 def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
     trials = []
     for precision in config.precisions:
-        reason = _traceable(precision, config.optimizer)
+        reason = _traceable(precision)
         peaks: dict[int, int | None] = {}
         by_dtype: dict = {}
         memory, method, trace_s = None, "traced", None
@@ -320,7 +348,7 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
                     notes="traced on the CPU device: CPU autocast op lists; CUDA's "
                           "allocator rounding and kernels' scratch are not in this figure")
                 peaks[config.batch_size] = measured.peak_bytes
-        if memory is None and config.optimizer == "adamw8bit" and not _quant(precision):
+        if memory is None and not _quant(precision):
             memory, method = _fallback(config, precision, config.batch_size), "memory model"
             reason += "; the calibrated memory model predicts it instead"
         elif memory is None:
@@ -340,7 +368,8 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
             return peaks[batch]
 
         cards = [_verdict(config, card, peak_at, by_dtype) for card in config.cards]
-        trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards))
+        trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards,
+                                trial_optimizer(config, precision)))
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum)
@@ -349,7 +378,7 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
 def _quant(precision: str) -> bool:
     from engine.recipes import recipe
 
-    return recipe(precision).quant is not None
+    return recipe(base_precision(precision)).quant is not None
 
 
 def _gib(value: int | None) -> str:

@@ -236,20 +236,82 @@ def test_quantised_recipes_are_not_traced_and_say_why():
     assert all(c.fits is None for c in trial.cards)
 
 
-def test_8bit_adamw_falls_back_to_the_memory_model_and_says_so():
-    """bitsandbytes' 8-bit AdamW cannot run on fake tensors; its state is worked out here
-    from bitsandbytes' layout: per tensor of 4096+ elements two uint8 states and one fp32
-    absmax per 256-element block each, fp32 states below that, two 256-entry fp32 maps."""
-    config = PlanConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
-                        optimizer="adamw8bit", max_batch=0)
-    trial = plan(config).trials[0]
-    assert trial.method == "memory model"
-    assert "8-bit AdamW" in trial.reason and "memory model predicts" in trial.reason
-    assert "not traced" in trial.memory.total_method
-    cfg = tf.GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1024, n_positions=512)
+def _trainable_sizes(config) -> list[int]:
+    """Element counts of every parameter, from a model built on the meta device here."""
+    cls = tf.AutoModelForCausalLM
     with torch.device("meta"):
-        sizes = [p.numel() for p in tf.GPT2LMHeadModel(cfg).parameters()]
-    state = sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in sizes)
-    assert trial.memory.optimizer_bytes == state + 2 * 256 * 4
-    assert trial.memory.params_bytes == 4 * sum(sizes)
-    assert all(c.fits is True for c in trial.cards)  # a 2-layer model on a 24 GB card
+        return [p.numel() for p in cls.from_config(config).parameters()]
+
+
+def _bnb_adamw8bit_state(sizes) -> int:
+    """bitsandbytes' blockwise 8-bit AdamW: for a tensor of 4096+ elements two uint8 codes
+    per element and one fp32 absmax per 256-element block for each of m and v, fp32 m and
+    v below that, and the two 256-entry fp32 maps (signed and unsigned) shared by all."""
+    return sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in sizes) \
+        + 2 * 256 * 4
+
+
+def _torchao_state(sizes, bits: int, block: int, qmap_entries: int, plain_bytes: int) -> int:
+    """torchao.optim's low-bit AdamW: for a tensor of 4096+ elements in whole blocks, m and
+    v each hold codes (bits per element), an fp32 scale per block and their own fp32 lookup
+    map; other tensors keep m and v in the weight's dtype; an fp32 step count per tensor."""
+    total = 0
+    for n in sizes:
+        if n >= 4096 and n % block == 0:
+            total += 2 * (n * bits // 8 + 4 * (n // block) + 4 * qmap_entries)
+        else:
+            total += 2 * plain_bytes * n
+        total += 4  # state["step"] = torch.tensor(0.0)
+    return total
+
+
+GPT2_TINY = tf.GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1024, n_positions=512)
+
+
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+def test_cli_recipe_plus_optimizer_state_equals_hand_counted_bytes(tmp_path, family):
+    """RECIPE+OPTIM labels on the command line: each trial traces its own optimiser, and
+    the optimizer category is the state's exact bytes, counted here from the layouts."""
+    if family == "tiny":
+        source, sizes = "tiny", _trainable_sizes(GPT2_TINY)
+    else:
+        source = _folder(tmp_path, family)
+        sizes = _trainable_sizes(FAMILIES[family]())
+    run = _cli("--model", source, "--precision",
+               "bf16-amp+adamw8bit,fp32+adamw4bit,fp32+adamw8bit-ao,bf16+adamw-bf16-sr",
+               "--batch-size", "1", "--seq-len", "16", "--card", "RTX 4090", "--max-batch",
+               "0", "--json", "--quiet")
+    assert run.returncode == 0, run.stderr
+    trials = {t["precision"]: t for t in json.loads(run.stdout)["trials"]}
+    expected = {
+        "bf16-amp+adamw8bit": _bnb_adamw8bit_state(sizes),
+        # 4-bit: 16-entry maps, 128-element blocks; 8-bit: 256 entries, 256 elements
+        "fp32+adamw4bit": _torchao_state(sizes, 4, 128, 16, 4),
+        "fp32+adamw8bit-ao": _torchao_state(sizes, 8, 256, 256, 4),
+        # bf16 m and v for every tensor, and the step count
+        "bf16+adamw-bf16-sr": sum(2 * 2 * n + 4 for n in sizes),
+    }
+    for label, state in expected.items():
+        trial = trials[label]
+        assert trial["method"] == "traced", trial["reason"]
+        assert trial["optimizer"] == label.split("+")[1]
+        assert trial["memory"]["optimizer_bytes"] == state, label
+    n = sum(sizes)
+    assert trials["bf16-amp+adamw8bit"]["memory"]["params_bytes"] == 4 * n  # fp32 master
+    assert trials["bf16+adamw-bf16-sr"]["memory"]["params_bytes"] == 2 * n
+
+
+def test_8bit_adamw_traced_equals_a_real_cpu_trial():
+    """bitsandbytes' 8-bit AdamW on fake tensors (its fake kernels, maps built outside the
+    fake mode) against the same optimiser in a real CPU trial."""
+    config = PlanConfig(model="tiny", precisions=("fp32+adamw8bit",), batch_size=2,
+                        seq_len=32, max_batch=0)
+    trial = plan(config).trials[0]
+    assert trial.method == "traced", trial.reason
+    measured = _measured("tiny", "fp32+adamw8bit", 2, 32)
+    traced = trial.memory
+    assert _close(traced.total_bytes, measured.total_bytes), (traced.total_bytes,
+                                                              measured.total_bytes)
+    for name in CATEGORIES:
+        assert _close(getattr(traced, name), getattr(measured, name)), name
+    assert traced.optimizer_bytes == _bnb_adamw8bit_state(_trainable_sizes(GPT2_TINY))
