@@ -125,9 +125,8 @@ def _traceable(precision: str) -> str | None:
     from engine.recipes import recipe
 
     if recipe(base_precision(precision)).quant:
-        return ("bitsandbytes quantises while loading a checkpoint and runs its own kernels, "
-                "which fake tensors cannot run; the memory model needs the quantised "
-                "model's shape, which only loading it gives")
+        return ("bitsandbytes quantises the weights while loading a checkpoint, which fake "
+                "tensors have none of")
     return None
 
 
@@ -250,17 +249,35 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
     return measured, {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()}
 
 
-def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBreakdown:
-    """engine.memory_model's prediction for a recipe fake tensors cannot trace."""
-    from engine.memory_model import predict_memory, shape_of
-    from engine.models import dims, load_config, model_class, resolve_source
+def meta_shape(config: PlanConfig, precision: str):
+    """The memory model's ModelShape of the model a trial of ``precision`` trains, built on
+    the meta device. A quantised recipe gets what loading does before any weight is read:
+    transformers' bitsandbytes quantizer swaps the Linear layers (its own choice of which
+    to keep), then engine.models adds the trial's LoRA adapters."""
+    from engine.memory_model import shape_of
+    from engine.models import _add_lora, _bnb_config, dims, load_config, model_class, resolve_source
     from engine.recipes import recipe
 
+    rec = recipe(base_precision(precision))
     model_config, task = load_config(resolve_source(config.model))
     with torch.device("meta"):
-        model = model_class(task).from_config(model_config)
+        model = model_class(task).from_config(model_config, dtype=rec.weight_dtype)
+    if rec.quant:
+        from transformers.quantizers import AutoHfQuantizer
+
+        quantizer = AutoHfQuantizer.from_config(_bnb_config(rec), pre_quantized=False)
+        quantizer.preprocess_model(model, dtype=rec.weight_dtype, device_map={"": "cpu"})
+        model, _ = _add_lora(model, rec, config.run_config(1).lora_r, config.grad_checkpointing)
+    return shape_of(model, model_config, dims(model_config))
+
+
+def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBreakdown:
+    """engine.memory_model's prediction for a recipe fake tensors cannot trace."""
+    from engine.memory_model import predict_memory
+    from engine.recipes import recipe
+
     rec = recipe(base_precision(precision))
-    shape = shape_of(model, model_config, dims(model_config))
+    shape = meta_shape(config, precision)
     p = predict_memory(rec, trial_optimizer(config, precision), shape, batch_size, config.seq_len,
                        config.grad_checkpointing, "cuda")
     return MemoryBreakdown(
@@ -348,11 +365,15 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
                     notes="traced on the CPU device: CPU autocast op lists; CUDA's "
                           "allocator rounding and kernels' scratch are not in this figure")
                 peaks[config.batch_size] = measured.peak_bytes
-        if memory is None and not _quant(precision):
-            memory, method = _fallback(config, precision, config.batch_size), "memory model"
-            reason += "; the calibrated memory model predicts it instead"
-        elif memory is None:
-            method = "n/a"
+        if memory is None:
+            try:
+                memory, method = _fallback(config, precision, config.batch_size), "memory model"
+            except Exception as exc:  # a model the memory model has no shape for
+                method = "n/a"
+                reason += f"; the memory model cannot predict it either ({exc})"
+            else:
+                reason += ("; the calibrated memory model (engine.memory_model) predicts it "
+                           "instead, from the model's shape built on the meta device")
         if memory is not None:
             peaks.setdefault(config.batch_size, memory.total_bytes)
 
@@ -373,12 +394,6 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum)
-
-
-def _quant(precision: str) -> bool:
-    from engine.recipes import recipe
-
-    return recipe(base_precision(precision)).quant is not None
 
 
 def _gib(value: int | None) -> str:

@@ -12,7 +12,7 @@ import transformers as tf
 
 from engine.config import RunConfig
 from engine.device import probe
-from engine.plan import PlanConfig, plan, trace_step
+from engine.plan import PlanConfig, meta_shape, plan, trace_step
 from engine.trial import run_trial
 from tests.engine.families import FAMILIES
 
@@ -227,13 +227,34 @@ def test_a_card_without_memory_in_the_table_is_na():
     assert "no memory size" in card.reason
 
 
-def test_quantised_recipes_are_not_traced_and_say_why():
-    config = PlanConfig(model="tiny", precisions=("nf4",), batch_size=1, seq_len=16,
-                        max_batch=0)
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+@pytest.mark.parametrize("precision", ["nf4", "int8"])
+def test_quantised_recipes_fall_back_to_the_memory_model_on_the_loaded_shape(
+        tmp_path, family, precision):
+    """int8/nf4 cannot be traced (bitsandbytes quantises real weights while loading): the
+    plan says so and the memory model predicts from a shape built on the meta device,
+    which must be the shape of the model a real trial loads (quantised layers, LoRA)."""
+    import dataclasses
+
+    from engine.memory_model import predict_memory, shape_of
+    from engine.models import dims, load_model
+    from engine.recipes import recipe
+
+    source = "tiny" if family == "tiny" else _folder(tmp_path, family)
+    config = PlanConfig(model=source, precisions=(precision,), batch_size=2, seq_len=32,
+                        cards=("RTX 4090",), max_batch=0)
     trial = plan(config).trials[0]
-    assert trial.method == "n/a" and trial.memory is None
-    assert "fake tensors cannot run" in trial.reason
-    assert all(c.fits is None for c in trial.cards)
+    assert trial.method == "memory model"
+    assert "fake tensors" in trial.reason and "memory model" in trial.reason
+    assert "not traced" in trial.memory.total_method
+    loaded = load_model(source, recipe(precision), torch.device("cpu"), 0, False, 8, False)
+    real = shape_of(loaded.model, loaded.config, dims(loaded.config))
+    assert loaded.model.get_nb_trainable_parameters()[0] == real.trainable_params > 0
+    assert dataclasses.asdict(real) == dataclasses.asdict(meta_shape(config, precision))
+    predicted = predict_memory(recipe(precision), "adamw", real, 2, 32, False, "cuda")
+    assert trial.memory.total_bytes == predicted.total_bytes
+    assert trial.memory.params_bytes == predicted.params_bytes
+    assert trial.cards[0].fits is True  # a 2-layer model on a 24 GB card
 
 
 def _trainable_sizes(config) -> list[int]:
