@@ -18,14 +18,22 @@ back to engine.memory_model where it can, and says so in the trial.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from engine import flops as flops_mod
-from engine.config import OPTIMIZERS, RunConfig, base_precision, parse_precisions, split_label
+from engine.config import (
+    OPTIMIZERS,
+    STRATEGIES,
+    RunConfig,
+    base_precision,
+    parse_precisions,
+    split_label,
+)
 from engine.events import MemoryBreakdown
 from engine.peaks import _entry as peak_entry
 from engine.peaks import peak_flops, table
@@ -52,14 +60,36 @@ class PlanConfig:
     cards: tuple[str, ...] = DEFAULT_CARDS
     context_bytes: int = CUDA_CONTEXT_BYTES
     max_batch: int = MAX_BATCH  # 0: no search for the largest micro-batch
+    strategy: str = "none"  # "fsdp2" or "ddp": the figure is one rank's at nproc_per_node
+    nproc_per_node: int = 1
 
     def __post_init__(self) -> None:
         # RunConfig validates the shared fields and says how to fix them
         self.run_config(self.batch_size)
         object.__setattr__(self, "precisions", parse_precisions(self.precisions))
-        if any(split_label(p)[2] for p in self.precisions):
-            raise ValueError("an '@dtype' gradient reduction needs several ranks: drop the "
-                             "'@' suffix (plan traces one process)")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy '{self.strategy}': choose from "
+                             f"{', '.join(STRATEGIES)}")
+        if not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1:
+            raise ValueError("--nproc-per-node must be 1 or more")
+        if self.strategy == "none":
+            if self.nproc_per_node > 1:
+                raise ValueError("several ranks need a strategy: set --strategy ddp or fsdp2")
+            if any(split_label(p)[2] for p in self.precisions):
+                raise ValueError("an '@dtype' gradient reduction needs a strategy: set "
+                                 "--strategy ddp or fsdp2, or drop the '@' suffix")
+        else:
+            from engine.distributed.recipes import unsupported_reason
+
+            if self.strategy == "fsdp2" and self.grad_accum > 1:
+                raise ValueError("--grad-accum with --strategy fsdp2 is not planned: FSDP2 "
+                                 "keeps unsharded gradients between micro-batches, which the "
+                                 "traced step does not run; plan one micro-batch")
+            for label in self.precisions:
+                name, _, reduce = split_label(label)
+                why = unsupported_reason(f"{name}@{reduce}" if reduce else name, self.strategy)
+                if why:
+                    raise ValueError(why)
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer '{self.optimizer}': choose from "
                              f"{', '.join(OPTIMIZERS)}")
@@ -119,6 +149,8 @@ class PlanResult:
     trials: list = field(default_factory=list)
     kind: str = "plan"
     grad_accum: int = 1
+    strategy: str = "none"
+    nproc_per_node: int = 1
 
 
 def _traceable(precision: str) -> str | None:
@@ -177,6 +209,25 @@ class _NoReadScaler:
         self.scaler.update()
 
 
+@contextmanager
+def _fake_world(world: int):
+    """FSDP2's device mesh over ``world`` ranks of torch's fake process group (collectives
+    return at once and move nothing), made before the fake mode (a mesh reads real
+    values) and taken down after the trace."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ValueError("a process group is already running here: plan --strategy needs a "
+                         "process of its own")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        yield init_device_mesh("cpu", (world,))
+    finally:
+        dist.destroy_process_group()
+
+
 def _optimizer_on_fake(name: str, params: list, lr: float, eps: float, mode):
     """engine.trial's optimiser over fake parameters. bitsandbytes' and torchao's low-bit
     AdamWs build their quantisation maps from real values (``.tolist()``), which a fake
@@ -200,15 +251,23 @@ def _optimizer_on_fake(name: str, params: list, lr: float, eps: float, mode):
 
 
 def trace_step(config: PlanConfig, precision: str, batch_size: int):
-    """(MeasuredPeak, FLOPs by peak dtype) of one steady-state training step, traced."""
+    """(MeasuredPeak, FLOPs by peak dtype) of one steady-state training step, traced; under
+    FSDP2, rank 0's step in a fake world of ``nproc_per_node`` ranks."""
+    with ExitStack() as stack:
+        mesh = (stack.enter_context(_fake_world(config.nproc_per_node))
+                if config.strategy == "fsdp2" else None)
+        return _trace(config, precision, batch_size, mesh)
+
+
+def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from engine.models import load_model, make_batches
     from engine.recipes import autocast_for, fp32_precision, recipe
     from engine.trial import BATCH_POOL, adam_eps, make_scaler, tracked_step
 
-    name, optim, _ = split_label(precision)
-    rec = recipe(name)
+    name, optim, reduce = split_label(precision)
+    rec = step_rec = recipe(name)
     run = config.run_config(batch_size)
     device = torch.device("cpu")
     mode = FakeTensorMode()
@@ -216,11 +275,20 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
         loaded = load_model(config.model, rec, device, run.seed, run.trust_remote_code,
                             run.lora_r, config.grad_checkpointing)
         model = loaded.model
+        if config.strategy == "fsdp2":
+            from engine.distributed.rank_main import _scaler, _wrap
+            from engine.distributed.recipes import dist_recipe
+
+            drec = dist_recipe(f"{name}@{reduce}" if reduce else name, "fsdp2")
+            model, _, _ = _wrap(model, drec, device, mesh)
+            # FSDP2 casts by its MixedPrecisionPolicy instead of autocast, as a rank does
+            step_rec = dataclasses.replace(rec, autocast_dtype=None)
         params = [p for p in model.parameters() if p.requires_grad]
     eps = adam_eps(params)  # reads the trained dtypes with a real tensor: outside the mode
     optimizer = _optimizer_on_fake(optim or config.optimizer, params, run.lr, eps, mode)
     with fp32_precision(rec), mode:
-        scaler = make_scaler(rec, device, run)
+        scaler = (_scaler(drec, device, run) if config.strategy == "fsdp2"
+                  else make_scaler(rec, device, run))
         scaler = _NoReadScaler(scaler) if scaler is not None else None
     # one batch per micro-batch, as a trial cycles through its pool of distinct batches
     real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len,
@@ -232,7 +300,7 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
         # (apart from the watched step: FlopCounterMode's module hooks keep checkpointed
         # layers' recomputed tensors alive); it leaves the optimiser's state in place
         def probe():
-            with autocast_for(rec, device):
+            with autocast_for(step_rec, device):
                 loss = model(**batches[0]).loss
             (scaler.scale(loss) if scaler else loss).backward()
 
@@ -244,7 +312,7 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
             else:
                 optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        measured = tracked_step(run, rec, device, model, optimizer, scaler, batches)
+        measured = tracked_step(run, step_rec, device, model, optimizer, scaler, batches)
     # FLOPs of one optimiser step: every micro-batch's forward and backward
     return measured, {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()}
 
@@ -349,6 +417,7 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
         peaks: dict[int, int | None] = {}
         by_dtype: dict = {}
         memory, method, trace_s = None, "traced", None
+        buckets = 0  # DDP's gradient buckets, held beside the traced step
         if reason is None:
             log(f"{precision}: tracing one step at batch {config.batch_size}")
             start = time.perf_counter()
@@ -364,8 +433,14 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
                     **breakdown_fields(measured, TRACE_METHOD),
                     notes="traced on the CPU device: CPU autocast op lists; CUDA's "
                           "allocator rounding and kernels' scratch are not in this figure")
-                peaks[config.batch_size] = measured.peak_bytes
-        if memory is None:
+                if config.strategy == "ddp":
+                    buckets = measured.at_phase_start["optimizer"]["grads"]
+                    memory = _with_ddp_buckets(memory, buckets, config.nproc_per_node)
+                peaks[config.batch_size] = memory.total_bytes
+        if memory is None and config.strategy != "none":
+            method = "n/a"
+            reason += "; the memory model predicts one process only"
+        elif memory is None:
             try:
                 memory, method = _fallback(config, precision, config.batch_size), "memory model"
             except Exception as exc:  # a model the memory model has no shape for
@@ -377,11 +452,12 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
         if memory is not None:
             peaks.setdefault(config.batch_size, memory.total_bytes)
 
-        def peak_at(batch: int, precision=precision, method=method, peaks=peaks):
+        def peak_at(batch: int, precision=precision, method=method, peaks=peaks,
+                    buckets=buckets):
             if batch not in peaks:
                 if method == "traced":
                     log(f"{precision}: tracing batch {batch}")
-                    peaks[batch] = trace_step(config, precision, batch)[0].peak_bytes
+                    peaks[batch] = trace_step(config, precision, batch)[0].peak_bytes + buckets
                 elif method == "memory model":
                     peaks[batch] = _fallback(config, precision, batch).total_bytes
                 else:
@@ -393,7 +469,28 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
                                 trial_optimizer(config, precision)))
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
-                      grad_accum=config.grad_accum)
+                      grad_accum=config.grad_accum, strategy=config.strategy,
+                      nproc_per_node=config.nproc_per_node)
+
+
+_DDP_NOTE = ("; DDP's gradient buckets computed, not traced: DDP cannot run on a fake "
+             "process group")
+
+
+def _with_ddp_buckets(memory: MemoryBreakdown, buckets: int, world: int) -> MemoryBreakdown:
+    """One DDP rank: the single-process step plus the gradient buckets DDP allocates when
+    it wraps the model (a copy of every gradient, in its dtype). DDP cannot run on the fake
+    process group (its reducer reads the all-reduce's result), so this part is computed,
+    not traced."""
+    return dataclasses.replace(
+        memory, total_bytes=memory.total_bytes + buckets,
+        total_method=(f"{memory.total_method}; plus DDP's gradient buckets ({buckets:,} B, "
+                      "one copy of every gradient), computed, not traced: DDP's reducer "
+                      "reads the all-reduce's result, which the fake process group has none "
+                      "of"),
+        notes=(f"{memory.notes}; DDP rank of {world}: every rank holds the whole model, "
+               "gradients and optimizer state, so the figure does not depend on the world "
+               "size"))
 
 
 def _gib(value: int | None) -> str:
@@ -403,8 +500,11 @@ def _gib(value: int | None) -> str:
 def format_plan(result: PlanResult) -> str:
     accum = (f" x {result.grad_accum} micro-batches (gradients accumulated)"
              if result.grad_accum > 1 else "")
+    world = (f", {result.strategy.upper()} rank 0 of {result.nproc_per_node} (per-rank figures"
+             f"{_DDP_NOTE if result.strategy == 'ddp' else ''})"
+             if result.strategy != "none" else "")
     lines = [f"plan: {result.model}, batch {result.batch_size} x {result.seq_len} tokens"
-             f"{accum}, {result.optimizer}"
+             f"{accum}{world}, {result.optimizer}"
              f"{', gradient checkpointing' if result.grad_checkpointing else ''}"
              f"; CUDA context allowance {_gib(result.context_bytes)}"]
     for trial in result.trials:

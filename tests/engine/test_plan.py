@@ -194,6 +194,8 @@ def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
     (("--precision", "fp7"), "fp7"),
     (("--model", "tiny", "--seq-len", "513"), "--seq-len 512"),  # tiny has 512 positions
     (("--grad-accum", "0"), "--grad-accum"),
+    (("--nproc-per-node", "4"), "--strategy ddp or fsdp2"),
+    (("--strategy", "fsdp2", "--precision", "nf4"), "nf4 has no fsdp2 recipe"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args, needle):
     run = _cli(*args, timeout=120)
@@ -336,3 +338,50 @@ def test_8bit_adamw_traced_equals_a_real_cpu_trial():
     for name in CATEGORIES:
         assert _close(getattr(traced, name), getattr(measured, name)), name
     assert traced.optimizer_bytes == _bnb_adamw8bit_state(_trainable_sizes(GPT2_TINY))
+
+
+def _shapes(config) -> list[tuple[int, ...]]:
+    with torch.device("meta"):
+        return [tuple(p.shape) for p in tf.AutoModelForCausalLM.from_config(config).parameters()]
+
+
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+def test_cli_fsdp2_and_ddp_per_rank_bytes_equal_hand_counts(tmp_path, family):
+    """FSDP2 at world 4 on torch's fake process group: rank 0 holds its dim-0 shard of every
+    parameter (ceil(rows / 4) rows), the same of each fp32 gradient, AdamW's m and v of its
+    shard and a step count per tensor. DDP: the whole model on every rank, plus a bucket
+    copy of every gradient."""
+    if family == "tiny":
+        source, config = "tiny", GPT2_TINY
+    else:
+        source, config = _folder(tmp_path, family), FAMILIES[family]()
+    shapes = _shapes(config)
+    world = 4
+    shard = sum(-(-s[0] // world) * (torch.Size(s[1:]).numel()) for s in shapes)
+    n = sum(torch.Size(s).numel() for s in shapes)
+
+    def cli(*extra):
+        run = _cli("--model", source, "--precision", "fp32,bf16-amp", "--batch-size", "1",
+                   "--seq-len", "16", "--card", "RTX 4090", "--max-batch", "0", "--json",
+                   "--quiet", *extra)
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)
+
+    fsdp = cli("--strategy", "fsdp2", "--nproc-per-node", str(world))
+    assert fsdp["strategy"] == "fsdp2" and fsdp["nproc_per_node"] == world
+    for trial in fsdp["trials"]:
+        assert trial["method"] == "traced", trial["reason"]
+        mem = trial["memory"]
+        assert mem["params_bytes"] == 4 * shard, trial["precision"]  # fp32 shards
+        assert mem["at_phase_start_bytes"]["optimizer"]["grads"] == 4 * shard
+        assert mem["optimizer_bytes"] == 8 * shard + 4 * len(shapes)
+
+    single = {t["precision"]: t["memory"] for t in cli()["trials"]}
+    ddp = cli("--strategy", "ddp", "--nproc-per-node", str(world))
+    for trial in ddp["trials"]:
+        mem = trial["memory"]
+        assert mem["params_bytes"] == 4 * n
+        assert mem["total_bytes"] == single[trial["precision"]]["total_bytes"] + 4 * n
+        assert "computed, not traced" in mem["total_method"]
+        card = trial["cards"][0]
+        assert card["headroom_bytes"] == card["usable_bytes"] - mem["total_bytes"]
