@@ -359,13 +359,11 @@ def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBrea
 
 
 def card_memory(card: str) -> tuple[str, int | None, str]:
-    """(table name, memory as the driver reports it, its source or why it is missing)."""
-    entry = peak_entry(card)
-    memory = entry.get("memory_bytes")
-    if memory is None:
-        return entry["name"], None, (f"{entry['name']} has no memory size in "
-                                     "resources/peak_flops.json")
-    return entry["name"], int(memory), entry["memory_source"]
+    """(table name, memory as CUDA reports it, its source or why it is missing)."""
+    from engine.peaks import card_memory as lookup
+
+    found = lookup(card)
+    return found.name, found.memory_bytes, found.source
 
 
 def roofline_ms(card: str, by_peak_dtype: dict) -> tuple[float | None, str]:
