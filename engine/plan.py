@@ -76,9 +76,13 @@ class PlanConfig:
             if self.nproc_per_node > 1:
                 raise ValueError("several ranks need a strategy: set --strategy ddp or fsdp2")
             if any(split_label(p)[2] for p in self.precisions):
-                raise ValueError("an '@dtype' gradient reduction needs a strategy: set "
-                                 "--strategy ddp or fsdp2, or drop the '@' suffix")
+                raise ValueError("a gradient-reduction dtype ('@bf16') needs a distributed "
+                                 "run: set --strategy ddp or fsdp2, or drop the '@' suffix")
         else:
+            if any(split_label(p)[1] for p in self.precisions):
+                raise ValueError("a per-trial optimizer ('+adamw8bit') runs in one process "
+                                 "only, as in a distributed trial: drop the '+' suffix and use "
+                                 "--optimizer, or --strategy none")
             from engine.distributed.recipes import unsupported_reason
 
             if self.strategy == "fsdp2" and self.grad_accum > 1:
@@ -105,7 +109,10 @@ class PlanConfig:
             raise ValueError("--max-batch must be 0 (no search) or more")
 
     def run_config(self, batch_size: int) -> RunConfig:
-        return RunConfig(model=self.model, precisions=self.precisions, batch_size=batch_size,
+        # the traced step is one process: an '@dtype' reduction is FSDP2's policy, not its
+        one_process = tuple(dict.fromkeys(p.partition("@")[0]
+                                          for p in parse_precisions(self.precisions)))
+        return RunConfig(model=self.model, precisions=one_process, batch_size=batch_size,
                          seq_len=self.seq_len, optimizer=self.optimizer, device="cpu",
                          grad_checkpointing=self.grad_checkpointing,
                          grad_accum=self.grad_accum, isolation="inline")
