@@ -12,8 +12,10 @@ fake device), so autocast follows the CPU's op lists and attention takes the CPU
 kernel; what a CUDA allocator adds (512-byte rounding, cuBLAS workspaces, the context)
 is covered by the stated context allowance.
 
-What fake tensors cannot run (bitsandbytes' quantised layers and 8-bit optimiser) falls
-back to engine.memory_model where it can, and says so in the trial.
+What fake tensors cannot run (bitsandbytes' quantised layers, which quantise real weights
+while loading; a custom op without a fake kernel) falls back to engine.memory_model, and
+says so in the trial. ``--strategy fsdp2`` traces rank 0 on torch's fake process group;
+DDP cannot run there, so its buckets are added to the one-process trace.
 """
 
 from __future__ import annotations
