@@ -45,19 +45,17 @@ class Card:
         return f"{self.label} ({self.capacity_bytes / 2**30:.1f} GiB)"
 
 
-# torch prints total_memory in MiB rounded down (``_CudaDeviceProperties(... MB)``), so
-# each capacity is that printout x 2^20: within 1 MiB of the card's own figure
-_PRINTOUT = "torch.cuda.get_device_properties printout in"
-CARDS = (
-    Card("RTX 4090", 24563 * 2**20, f"{_PRINTOUT} a public CUDA environment check"),
-    Card("A100 40GB", 40536 * 2**20,
-         "cudaDeviceProp.totalGlobalMem of an A100-SXM4-40GB as printed in PaddlePaddle's "
-         "get_device_properties docs"),
-    Card("L40S", 45589 * 2**20, f"{_PRINTOUT} a public README (ECC on)"),
-    Card("H100 80GB", 81090 * 2**20,
-         f"{_PRINTOUT} Stanford CS336 (spring 2025) lecture notes, H100 80GB HBM3"),
-    Card("H200", 143156 * 2**20, f"{_PRINTOUT} a public Modal example, NVIDIA H200"),
-)
+def _card(label: str, name: str) -> Card:
+    """``name`` as CUDA reports it, sized from resources/peak_flops.json (its one source)."""
+    from engine.peaks import card_memory
+
+    found = card_memory(name)
+    return Card(label, found.memory_bytes, found.source)
+
+
+CARDS = tuple(_card(label, name) for label, name in (
+    ("RTX 4090", "NVIDIA GeForce RTX 4090"), ("A100 40GB", "NVIDIA A100-SXM4-40GB"),
+    ("L40S", "NVIDIA L40S"), ("H100 80GB", "NVIDIA H100 80GB HBM3"), ("H200", "NVIDIA H200")))
 PROBE_WARMUP, PROBE_STEPS = 1, 2
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

@@ -46,7 +46,9 @@ def storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
     optimiser state: codes, block scales, lookup map) holds several."""
     if is_traceable_wrapper_subclass(tensor):
         names, _ = tensor.__tensor_flatten__()
-        return [s for n in names for s in storages(getattr(tensor, n))]
+        # a DTensor (FSDP2's shards) names its device mesh beside its local tensor
+        inner = (getattr(tensor, n) for n in names)
+        return [s for t in inner if isinstance(t, torch.Tensor) for s in storages(t)]
     try:
         return [tensor.untyped_storage()]
     except (NotImplementedError, RuntimeError):  # sparse, or a subclass without storage

@@ -105,3 +105,37 @@ def mfu(achieved_flops_per_s: float | None, lookup: PeakLookup) -> float | None:
     if achieved_flops_per_s is None or lookup.flops_per_s is None:
         return None
     return achieved_flops_per_s / lookup.flops_per_s
+
+
+@dataclass(frozen=True)
+class CardMemory:
+    name: str  # the table's name, with the size variant where the GPU comes in several
+    memory_bytes: int | None  # as CUDA reports it (total_memory); None: no source gives it
+    source: str  # where the figure comes from, or why there is none
+
+
+def card_memory(card: str) -> CardMemory | None:
+    """A card's memory from the table (None: the table does not name the card). A GPU sold
+    in several sizes needs the size in the name ("A100-SXM4-40GB")."""
+    entry = _entry(card)
+    if entry is None:
+        return None
+    variants = entry.get("memory_variants")
+    if variants:
+        for v in variants:
+            if re.search(v["match"], card, re.IGNORECASE):
+                return _card_memory(f"{entry['name']} {v['label']}", v)
+        sizes = " or ".join(v["label"] for v in variants)
+        return CardMemory(entry["name"], None,
+                          f"{entry['name']} comes in {sizes}: add the size to the card name, "
+                          f"e.g. '{card} {variants[0]['label']}'")
+    return _card_memory(entry["name"], entry)
+
+
+def _card_memory(name: str, row: dict) -> CardMemory:
+    if row.get("memory_bytes") is not None:
+        return CardMemory(name, int(row["memory_bytes"]), row["memory_source"])
+    nominal = row.get("memory_nominal_gb")
+    known = f" (nominal {nominal} GB: {row.get('memory_note')})" if nominal else ""
+    return CardMemory(name, None, f"{name} has no memory size as CUDA reports it in "
+                                  f"{_TABLE_NAME}{known}")

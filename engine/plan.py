@@ -12,19 +12,30 @@ fake device), so autocast follows the CPU's op lists and attention takes the CPU
 kernel; what a CUDA allocator adds (512-byte rounding, cuBLAS workspaces, the context)
 is covered by the stated context allowance.
 
-What fake tensors cannot run (bitsandbytes' quantised layers and 8-bit optimiser) falls
-back to engine.memory_model where it can, and says so in the trial.
+What fake tensors cannot run (bitsandbytes' quantised layers, which quantise real weights
+while loading; a custom op without a fake kernel) falls back to engine.memory_model, and
+says so in the trial. ``--strategy fsdp2`` traces rank 0 on torch's fake process group;
+DDP cannot run there, so its buckets are added to the one-process trace.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from engine import flops as flops_mod
-from engine.config import OPTIMIZERS, RunConfig, parse_precisions
+from engine.config import (
+    OPTIMIZERS,
+    STRATEGIES,
+    RunConfig,
+    base_precision,
+    parse_precisions,
+    split_label,
+)
 from engine.events import MemoryBreakdown
 from engine.peaks import _entry as peak_entry
 from engine.peaks import peak_flops, table
@@ -46,18 +57,45 @@ class PlanConfig:
     batch_size: int = 1
     seq_len: int = 128
     grad_checkpointing: bool = False
+    grad_accum: int = 1  # micro-batches per optimiser step, gradients kept across them
     optimizer: str = "adamw"
     cards: tuple[str, ...] = DEFAULT_CARDS
     context_bytes: int = CUDA_CONTEXT_BYTES
     max_batch: int = MAX_BATCH  # 0: no search for the largest micro-batch
+    strategy: str = "none"  # "fsdp2" or "ddp": the figure is one rank's at nproc_per_node
+    nproc_per_node: int = 1
 
     def __post_init__(self) -> None:
         # RunConfig validates the shared fields and says how to fix them
         self.run_config(self.batch_size)
         object.__setattr__(self, "precisions", parse_precisions(self.precisions))
-        if any("+" in p for p in self.precisions):
-            raise ValueError("plan predicts every precision with --optimizer: drop the "
-                             "'+OPTIM' suffix (profile compares optimizers side by side)")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy '{self.strategy}': choose from "
+                             f"{', '.join(STRATEGIES)}")
+        if not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1:
+            raise ValueError("--nproc-per-node must be 1 or more")
+        if self.strategy == "none":
+            if self.nproc_per_node > 1:
+                raise ValueError("several ranks need a strategy: set --strategy ddp or fsdp2")
+            if any(split_label(p)[2] for p in self.precisions):
+                raise ValueError("a gradient-reduction dtype ('@bf16') needs a distributed "
+                                 "run: set --strategy ddp or fsdp2, or drop the '@' suffix")
+        else:
+            if any(split_label(p)[1] for p in self.precisions):
+                raise ValueError("a per-trial optimizer ('+adamw8bit') runs in one process "
+                                 "only, as in a distributed trial: drop the '+' suffix and use "
+                                 "--optimizer, or --strategy none")
+            from engine.distributed.recipes import unsupported_reason
+
+            if self.strategy == "fsdp2" and self.grad_accum > 1:
+                raise ValueError("--grad-accum with --strategy fsdp2 is not planned: FSDP2 "
+                                 "keeps unsharded gradients between micro-batches, which the "
+                                 "traced step does not run; plan one micro-batch")
+            for label in self.precisions:
+                name, _, reduce = split_label(label)
+                why = unsupported_reason(f"{name}@{reduce}" if reduce else name, self.strategy)
+                if why:
+                    raise ValueError(why)
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer '{self.optimizer}': choose from "
                              f"{', '.join(OPTIMIZERS)}")
@@ -73,9 +111,13 @@ class PlanConfig:
             raise ValueError("--max-batch must be 0 (no search) or more")
 
     def run_config(self, batch_size: int) -> RunConfig:
-        return RunConfig(model=self.model, precisions=self.precisions, batch_size=batch_size,
+        # the traced step is one process: an '@dtype' reduction is FSDP2's policy, not its
+        one_process = tuple(dict.fromkeys(p.partition("@")[0]
+                                          for p in parse_precisions(self.precisions)))
+        return RunConfig(model=self.model, precisions=one_process, batch_size=batch_size,
                          seq_len=self.seq_len, optimizer=self.optimizer, device="cpu",
-                         grad_checkpointing=self.grad_checkpointing, isolation="inline")
+                         grad_checkpointing=self.grad_checkpointing,
+                         grad_accum=self.grad_accum, isolation="inline")
 
 
 @dataclass(frozen=True)
@@ -102,6 +144,7 @@ class PlanTrial:
     flops_by_peak_dtype: dict = field(default_factory=dict)
     trace_s: float | None = None
     cards: list = field(default_factory=list)  # CardVerdict per card
+    optimizer: str = ""  # the label's '+OPTIM', else --optimizer
 
 
 @dataclass(frozen=True)
@@ -114,18 +157,44 @@ class PlanResult:
     context_bytes: int
     trials: list = field(default_factory=list)
     kind: str = "plan"
+    grad_accum: int = 1
+    strategy: str = "none"
+    nproc_per_node: int = 1
 
 
-def _traceable(precision: str, optimizer: str) -> str | None:
+def _traceable(precision: str) -> str | None:
     from engine.recipes import recipe
 
-    if recipe(precision).quant:
-        return ("bitsandbytes quantises while loading a checkpoint and runs its own kernels, "
-                "which fake tensors cannot run; the memory model needs the quantised "
-                "model's shape, which only loading it gives")
-    if optimizer == "adamw8bit":
-        return "bitsandbytes' 8-bit AdamW runs its own kernels, which fake tensors cannot run"
+    if recipe(base_precision(precision)).quant:
+        return ("bitsandbytes quantises the weights while loading a checkpoint, which fake "
+                "tensors have none of")
     return None
+
+
+def trial_optimizer(config: PlanConfig, precision: str) -> str:
+    """The optimiser a trial label trains with: its '+OPTIM' suffix, else --optimizer."""
+    return split_label(precision)[1] or config.optimizer
+
+
+@contextmanager
+def _unpacked_rows():
+    """Tell transformers' mask builder what the real step finds: no packed sequences.
+
+    transformers reads the position ids' values to see whether a row packs several
+    sequences, and takes a fake tensor for "maybe packed": it then builds a full mask,
+    which turns off SDPA's causal kernel and its grouped-query path (key/value heads are
+    repeated and saved, for every layer). engine.models.make_batches passes no position
+    ids, so the model's own are 0..n-1 in every row: one sequence per row, which is what
+    the same function returns for the real batch.
+    """
+    from transformers import masking_utils
+
+    real = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = real
 
 
 class _NoReadScaler:
@@ -149,15 +218,65 @@ class _NoReadScaler:
         self.scaler.update()
 
 
+@contextmanager
+def _fake_world(world: int):
+    """FSDP2's device mesh over ``world`` ranks of torch's fake process group (collectives
+    return at once and move nothing), made before the fake mode (a mesh reads real
+    values) and taken down after the trace."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ValueError("a process group is already running here: plan --strategy needs a "
+                         "process of its own")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        yield init_device_mesh("cpu", (world,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _optimizer_on_fake(name: str, params: list, lr: float, eps: float, mode):
+    """engine.trial's optimiser over fake parameters. bitsandbytes' and torchao's low-bit
+    AdamWs build their quantisation maps from real values (``.tolist()``), which a fake
+    tensor has none of: the maps are built here outside the fake mode (torchao caches
+    its own; bitsandbytes' become fake tensors of the same size), and the step runs their
+    registered fake kernels."""
+    from engine.trial import make_optimizer
+
+    if name == "adamw8bit":
+        optimizer = make_optimizer(name, params, lr, eps)
+        optimizer.name2qmap = {k: mode.from_tensor(v) for k, v in optimizer.name2qmap.items()}
+        return optimizer
+    if name in ("adamw8bit-ao", "adamw4bit"):
+        from torchao.optim import subclass_4bit, subclass_8bit
+
+        for module in (subclass_8bit, subclass_4bit):  # lru_cache'd: the step reuses them
+            module.get_qmap_signed()
+            module.get_qmap_unsigned()
+    with mode:
+        return make_optimizer(name, params, lr, eps)
+
+
 def trace_step(config: PlanConfig, precision: str, batch_size: int):
-    """(MeasuredPeak, FLOPs by peak dtype) of one steady-state training step, traced."""
+    """(MeasuredPeak, FLOPs by peak dtype) of one steady-state training step, traced; under
+    FSDP2, rank 0's step in a fake world of ``nproc_per_node`` ranks."""
+    with ExitStack() as stack:
+        mesh = (stack.enter_context(_fake_world(config.nproc_per_node))
+                if config.strategy == "fsdp2" else None)
+        return _trace(config, precision, batch_size, mesh)
+
+
+def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from engine.models import load_model, make_batches
     from engine.recipes import autocast_for, fp32_precision, recipe
-    from engine.trial import adam_eps, make_optimizer, make_scaler, tracked_step
+    from engine.trial import BATCH_POOL, adam_eps, make_scaler, tracked_step
 
-    rec = recipe(precision)
+    name, optim, reduce = split_label(precision)
+    rec = step_rec = recipe(name)
     run = config.run_config(batch_size)
     device = torch.device("cpu")
     mode = FakeTensorMode()
@@ -165,48 +284,78 @@ def trace_step(config: PlanConfig, precision: str, batch_size: int):
         loaded = load_model(config.model, rec, device, run.seed, run.trust_remote_code,
                             run.lora_r, config.grad_checkpointing)
         model = loaded.model
+        if config.strategy == "fsdp2":
+            from engine.distributed.rank_main import _scaler, _wrap
+            from engine.distributed.recipes import dist_recipe
+
+            drec = dist_recipe(f"{name}@{reduce}" if reduce else name, "fsdp2")
+            model, _, _ = _wrap(model, drec, device, mesh)
+            # FSDP2 casts by its MixedPrecisionPolicy instead of autocast, as a rank does
+            step_rec = dataclasses.replace(rec, autocast_dtype=None)
         params = [p for p in model.parameters() if p.requires_grad]
     eps = adam_eps(params)  # reads the trained dtypes with a real tensor: outside the mode
+    optimizer = _optimizer_on_fake(optim or config.optimizer, params, run.lr, eps, mode)
     with fp32_precision(rec), mode:
-        optimizer = make_optimizer(config.optimizer, params, run.lr, eps)
-        scaler = make_scaler(rec, device, run)
+        scaler = (_scaler(drec, device, run) if config.strategy == "fsdp2"
+                  else make_scaler(rec, device, run))
         scaler = _NoReadScaler(scaler) if scaler is not None else None
-    real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len, 1, run.seed,
-                        device)
-    with fp32_precision(rec), mode:
+    # one batch per micro-batch, as a trial cycles through its pool of distinct batches
+    real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len,
+                        min(BATCH_POOL, config.grad_accum), run.seed, device)
+    with fp32_precision(rec), mode, _unpacked_rows():
         batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
 
         # a warm-up step, its forward and backward counted as a trial's probe counts them
         # (apart from the watched step: FlopCounterMode's module hooks keep checkpointed
         # layers' recomputed tensors alive); it leaves the optimiser's state in place
         def probe():
-            with autocast_for(rec, device):
+            with autocast_for(step_rec, device):
                 loss = model(**batches[0]).loss
             (scaler.scale(loss) if scaler else loss).backward()
 
         counted = flops_mod.count_flops(probe, tf32=False)
-        if scaler:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
+        with torch.compiler.set_stance("force_eager"):  # torchao's step, as tracked_step
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        measured = tracked_step(run, rec, device, model, optimizer, scaler, batches)
-    return measured, dict(counted.by_peak_dtype)
+        measured = tracked_step(run, step_rec, device, model, optimizer, scaler, batches)
+    # FLOPs of one optimiser step: every micro-batch's forward and backward
+    return measured, {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()}
+
+
+def meta_shape(config: PlanConfig, precision: str):
+    """The memory model's ModelShape of the model a trial of ``precision`` trains, built on
+    the meta device. A quantised recipe gets what loading does before any weight is read:
+    transformers' bitsandbytes quantizer swaps the Linear layers (its own choice of which
+    to keep), then engine.models adds the trial's LoRA adapters."""
+    from engine.memory_model import shape_of
+    from engine.models import _add_lora, _bnb_config, dims, load_config, model_class, resolve_source
+    from engine.recipes import recipe
+
+    rec = recipe(base_precision(precision))
+    model_config, task = load_config(resolve_source(config.model))
+    with torch.device("meta"):
+        model = model_class(task).from_config(model_config, dtype=rec.weight_dtype)
+    if rec.quant:
+        from transformers.quantizers import AutoHfQuantizer
+
+        quantizer = AutoHfQuantizer.from_config(_bnb_config(rec), pre_quantized=False)
+        quantizer.preprocess_model(model, dtype=rec.weight_dtype, device_map={"": "cpu"})
+        model, _ = _add_lora(model, rec, config.run_config(1).lora_r, config.grad_checkpointing)
+    return shape_of(model, model_config, dims(model_config))
 
 
 def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBreakdown:
     """engine.memory_model's prediction for a recipe fake tensors cannot trace."""
-    from engine.memory_model import predict_memory, shape_of
-    from engine.models import dims, load_config, model_class, resolve_source
+    from engine.memory_model import predict_memory
     from engine.recipes import recipe
 
-    model_config, task = load_config(resolve_source(config.model))
-    with torch.device("meta"):
-        model = model_class(task).from_config(model_config)
-    rec = recipe(precision)
-    shape = shape_of(model, model_config, dims(model_config))
-    p = predict_memory(rec, config.optimizer, shape, batch_size, config.seq_len,
+    rec = recipe(base_precision(precision))
+    shape = meta_shape(config, precision)
+    p = predict_memory(rec, trial_optimizer(config, precision), shape, batch_size, config.seq_len,
                        config.grad_checkpointing, "cuda")
     return MemoryBreakdown(
         params_bytes=p.params_bytes, grads_bytes=p.grads_bytes,
@@ -219,13 +368,11 @@ def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBrea
 
 
 def card_memory(card: str) -> tuple[str, int | None, str]:
-    """(table name, memory as the driver reports it, its source or why it is missing)."""
-    entry = peak_entry(card)
-    memory = entry.get("memory_bytes")
-    if memory is None:
-        return entry["name"], None, (f"{entry['name']} has no memory size in "
-                                     "resources/peak_flops.json")
-    return entry["name"], int(memory), entry["memory_source"]
+    """(table name, memory as CUDA reports it, its source or why it is missing)."""
+    from engine.peaks import card_memory as lookup
+
+    found = lookup(card)
+    return found.name, found.memory_bytes, found.source
 
 
 def roofline_ms(card: str, by_peak_dtype: dict) -> tuple[float | None, str]:
@@ -273,10 +420,11 @@ def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict) -> CardVerd
 def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
     trials = []
     for precision in config.precisions:
-        reason = _traceable(precision, config.optimizer)
+        reason = _traceable(precision)
         peaks: dict[int, int | None] = {}
         by_dtype: dict = {}
         memory, method, trace_s = None, "traced", None
+        buckets = 0  # DDP's gradient buckets, held beside the traced step
         if reason is None:
             log(f"{precision}: tracing one step at batch {config.batch_size}")
             start = time.perf_counter()
@@ -292,20 +440,31 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
                     **breakdown_fields(measured, TRACE_METHOD),
                     notes="traced on the CPU device: CPU autocast op lists; CUDA's "
                           "allocator rounding and kernels' scratch are not in this figure")
-                peaks[config.batch_size] = measured.peak_bytes
-        if memory is None and config.optimizer == "adamw8bit" and not _quant(precision):
-            memory, method = _fallback(config, precision, config.batch_size), "memory model"
-            reason += "; the calibrated memory model predicts it instead"
-        elif memory is None:
+                if config.strategy == "ddp":
+                    buckets = measured.at_phase_start["optimizer"]["grads"]
+                    memory = _with_ddp_buckets(memory, buckets, config.nproc_per_node)
+                peaks[config.batch_size] = memory.total_bytes
+        if memory is None and config.strategy != "none":
             method = "n/a"
+            reason += "; the memory model predicts one process only"
+        elif memory is None:
+            try:
+                memory, method = _fallback(config, precision, config.batch_size), "memory model"
+            except Exception as exc:  # a model the memory model has no shape for
+                method = "n/a"
+                reason += f"; the memory model cannot predict it either ({exc})"
+            else:
+                reason += ("; the calibrated memory model (engine.memory_model) predicts it "
+                           "instead, from the model's shape built on the meta device")
         if memory is not None:
             peaks.setdefault(config.batch_size, memory.total_bytes)
 
-        def peak_at(batch: int, precision=precision, method=method, peaks=peaks):
+        def peak_at(batch: int, precision=precision, method=method, peaks=peaks,
+                    buckets=buckets):
             if batch not in peaks:
                 if method == "traced":
                     log(f"{precision}: tracing batch {batch}")
-                    peaks[batch] = trace_step(config, precision, batch)[0].peak_bytes
+                    peaks[batch] = trace_step(config, precision, batch)[0].peak_bytes + buckets
                 elif method == "memory model":
                     peaks[batch] = _fallback(config, precision, batch).total_bytes
                 else:
@@ -313,15 +472,32 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
             return peaks[batch]
 
         cards = [_verdict(config, card, peak_at, by_dtype) for card in config.cards]
-        trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards))
+        trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards,
+                                trial_optimizer(config, precision)))
     return PlanResult(config.model, config.batch_size, config.seq_len,
-                      config.grad_checkpointing, config.optimizer, config.context_bytes, trials)
+                      config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
+                      grad_accum=config.grad_accum, strategy=config.strategy,
+                      nproc_per_node=config.nproc_per_node)
 
 
-def _quant(precision: str) -> bool:
-    from engine.recipes import recipe
+_DDP_NOTE = ("; DDP's gradient buckets computed, not traced: DDP cannot run on a fake "
+             "process group")
 
-    return recipe(precision).quant is not None
+
+def _with_ddp_buckets(memory: MemoryBreakdown, buckets: int, world: int) -> MemoryBreakdown:
+    """One DDP rank: the single-process step plus the gradient buckets DDP allocates when
+    it wraps the model (a copy of every gradient, in its dtype). DDP cannot run on the fake
+    process group (its reducer reads the all-reduce's result), so this part is computed,
+    not traced."""
+    return dataclasses.replace(
+        memory, total_bytes=memory.total_bytes + buckets,
+        total_method=(f"{memory.total_method}; plus DDP's gradient buckets ({buckets:,} B, "
+                      "one copy of every gradient), computed, not traced: DDP's reducer "
+                      "reads the all-reduce's result, which the fake process group has none "
+                      "of"),
+        notes=(f"{memory.notes}; DDP rank of {world}: every rank holds the whole model, "
+               "gradients and optimizer state, so the figure does not depend on the world "
+               "size"))
 
 
 def _gib(value: int | None) -> str:
@@ -329,8 +505,14 @@ def _gib(value: int | None) -> str:
 
 
 def format_plan(result: PlanResult) -> str:
-    lines = [f"plan: {result.model}, batch {result.batch_size} x {result.seq_len} tokens, "
-             f"{result.optimizer}{', gradient checkpointing' if result.grad_checkpointing else ''}"
+    accum = (f" x {result.grad_accum} micro-batches (gradients accumulated)"
+             if result.grad_accum > 1 else "")
+    world = (f", {result.strategy.upper()} rank 0 of {result.nproc_per_node} (per-rank figures"
+             f"{_DDP_NOTE if result.strategy == 'ddp' else ''})"
+             if result.strategy != "none" else "")
+    lines = [f"plan: {result.model}, batch {result.batch_size} x {result.seq_len} tokens"
+             f"{accum}{world}, {result.optimizer}"
+             f"{', gradient checkpointing' if result.grad_checkpointing else ''}"
              f"; CUDA context allowance {_gib(result.context_bytes)}"]
     for trial in result.trials:
         mem = trial.memory

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.config import OPTIMIZERS, PRECISIONS
+from engine.config import OPTIMIZERS, PRECISIONS, STRATEGIES
 
 
 def add_plan_parser(sub) -> None:
@@ -22,7 +22,13 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="micro-batch")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--grad-checkpointing", action="store_true")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step (gradients accumulate across them)")
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    p.add_argument("--strategy", default="none", choices=STRATEGIES,
+                   help="ddp or fsdp2: plan one rank of --nproc-per-node (fake process group)")
+    p.add_argument("--nproc-per-node", type=int, default=1,
+                   help="world size the per-rank figure is for (with --strategy)")
     p.add_argument("--card", default="RTX 4090,H100 SXM",
                    help="comma-separated card names from resources/peak_flops.json")
     p.add_argument("--cuda-context", default="1GiB",
@@ -47,7 +53,9 @@ def run_plan(args: argparse.Namespace) -> int:
     cards = tuple(c.strip() for c in args.card.split(",") if c.strip())
     config = PlanConfig(model=args.model, precisions=args.precision,
                         batch_size=args.batch_size, seq_len=args.seq_len,
-                        grad_checkpointing=args.grad_checkpointing, optimizer=args.optimizer,
+                        grad_checkpointing=args.grad_checkpointing, grad_accum=args.grad_accum,
+                        optimizer=args.optimizer, strategy=args.strategy,
+                        nproc_per_node=args.nproc_per_node,
                         cards=cards, context_bytes=parse_bytes(args.cuda_context),
                         max_batch=args.max_batch)
     check_model(config.model, config.seq_len)  # bad input exits 2 before any tracing
@@ -88,6 +96,10 @@ def plan_html(result) -> str:
         rows.append(f"<tr><th>{html.escape(t.precision)}</th><td>{peak}</td>{''.join(cells)}</tr>")
     title = (f"Plan: {html.escape(result.model)}, batch {result.batch_size} x "
              f"{result.seq_len}")
+    if result.grad_accum > 1:
+        title += f", {result.grad_accum} micro-batches accumulated"
+    if result.strategy != "none":
+        title += f", {result.strategy.upper()} per rank of {result.nproc_per_node}"
     return (f"<!doctype html><meta charset='utf-8'><title>{title}</title><h1>{title}</h1>"
             f"<table border='1'><tr><th>recipe</th><th>traced peak</th>{head}</tr>"
             f"{''.join(rows)}</table><p>Usable memory is the card's memory as the driver reports "

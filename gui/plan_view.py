@@ -13,6 +13,7 @@ import traceback
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
+    QComboBox,
     QFormLayout,
     QHeaderView,
     QLineEdit,
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.config import STRATEGIES
 from gui.palette import precision_color
 from gui.plain_text import plain_label
 
@@ -102,6 +104,14 @@ class PlanView(QWidget):
         self.seq.setRange(1, 10_000_000)
         self.seq.setValue(2048)
         self.checkpointing = QCheckBox("Gradient checkpointing")
+        self.grad_accum = QSpinBox()
+        self.grad_accum.setRange(1, 100_000)
+        self.grad_accum.setValue(1)
+        self.strategy = QComboBox()
+        self.strategy.addItems(STRATEGIES)
+        self.nproc = QSpinBox()
+        self.nproc.setRange(1, 100_000)
+        self.nproc.setValue(1)
         self.cards = QLineEdit("RTX 4090,H100 SXM")
         self.max_batch = QSpinBox()
         self.max_batch.setRange(0, 4096)
@@ -124,6 +134,9 @@ class PlanView(QWidget):
         form.addRow("Micro-batch", self.batch)
         form.addRow("Sequence length", self.seq)
         form.addRow("", self.checkpointing)
+        form.addRow("Gradient accumulation (micro-batches)", self.grad_accum)
+        form.addRow("Strategy (per-rank figures)", self.strategy)
+        form.addRow("Ranks (--nproc-per-node)", self.nproc)
         form.addRow("Cards", self.cards)
         form.addRow("Largest batch to search (0: none)", self.max_batch)
         layout = QVBoxLayout(self)
@@ -139,7 +152,10 @@ class PlanView(QWidget):
         cards = tuple(c.strip() for c in self.cards.text().split(",") if c.strip())
         return PlanConfig(model=self.model.text().strip(), precisions=self.precisions.text(),
                           batch_size=self.batch.value(), seq_len=self.seq.value(),
-                          grad_checkpointing=self.checkpointing.isChecked(), cards=cards,
+                          grad_checkpointing=self.checkpointing.isChecked(),
+                          grad_accum=self.grad_accum.value(), cards=cards,
+                          strategy=self.strategy.currentText(),
+                          nproc_per_node=self.nproc.value(),
                           max_batch=self.max_batch.value())
 
     def start_plan(self) -> bool:
@@ -188,8 +204,12 @@ class PlanView(QWidget):
             self.table.setItem(row, 1, _cell(peak, trial.reason or trial.memory.total_method))
             for col, card in enumerate(trial.cards, start=2):
                 self.table.setItem(row, col, _cell(*card_text(card)))
-        self.status.setText(f"{result.model}: batch {result.batch_size} x {result.seq_len}; "
-                            f"CUDA context allowance {result.context_bytes / 2**30:.2f} GiB")
+        accum = f" x {result.grad_accum} micro-batches" if result.grad_accum > 1 else ""
+        if result.strategy != "none":
+            accum += f"; {result.strategy.upper()}, per rank of {result.nproc_per_node}"
+        self.status.setText(f"{result.model}: batch {result.batch_size} x {result.seq_len}"
+                            f"{accum}; CUDA context allowance "
+                            f"{result.context_bytes / 2**30:.2f} GiB")
 
     def cell(self, row: int, header: str) -> str:
         for col in range(self.table.columnCount()):

@@ -129,8 +129,10 @@ class _Unsharded:
         self.peak = max(self.peak, _bytes(plain))
 
 
-def _wrap(model, rec: DistRecipe, device: torch.device):
-    """DDP or FSDP2 around ``model``; returns (wrapped, unit sizes, unsharded tracker)."""
+def _wrap(model, rec: DistRecipe, device: torch.device, mesh=None):
+    """DDP or FSDP2 around ``model``; returns (wrapped, unit sizes, unsharded tracker).
+    ``mesh``: FSDP2's device mesh, by default one over the whole world (engine.plan passes
+    its own: a mesh cannot be made under fake tensors)."""
     if rec.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -151,9 +153,10 @@ def _wrap(model, rec: DistRecipe, device: torch.device):
     units = []
     for block in blocks:
         units.append((sum(p.numel() for p in block.parameters()), True))
-        fully_shard(block, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
     root_own = sum(p.numel() for p in model.parameters()) - sum(n for n, _ in units)
-    fully_shard(model, mp_policy=policy)  # the root stays gathered from forward to backward
+    # the root stays gathered from forward to backward
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     units.append((root_own, False))
     return model, units, _Unsharded(model, [model, *blocks])
 

@@ -53,8 +53,14 @@ def test_bad_names_are_refused_naming_the_choices(text, says):
 def test_refused_combinations_say_why():
     with pytest.raises(ValueError, match="one process only"):
         RunConfig(precisions="fp32+adamw8bit", strategy="fsdp2", nproc_per_node=2)
-    with pytest.raises(ValueError, match="plan predicts every precision with --optimizer"):
-        PlanConfig(model="tiny", precisions=("fp32", "fp32+adamw4bit"))
+    # plan traces each label's own optimizer; a reduction dtype needs a strategy
+    assert PlanConfig(model="tiny", precisions=("fp32", "fp32+adamw4bit")).precisions == (
+        "fp32", "fp32+adamw4bit")
+    with pytest.raises(ValueError, match="needs a distributed run"):
+        PlanConfig(model="tiny", precisions=("fp32@bf16",))
+    with pytest.raises(ValueError, match="one process only"):
+        PlanConfig(model="tiny", precisions=("fp32+adamw4bit",), strategy="fsdp2",
+                   nproc_per_node=2)
 
 
 def _cli(*args, timeout=600):

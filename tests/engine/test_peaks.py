@@ -199,3 +199,30 @@ def test_a_blackwell_ultra_mig_slice_is_na_while_its_sm_count_is_disputed():
 def test_the_whole_gpu_keeps_its_datasheet_peak():
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16", sm_count=132).flops_per_s == (
         pytest.approx(989.4e12))
+
+
+def test_every_card_has_a_memory_size_with_its_source():
+    """Every row: CUDA's total with its source, or a nominal size with its note and
+    source, or sizes per variant; fit's cards and plan's verdicts read the same table."""
+    from engine.fit import CARDS
+    from engine.peaks import card_memory
+    from engine.plan import PlanConfig, plan
+
+    for row in table()["gpus"]:
+        sizes = row.get("memory_variants") or [row]
+        for size in sizes:
+            assert size["memory_bytes"] is not None or size["memory_nominal_gb"], row["name"]
+            assert size.get("memory_source") or size.get("memory_note"), row["name"]
+    # the sizes fit's columns had as torch printed them (MiB, rounded down)
+    assert [c.capacity_bytes // 2**20 for c in CARDS] == [24563, 40536, 45589, 81090, 143156]
+    assert card_memory("NVIDIA A100-SXM4-40GB").memory_bytes == 40536 * 2**20
+    a100 = card_memory("NVIDIA A100-SXM4")
+    assert a100.memory_bytes is None and "40GB or 80GB" in a100.source
+    assert "nominal 16 GB" in card_memory("Tesla T4").source
+    # plan: the usable memory is the same table's figure less the context allowance
+    config = PlanConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
+                        cards=("L40S", "A100-SXM4-40GB"), max_batch=0)
+    l40s, a100_40 = plan(config).trials[0].cards
+    assert l40s.usable_bytes == 45589 * 2**20 - 2**30
+    assert a100_40.card == "NVIDIA A100 SXM4 40GB"
+    assert a100_40.usable_bytes == 40536 * 2**20 - 2**30

@@ -12,7 +12,7 @@ import transformers as tf
 
 from engine.config import RunConfig
 from engine.device import probe
-from engine.plan import PlanConfig, plan, trace_step
+from engine.plan import PlanConfig, meta_shape, plan, trace_step
 from engine.trial import run_trial
 from tests.engine.families import FAMILIES
 
@@ -27,10 +27,12 @@ def _folder(tmp_path, family: str) -> str:
     return str(tmp_path / family)
 
 
-def _measured(model: str, precision: str, batch: int, seq: int, checkpointing: bool = False):
+def _measured(model: str, precision: str, batch: int, seq: int, checkpointing: bool = False,
+              grad_accum: int = 1):
     config = RunConfig(model=model, precisions=(precision,), batch_size=batch, seq_len=seq,
                        steps=1, warmup=1, device="cpu", isolation="inline",
-                       profile_step=False, grad_checkpointing=checkpointing)
+                       profile_step=False, grad_checkpointing=checkpointing,
+                       grad_accum=grad_accum)
     result = run_trial(config, precision, CPU, lambda e: None, lambda: False)
     assert result.status == "ok", result.reason
     return result.memory
@@ -61,6 +63,40 @@ def test_traced_step_equals_a_real_cpu_trial(tmp_path, model, precision, checkpo
     for name in CATEGORIES:
         assert _close(getattr(traced, name), getattr(measured, name)), name
     assert traced.peak_phase == measured.peak_phase
+
+
+def test_cli_grad_accum_traces_gradients_kept_across_micro_batches():
+    """3 micro-batches: the second and third forwards run while the first's gradients are
+    held, as in a real trial with --grad-accum 3."""
+    run = _cli("--model", "tiny", "--precision", "fp32,bf16-amp", "--batch-size", "2",
+               "--seq-len", "32", "--grad-accum", "3", "--card", "RTX 4090", "--max-batch",
+               "0", "--json", "--quiet")
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["grad_accum"] == 3
+    for trial in data["trials"]:
+        measured = _measured("tiny", trial["precision"], 2, 32, grad_accum=3)
+        traced = trial["memory"]
+        assert _close(traced["total_bytes"], measured.total_bytes), (
+            traced["total_bytes"], measured.total_bytes)
+        for name in CATEGORIES:
+            assert _close(traced[name], getattr(measured, name)), name
+        assert traced["peak_phase"] == measured.peak_phase
+        # and not the single-micro-batch figure: gradients of the first micro-batch are live
+        single = _measured("tiny", trial["precision"], 2, 32).total_bytes
+        assert traced["total_bytes"] > single
+
+
+def test_grad_accum_on_a_second_family(tmp_path):
+    source = _folder(tmp_path, "llama-gqa")
+    config = PlanConfig(model=source, precisions=("bf16-amp",), batch_size=2, seq_len=32,
+                        grad_accum=2, max_batch=0)
+    traced = plan(config).trials[0].memory
+    measured = _measured(source, "bf16-amp", 2, 32, grad_accum=2)
+    assert _close(traced.total_bytes, measured.total_bytes), (traced.total_bytes,
+                                                              measured.total_bytes)
+    for name in CATEGORIES:
+        assert _close(getattr(traced, name), getattr(measured, name)), name
 
 
 def _llama_params(h, f, layers, heads, kv_heads, vocab, head_dim=None, tied=False):
@@ -142,7 +178,7 @@ def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
     assert mem["total_bytes"] >= static
     card = trial["cards"][0]
     assert card["card"] == "NVIDIA GeForce RTX 4090"
-    usable = 24564 * 2**20 - 2**30  # the 4090's 24564 MiB less the 1 GiB allowance
+    usable = 24563 * 2**20 - 2**30  # the 4090's 24563 MiB (CUDA's total) less 1 GiB
     assert card["usable_bytes"] == usable
     assert static > usable and card["fits"] is False
     assert card["headroom_bytes"] == usable - mem["total_bytes"]
@@ -157,6 +193,9 @@ def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
     (("--model", "no-such-model"), "no-such-model"),
     (("--precision", "fp7"), "fp7"),
     (("--model", "tiny", "--seq-len", "513"), "--seq-len 512"),  # tiny has 512 positions
+    (("--grad-accum", "0"), "--grad-accum"),
+    (("--nproc-per-node", "4"), "--strategy ddp or fsdp2"),
+    (("--strategy", "fsdp2", "--precision", "nf4"), "nf4 has no fsdp2 recipe"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args, needle):
     run = _cli(*args, timeout=120)
@@ -190,29 +229,159 @@ def test_a_card_without_memory_in_the_table_is_na():
     assert "no memory size" in card.reason
 
 
-def test_quantised_recipes_are_not_traced_and_say_why():
-    config = PlanConfig(model="tiny", precisions=("nf4",), batch_size=1, seq_len=16,
-                        max_batch=0)
-    trial = plan(config).trials[0]
-    assert trial.method == "n/a" and trial.memory is None
-    assert "fake tensors cannot run" in trial.reason
-    assert all(c.fits is None for c in trial.cards)
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+@pytest.mark.parametrize("precision", ["nf4", "int8"])
+def test_quantised_recipes_fall_back_to_the_memory_model_on_the_loaded_shape(
+        tmp_path, family, precision):
+    """int8/nf4 cannot be traced (bitsandbytes quantises real weights while loading): the
+    plan says so and the memory model predicts from a shape built on the meta device,
+    which must be the shape of the model a real trial loads (quantised layers, LoRA)."""
+    import dataclasses
 
+    from engine.memory_model import predict_memory, shape_of
+    from engine.models import dims, load_model
+    from engine.recipes import recipe
 
-def test_8bit_adamw_falls_back_to_the_memory_model_and_says_so():
-    """bitsandbytes' 8-bit AdamW cannot run on fake tensors; its state is worked out here
-    from bitsandbytes' layout: per tensor of 4096+ elements two uint8 states and one fp32
-    absmax per 256-element block each, fp32 states below that, two 256-entry fp32 maps."""
-    config = PlanConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
-                        optimizer="adamw8bit", max_batch=0)
+    source = "tiny" if family == "tiny" else _folder(tmp_path, family)
+    config = PlanConfig(model=source, precisions=(precision,), batch_size=2, seq_len=32,
+                        cards=("RTX 4090",), max_batch=0)
     trial = plan(config).trials[0]
     assert trial.method == "memory model"
-    assert "8-bit AdamW" in trial.reason and "memory model predicts" in trial.reason
+    assert "fake tensors" in trial.reason and "memory model" in trial.reason
     assert "not traced" in trial.memory.total_method
-    cfg = tf.GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1024, n_positions=512)
+    loaded = load_model(source, recipe(precision), torch.device("cpu"), 0, False, 8, False)
+    real = shape_of(loaded.model, loaded.config, dims(loaded.config))
+    assert loaded.model.get_nb_trainable_parameters()[0] == real.trainable_params > 0
+    assert dataclasses.asdict(real) == dataclasses.asdict(meta_shape(config, precision))
+    predicted = predict_memory(recipe(precision), "adamw", real, 2, 32, False, "cuda")
+    assert trial.memory.total_bytes == predicted.total_bytes
+    assert trial.memory.params_bytes == predicted.params_bytes
+    assert trial.cards[0].fits is True  # a 2-layer model on a 24 GB card
+
+
+def _trainable_sizes(config) -> list[int]:
+    """Element counts of every parameter, from a model built on the meta device here."""
+    cls = tf.AutoModelForCausalLM
     with torch.device("meta"):
-        sizes = [p.numel() for p in tf.GPT2LMHeadModel(cfg).parameters()]
-    state = sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in sizes)
-    assert trial.memory.optimizer_bytes == state + 2 * 256 * 4
-    assert trial.memory.params_bytes == 4 * sum(sizes)
-    assert all(c.fits is True for c in trial.cards)  # a 2-layer model on a 24 GB card
+        return [p.numel() for p in cls.from_config(config).parameters()]
+
+
+def _bnb_adamw8bit_state(sizes) -> int:
+    """bitsandbytes' blockwise 8-bit AdamW: for a tensor of 4096+ elements two uint8 codes
+    per element and one fp32 absmax per 256-element block for each of m and v, fp32 m and
+    v below that, and the two 256-entry fp32 maps (signed and unsigned) shared by all."""
+    return sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in sizes) \
+        + 2 * 256 * 4
+
+
+def _torchao_state(sizes, bits: int, block: int, qmap_entries: int, plain_bytes: int) -> int:
+    """torchao.optim's low-bit AdamW: for a tensor of 4096+ elements in whole blocks, m and
+    v each hold codes (bits per element), an fp32 scale per block and their own fp32 lookup
+    map; other tensors keep m and v in the weight's dtype; an fp32 step count per tensor."""
+    total = 0
+    for n in sizes:
+        if n >= 4096 and n % block == 0:
+            total += 2 * (n * bits // 8 + 4 * (n // block) + 4 * qmap_entries)
+        else:
+            total += 2 * plain_bytes * n
+        total += 4  # state["step"] = torch.tensor(0.0)
+    return total
+
+
+GPT2_TINY = tf.GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1024, n_positions=512)
+
+
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+def test_cli_recipe_plus_optimizer_state_equals_hand_counted_bytes(tmp_path, family):
+    """RECIPE+OPTIM labels on the command line: each trial traces its own optimiser, and
+    the optimizer category is the state's exact bytes, counted here from the layouts."""
+    if family == "tiny":
+        source, sizes = "tiny", _trainable_sizes(GPT2_TINY)
+    else:
+        source = _folder(tmp_path, family)
+        sizes = _trainable_sizes(FAMILIES[family]())
+    run = _cli("--model", source, "--precision",
+               "bf16-amp+adamw8bit,fp32+adamw4bit,fp32+adamw8bit-ao,bf16+adamw-bf16-sr",
+               "--batch-size", "1", "--seq-len", "16", "--card", "RTX 4090", "--max-batch",
+               "0", "--json", "--quiet")
+    assert run.returncode == 0, run.stderr
+    trials = {t["precision"]: t for t in json.loads(run.stdout)["trials"]}
+    expected = {
+        "bf16-amp+adamw8bit": _bnb_adamw8bit_state(sizes),
+        # 4-bit: 16-entry maps, 128-element blocks; 8-bit: 256 entries, 256 elements
+        "fp32+adamw4bit": _torchao_state(sizes, 4, 128, 16, 4),
+        "fp32+adamw8bit-ao": _torchao_state(sizes, 8, 256, 256, 4),
+        # bf16 m and v for every tensor, and the step count
+        "bf16+adamw-bf16-sr": sum(2 * 2 * n + 4 for n in sizes),
+    }
+    for label, state in expected.items():
+        trial = trials[label]
+        assert trial["method"] == "traced", trial["reason"]
+        assert trial["optimizer"] == label.split("+")[1]
+        assert trial["memory"]["optimizer_bytes"] == state, label
+    n = sum(sizes)
+    assert trials["bf16-amp+adamw8bit"]["memory"]["params_bytes"] == 4 * n  # fp32 master
+    assert trials["bf16+adamw-bf16-sr"]["memory"]["params_bytes"] == 2 * n
+
+
+def test_8bit_adamw_traced_equals_a_real_cpu_trial():
+    """bitsandbytes' 8-bit AdamW on fake tensors (its fake kernels, maps built outside the
+    fake mode) against the same optimiser in a real CPU trial."""
+    config = PlanConfig(model="tiny", precisions=("fp32+adamw8bit",), batch_size=2,
+                        seq_len=32, max_batch=0)
+    trial = plan(config).trials[0]
+    assert trial.method == "traced", trial.reason
+    measured = _measured("tiny", "fp32+adamw8bit", 2, 32)
+    traced = trial.memory
+    assert _close(traced.total_bytes, measured.total_bytes), (traced.total_bytes,
+                                                              measured.total_bytes)
+    for name in CATEGORIES:
+        assert _close(getattr(traced, name), getattr(measured, name)), name
+    assert traced.optimizer_bytes == _bnb_adamw8bit_state(_trainable_sizes(GPT2_TINY))
+
+
+def _shapes(config) -> list[tuple[int, ...]]:
+    with torch.device("meta"):
+        return [tuple(p.shape) for p in tf.AutoModelForCausalLM.from_config(config).parameters()]
+
+
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+def test_cli_fsdp2_and_ddp_per_rank_bytes_equal_hand_counts(tmp_path, family):
+    """FSDP2 at world 4 on torch's fake process group: rank 0 holds its dim-0 shard of every
+    parameter (ceil(rows / 4) rows), the same of each fp32 gradient, AdamW's m and v of its
+    shard and a step count per tensor. DDP: the whole model on every rank, plus a bucket
+    copy of every gradient."""
+    if family == "tiny":
+        source, config = "tiny", GPT2_TINY
+    else:
+        source, config = _folder(tmp_path, family), FAMILIES[family]()
+    shapes = _shapes(config)
+    world = 4
+    shard = sum(-(-s[0] // world) * (torch.Size(s[1:]).numel()) for s in shapes)
+    n = sum(torch.Size(s).numel() for s in shapes)
+
+    def cli(*extra):
+        run = _cli("--model", source, "--precision", "fp32,bf16-amp", "--batch-size", "1",
+                   "--seq-len", "16", "--card", "RTX 4090", "--max-batch", "0", "--json",
+                   "--quiet", *extra)
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)
+
+    fsdp = cli("--strategy", "fsdp2", "--nproc-per-node", str(world))
+    assert fsdp["strategy"] == "fsdp2" and fsdp["nproc_per_node"] == world
+    for trial in fsdp["trials"]:
+        assert trial["method"] == "traced", trial["reason"]
+        mem = trial["memory"]
+        assert mem["params_bytes"] == 4 * shard, trial["precision"]  # fp32 shards
+        assert mem["at_phase_start_bytes"]["optimizer"]["grads"] == 4 * shard
+        assert mem["optimizer_bytes"] == 8 * shard + 4 * len(shapes)
+
+    single = {t["precision"]: t["memory"] for t in cli()["trials"]}
+    ddp = cli("--strategy", "ddp", "--nproc-per-node", str(world))
+    for trial in ddp["trials"]:
+        mem = trial["memory"]
+        assert mem["params_bytes"] == 4 * n
+        assert mem["total_bytes"] == single[trial["precision"]]["total_bytes"] + 4 * n
+        assert "computed, not traced" in mem["total_method"]
+        card = trial["cards"][0]
+        assert card["headroom_bytes"] == card["usable_bytes"] - mem["total_bytes"]

@@ -8,7 +8,7 @@ from engine.config import RunConfig
 from engine.device import probe
 from engine.trial import run_trial
 from gui.main_window import MainWindow
-from tests.gui.clicks import click, type_into
+from tests.gui.clicks import choose, click, type_into
 
 TIMEOUT_MS = 300_000
 
@@ -52,11 +52,51 @@ def test_plan_tab_shows_recipe_by_card(qtbot, window):
     traced = view.last_result.trials[0].memory.total_bytes
     assert abs(traced - measured.memory.total_bytes) <= 0.02 * measured.memory.total_bytes
     assert view.cell(0, "Traced peak") == f"{traced / 2**30:.2f} GiB (traced)"
-    usable = 24564 * 2**20 - 2**30  # the 4090's memory less the 1 GiB context allowance
+    usable = 24563 * 2**20 - 2**30  # the 4090 as CUDA reports it less the 1 GiB allowance
     assert view.cell(0, "NVIDIA GeForce RTX 4090") == (
         f"fits, {(usable - traced) / 2**30:.2f} GiB headroom")
     assert view.cell(1, "NVIDIA T4") == "n/a"  # no memory size in the table
     assert view.plan_button.isEnabled()
+
+
+def test_plan_tab_accumulates_gradients(qtbot, window):
+    """Gradient accumulation typed into the form: the traced step holds the first
+    micro-batch's gradients through the second, as a real trial with --grad-accum 2."""
+    view = _open_plan_tab(window)
+    _fill(view, "fp32", "RTX 4090")
+    type_into(view.grad_accum, "2")
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    assert view.last_result.grad_accum == 2
+    config = RunConfig(model="tiny", precisions=("fp32",), batch_size=2, seq_len=32, steps=1,
+                       warmup=1, device="cpu", isolation="inline", profile_step=False,
+                       grad_accum=2)
+    measured = run_trial(config, "fp32", probe("cpu"), lambda e: None, lambda: False).memory
+    traced = view.last_result.trials[0].memory
+    assert abs(traced.total_bytes - measured.total_bytes) <= 0.02 * measured.total_bytes
+    assert traced.peak_phase == measured.peak_phase == "backward"
+    assert "x 2 micro-batches" in view.status.text()
+
+
+def test_plan_tab_plans_one_fsdp2_rank(qtbot, window):
+    """FSDP2 over 4 ranks picked in the form: rank 0 holds a quarter of the tiny GPT-2's
+    fp32 weights (every parameter's first dimension divides by 4), counted here."""
+    import torch
+    import transformers as tf
+
+    view = _open_plan_tab(window)
+    _fill(view, "fp32", "RTX 4090")
+    choose(view.strategy, "fsdp2")
+    type_into(view.nproc, "4")
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    result = view.last_result
+    assert result.strategy == "fsdp2" and result.nproc_per_node == 4
+    cfg = tf.GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1024, n_positions=512)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in tf.GPT2LMHeadModel(cfg).parameters())
+    assert result.trials[0].memory.params_bytes == 4 * n // 4
+    assert "FSDP2, per rank of 4" in view.status.text()
 
 
 def test_plan_tab_refuses_an_unknown_card_inline(qtbot, window):
