@@ -264,6 +264,10 @@ class Columns(Sequence):
         self._flush()
         return Columns(self._layout.cls, self._shared, min(n, self._n))
 
+    def __getstate__(self) -> dict:
+        self._flush()
+        return {**self.__dict__, "_plans": {}}  # plans hold lambdas; they rebuild as needed
+
     # --- reading --------------------------------------------------------------------
 
     def __len__(self) -> int:
