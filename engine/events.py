@@ -25,9 +25,21 @@ def to_dict(obj) -> dict:
     return _plain(obj)
 
 
+_LEAVES = frozenset({type(None), bool, int, float, str})
+
+
+@cache
+def _field_names(cls) -> tuple[str, ...] | None:
+    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(
+        cls) else None
+
+
 def _plain(value):
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if type(value) in _LEAVES:  # most values: checked first, a report holds many
+        return value
+    names = _field_names(type(value))
+    if names is not None:
+        return {name: _plain(getattr(value, name)) for name in names}
     if isinstance(value, list | tuple):
         return type(value)(_plain(v) for v in value)
     if isinstance(value, dict):
