@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import json.scanner
 import os
 import statistics
 from dataclasses import dataclass
@@ -266,7 +267,7 @@ def _read_lines(path: Path):
                     f"{path} line {damaged} is damaged: this is not an AmpScope run journal, "
                     "or it was edited")
             try:
-                data = json.loads(line.decode("utf-8"))
+                data = _parse(line.decode("utf-8"))
                 if not isinstance(data, dict):
                     raise ValueError("not an object")
             except (ValueError, UnicodeDecodeError, RecursionError):
@@ -279,6 +280,22 @@ def _read_lines(path: Path):
             yield number, data
         if not header:
             raise ValueError(f"{path} is not an AmpScope run journal (no journal header line)")
+
+
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+
+
+def _parse(text: str):
+    """``json.loads`` without its per-call wrapping (a journal has a million lines): the
+    scanner reads the object at the line's start; anything else goes to ``json.loads``,
+    which accepts or refuses it as it would."""
+    try:
+        data, end = _SCAN(text, 0)
+    except StopIteration:  # no value at the very start (leading spaces, an empty line)
+        return json.loads(text)
+    if text[end:].strip():
+        return json.loads(text)  # raises: something follows the object
+    return data
 
 
 def _check_header(path: Path, data: dict) -> None:
