@@ -417,12 +417,13 @@ def _tokens_per_step(config: dict) -> int | None:
 
 def summary_from_steps(steps: list[StepSample], tokens_per_step: int | None) -> TrialSummary:
     """What the steps alone tell about a trial that never reported its own summary."""
-    measured = [s for s in steps if not s.warmup]
-    median_ms = statistics.median(s.step_ms for s in measured) if measured else None
+    # one step at a time: a read journal's steps are columns, built as events on demand
+    measured_ms = [s.step_ms for s in steps if not s.warmup]
+    median_ms = statistics.median(measured_ms) if measured_ms else None
     tps = tokens_per_step / (median_ms / 1e3) if median_ms and tokens_per_step else None
     last = steps[-1] if steps else None
     return TrialSummary(
-        steps_measured=len(measured),
+        steps_measured=len(measured_ms),
         median_step_ms=median_ms,
         tokens_per_s=tps,
         tflops=None,
@@ -432,7 +433,7 @@ def summary_from_steps(steps: list[StepSample], tokens_per_step: int | None) -> 
         peak_flops_source=None,
         peak_memory_bytes=None,
         peak_memory_method="not measured: the trial was interrupted",
-        skipped_steps=sum(1 for s in measured if s.skipped),
+        skipped_steps=sum(1 for s in steps if s.skipped and not s.warmup),
         final_loss=last.loss if last else None,
         final_loss_scale=last.loss_scale if last else None,
     )
