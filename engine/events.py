@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -19,8 +20,33 @@ TRIAL_STATUSES = ("ok", "oom", "unsupported", "error", "cancelled")
 
 
 def to_dict(obj) -> dict:
-    """Plain-JSON form of an event (tuples become lists)."""
-    return dataclasses.asdict(obj)
+    """Plain-JSON form of an event, as ``dataclasses.asdict`` gives it, except that any other
+    sequence (a read journal's steps, kept as columns) becomes a list."""
+    return _plain(obj)
+
+
+_LEAVES = frozenset({type(None), bool, int, float, str})
+
+
+@cache
+def _field_names(cls) -> tuple[str, ...] | None:
+    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(
+        cls) else None
+
+
+def _plain(value):
+    if type(value) in _LEAVES:  # most values: checked first, a report holds many
+        return value
+    names = _field_names(type(value))
+    if names is not None:
+        return {name: _plain(getattr(value, name)) for name in names}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [_plain(v) for v in value]
+    return value
 
 
 @cache

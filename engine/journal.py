@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import json.scanner
 import os
 import statistics
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import platformdirs
 
+from engine.columns import Columns, line_keys
 from engine.events import (
     ErrorEvent,
     LogEvent,
@@ -38,6 +40,7 @@ from engine.events import (
     TrialStarted,
     TrialSummary,
     from_dict,
+    to_dict,
 )
 from engine.record import RunRecord
 from engine.report.validate import MAX_NAME, validate_event, validate_lab
@@ -69,6 +72,8 @@ _MONITOR_KEYS = {
     "load_avg_1m": "la", "other_cpu_pct": "oc",
 }
 _MONITOR_FIELDS = {short: name for name, short in _MONITOR_KEYS.items()}
+_MONITOR_LINE = line_keys(MonitorSample, _MONITOR_FIELDS)
+_STEP_LINE = line_keys(StepSample)
 STEPS_JOURNALED = "journal"  # a finished trial's steps are the "step" lines above it
 RUN_STATUSES = ("ok", "cancelled", "error")  # what a RunFinished line may say
 MAX_HEAD_LINE = 8 * 2**20  # the run's start line; a longer one is damaged, not read whole
@@ -109,7 +114,7 @@ def encode(event, journaled_steps: list[StepSample] | None = None) -> dict:
     if isinstance(event, MonitorSample):
         return {"e": kind, **_encode_monitor(event)}
     if isinstance(event, TrialFinished):
-        result = dataclasses.asdict(event.result)
+        result = to_dict(event.result)
         if journaled_steps is not None and list(event.result.steps) == journaled_steps:
             result["steps"] = STEPS_JOURNALED
         return {"e": kind, "time_s": event.time_s, "result": result}
@@ -142,8 +147,10 @@ def decode(line: dict, steps_by_precision: dict[str, list[StepSample]]):
         if result.get("steps") == STEPS_JOURNALED:
             result["steps"] = []
             trial = from_dict(TrialResult, result)
-            trial = dataclasses.replace(
-                trial, steps=list(steps_by_precision.get(trial.precision, [])))
+            steps = steps_by_precision.get(trial.precision, [])
+            # columns: a view of the rows so far (a later round adds rows after them)
+            steps = steps.head(len(steps)) if isinstance(steps, Columns) else list(steps)
+            trial = dataclasses.replace(trial, steps=steps)
         else:
             trial = from_dict(TrialResult, result)
         return TrialFinished(trial, body["time_s"])
@@ -260,7 +267,7 @@ def _read_lines(path: Path):
                     f"{path} line {damaged} is damaged: this is not an AmpScope run journal, "
                     "or it was edited")
             try:
-                data = json.loads(line.decode("utf-8"))
+                data = _parse(line.decode("utf-8"))
                 if not isinstance(data, dict):
                     raise ValueError("not an object")
             except (ValueError, UnicodeDecodeError, RecursionError):
@@ -273,6 +280,22 @@ def _read_lines(path: Path):
             yield number, data
         if not header:
             raise ValueError(f"{path} is not an AmpScope run journal (no journal header line)")
+
+
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+
+
+def _parse(text: str):
+    """``json.loads`` without its per-call wrapping (a journal has a million lines): the
+    scanner reads the object at the line's start; anything else goes to ``json.loads``,
+    which accepts or refuses it as it would."""
+    try:
+        data, end = _SCAN(text, 0)
+    except StopIteration:  # no value at the very start (leading spaces, an empty line)
+        return json.loads(text)
+    if text[end:].strip():
+        return json.loads(text)  # raises: something follows the object
+    return data
 
 
 def _check_header(path: Path, data: dict) -> None:
@@ -308,15 +331,29 @@ def checked_event(path: Path, number: int, line: dict, steps: dict):
 
 
 def read_journal(path: str | os.PathLike) -> RunRecord:
-    """Rebuild the run record from a journal; raises ``ValueError`` naming the file, the
-    line and the field of the first event a report could not hold."""
+    """Rebuild the run record from a journal in one pass; raises ``ValueError`` naming the
+    file, the line and the field of the first event a report could not hold. Steps and
+    monitor samples are kept as columns (``engine.columns``): most lines take its typed
+    fast path, and a line that does not fit it gets the full schema check."""
     path = Path(path)
     record = RunRecord(started_s=0.0)
-    steps: dict[str, list[StepSample]] = {}
+    monitor = record.monitor_samples = Columns(MonitorSample)
+    steps = record.live_steps  # precision -> Columns, as the trials start
     started: list[str] = []
     numerics = None
     for number, line in _read_lines(path):
-        if line.get("e") == "numerics":
+        kind = line.get("e")
+        if kind == "mon":
+            if not monitor.add_line(line, _MONITOR_LINE):
+                monitor.append(checked_event(path, number, line, steps))
+            continue
+        if kind == "step":
+            rows = steps.get(line.get("precision"))
+            if rows is None or not rows.add_line(line, _STEP_LINE):
+                event = checked_event(path, number, line, steps)
+                steps.setdefault(event.precision, Columns(StepSample)).append(event)
+            continue
+        if kind == "numerics":
             numerics = line.get("numerics")
             try:
                 validate_lab(numerics)
@@ -325,12 +362,10 @@ def read_journal(path: str | os.PathLike) -> RunRecord:
                                  f"damaged ({exc})") from None
             continue
         event = checked_event(path, number, line, steps)
-        if isinstance(event, TrialStarted) and event.round == 0:
-            steps[event.precision] = []
-            started.append(event.precision)
-        elif isinstance(event, StepSample):
-            steps.setdefault(event.precision, []).append(event)
         record.apply(event)
+        if isinstance(event, TrialStarted) and event.round == 0:
+            steps[event.precision] = Columns(StepSample)
+            started.append(event.precision)
     if not record.run_id:
         raise ValueError(f"{path} holds no run (it ends before the run started)")
     record.numerics = numerics
@@ -343,8 +378,8 @@ def _mark_interrupted(record: RunRecord, started: list[str]) -> None:
     """A run without ``RunFinished``: the trial that was running keeps its steps."""
     record.status = "interrupted"
     last = max([record.started_s]
-               + [s.time_s for steps in record.live_steps.values() for s in steps]
-               + [m.time_s for m in record.monitor_samples])
+               + [_latest(steps) for steps in record.live_steps.values()]
+               + [_latest(record.monitor_samples)])
     record.finished_s = None
     tokens = _tokens_per_step(record.config)
     for precision in started:
@@ -357,12 +392,19 @@ def _mark_interrupted(record: RunRecord, started: list[str]) -> None:
             status="cancelled",
             reason=(f"interrupted: the run ended before this trial finished "
                     f"({measured} measured steps journaled)"),
-            steps=list(steps),
+            steps=steps.head(len(steps)) if isinstance(steps, Columns) else list(steps),
             summary=summary_from_steps(steps, tokens),
             finished_s=last,
             source=record.config.get("source", "profile"),  # a user's run says so in its config
         ))
     record.order_trials()
+
+
+def _latest(rows) -> float:
+    """The latest ``time_s`` of steps or monitor samples (columns or a list)."""
+    if isinstance(rows, Columns):
+        return float(rows.column("time_s").max()) if len(rows) else float("-inf")
+    return max((r.time_s for r in rows), default=float("-inf"))
 
 
 def _tokens_per_step(config: dict) -> int | None:
@@ -375,12 +417,13 @@ def _tokens_per_step(config: dict) -> int | None:
 
 def summary_from_steps(steps: list[StepSample], tokens_per_step: int | None) -> TrialSummary:
     """What the steps alone tell about a trial that never reported its own summary."""
-    measured = [s for s in steps if not s.warmup]
-    median_ms = statistics.median(s.step_ms for s in measured) if measured else None
+    # one step at a time: a read journal's steps are columns, built as events on demand
+    measured_ms = [s.step_ms for s in steps if not s.warmup]
+    median_ms = statistics.median(measured_ms) if measured_ms else None
     tps = tokens_per_step / (median_ms / 1e3) if median_ms and tokens_per_step else None
     last = steps[-1] if steps else None
     return TrialSummary(
-        steps_measured=len(measured),
+        steps_measured=len(measured_ms),
         median_step_ms=median_ms,
         tokens_per_s=tps,
         tflops=None,
@@ -390,7 +433,7 @@ def summary_from_steps(steps: list[StepSample], tokens_per_step: int | None) -> 
         peak_flops_source=None,
         peak_memory_bytes=None,
         peak_memory_method="not measured: the trial was interrupted",
-        skipped_steps=sum(1 for s in measured if s.skipped),
+        skipped_steps=sum(1 for s in steps if s.skipped and not s.warmup),
         final_loss=last.loss if last else None,
         final_loss_scale=last.loss_scale if last else None,
     )

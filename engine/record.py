@@ -8,6 +8,7 @@ so a report made on a headless server shows the same views as a run made here.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.events import (
@@ -84,12 +85,13 @@ class RunRecord:
     def trial(self, precision: str) -> TrialResult | None:
         return next((t for t in self.trials if t.precision == precision), None)
 
-    def steps(self, precision: str) -> list[StepSample]:
-        """Steps of a precision: the finished trial's, or the live ones while it runs."""
+    def steps(self, precision: str) -> Sequence[StepSample]:
+        """Steps of a precision: the finished trial's, or the live ones while it runs (a
+        copy of a list; a read journal's columns as they are, read-only)."""
         done = self.trial(precision)
-        if done is not None and done.steps:
-            return list(done.steps)
-        return list(self.live_steps.get(precision, []))
+        steps = done.steps if done is not None and done.steps else self.live_steps.get(
+            precision, [])
+        return list(steps) if isinstance(steps, list) else steps
 
     def to_dict(self) -> dict:
         return {

@@ -24,6 +24,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
+from engine.columns import Columns
 from engine.events import MonitorSample, StepSample, TrialResult
 from engine.record import RunRecord
 from gui.chart_specs import LIVE_CHARTS, device_kind
@@ -102,22 +103,61 @@ def step_points(s: StepSample) -> Iterator[Point]:
     yield Point("memory", f"{p} reserved", x, _mib(s.reserved_bytes), color, dashed=True)
 
 
+# monitor curve -> (chart, MonitorSample field, colour, which polls: "any", "host" or
+# "device"); byte fields are drawn in MiB. In the order a poll adds its points.
+MONITOR_SERIES = (
+    *(("monitor_gpm", name, field, color, "any") for name, (field, color) in GPM_CURVES.items()),
+    ("monitor_util", "CPU %", "cpu_pct", MONITOR_COLORS[0], "host"),
+    ("monitor_memory", "process RSS", "host_rss_bytes", MONITOR_COLORS[0], "host"),
+    ("monitor_power", "host used", "host_mem_used_bytes", MONITOR_COLORS[0], "host"),
+    ("monitor_util", "GPU %", "gpu_util_pct", MONITOR_COLORS[0], "device"),
+    ("monitor_util", "memory bus %", "mem_util_pct", MONITOR_COLORS[1], "device"),
+    ("monitor_memory", "device used", "gpu_mem_used_bytes", MONITOR_COLORS[0], "device"),
+    ("monitor_memory", "this process", "process_mem_bytes", MONITOR_COLORS[1], "device"),
+    ("monitor_power", "power", "power_w", MONITOR_COLORS[0], "device"),
+)
+
+
+def _polled_by(which: str, host: bool) -> bool:
+    return which == "any" or (which == "host") == host
+
+
 def monitor_points(m: MonitorSample, t0: float) -> Iterator[Point]:
     """The points one monitor sample adds, ``t0`` seconds being the run's start."""
     t = m.time_s - t0
-    c0, c1 = MONITOR_COLORS[0], MONITOR_COLORS[1]
-    for name, (field, color) in GPM_CURVES.items():
-        yield Point("monitor_gpm", name, t, getattr(m, field), color)
-    if m.source == "host":
-        yield Point("monitor_util", "CPU %", t, m.cpu_pct, c0)
-        yield Point("monitor_memory", "process RSS", t, _mib(m.host_rss_bytes), c0)
-        yield Point("monitor_power", "host used", t, _mib(m.host_mem_used_bytes), c0)
-        return
-    yield Point("monitor_util", "GPU %", t, m.gpu_util_pct, c0)
-    yield Point("monitor_util", "memory bus %", t, m.mem_util_pct, c1)
-    yield Point("monitor_memory", "device used", t, _mib(m.gpu_mem_used_bytes), c0)
-    yield Point("monitor_memory", "this process", t, _mib(m.process_mem_bytes), c1)
-    yield Point("monitor_power", "power", t, m.power_w, c0)
+    host = m.source == "host"
+    for chart, name, field, color, which in MONITOR_SERIES:
+        if _polled_by(which, host):
+            value = getattr(m, field)
+            yield Point(chart, name, t, _mib(value) if field.endswith("_bytes") else value,
+                        color)
+
+
+def _monitor_series(samples: Columns, t0: float) -> list[SeriesData]:
+    """``monitor_points`` for a read journal's columns, a whole curve at a time (a long
+    run has hundreds of thousands of polls); curves in the order their first point
+    comes, as the per-poll path adds them."""
+    x = samples.column("time_s") - t0
+    texts = samples.texts()
+    host = samples.column("source") == (texts.index("host") if "host" in texts else -2)
+    found = []
+    for order, (chart, name, field, color, which) in enumerate(MONITOR_SERIES):
+        y = samples.column(field) / (MIB if field.endswith("_bytes") else 1)
+        polled = host if which == "host" else ~host if which == "device" else True
+        rows = np.flatnonzero(np.isfinite(y) & polled)
+        if len(rows):
+            first = Point(chart, name, float(x[rows[0]]), float(y[rows[0]]), color)
+            found.append((rows[0], order, SeriesData(first, x[rows], y[rows])))
+    return [series for _, _, series in sorted(found, key=lambda f: f[:2])]
+
+
+def gpm_reasons(samples) -> list[str]:
+    """The reasons GPM is n/a that the polls carry (one poll each, so a scan of one
+    column for a read journal's columns)."""
+    if isinstance(samples, Columns):
+        return [samples[int(i)].gpm_reason for i in np.flatnonzero(
+            samples.column("gpm_reason") >= 0)]
+    return [m.gpm_reason for m in samples if m.gpm_reason]
 
 
 @dataclass
@@ -145,10 +185,14 @@ def record_series(record: RunRecord, precisions: Iterable[str]) -> list[SeriesDa
         for step in record.steps(p):
             add(step_points(step))
     t0 = record.started_s or (record.monitor_samples[0].time_s if record.monitor_samples else 0)
-    for sample in record.monitor_samples:
-        add(monitor_points(sample, t0))
+    if isinstance(record.monitor_samples, Columns):
+        monitor = _monitor_series(record.monitor_samples, t0)
+    else:
+        for sample in record.monitor_samples:
+            add(monitor_points(sample, t0))
+        monitor = []
     return [SeriesData(style, np.asarray(xs), np.asarray(ys))
-            for style, xs, ys in columns.values()]
+            for style, xs, ys in columns.values()] + monitor
 
 
 class Log2Axis(pg.AxisItem):
@@ -400,9 +444,8 @@ class LiveCharts(QWidget):
             self._notes[data.style.chart].setVisible(False)
         for trial in record.trials:
             self.note_trial(trial)
-        for sample in record.monitor_samples:
-            if sample.gpm_reason:
-                self._note_gpm(sample.gpm_reason)
+        for reason in gpm_reasons(record.monitor_samples):
+            self._note_gpm(reason)
         self.finish()
 
     def show_record(self, record: RunRecord, precisions: list[str]) -> None:

@@ -10,9 +10,12 @@ is a real poll, unchanged; the journal keeps them all.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
+from collections.abc import Sequence
 
+import numpy as np
+
+from engine.columns import Columns
 from engine.events import MonitorSample
 from engine.record import RunRecord
 
@@ -22,33 +25,61 @@ _NUMERIC = tuple(f.name for f in dataclasses.fields(MonitorSample)
                  if f.name != "time_s" and f.type in ("float | None", "int | None"))
 
 
-def _kept(window: list[MonitorSample]) -> set[int]:
-    # GPM's reason rides on the first poll that meets it only
-    keep = {len(window) - 1} | {i for i, s in enumerate(window) if s.gpm_reason is not None}
-    for name in _NUMERIC:
-        values = [(getattr(s, name), i) for i, s in enumerate(window)
-                  if getattr(s, name) is not None]
-        if values:
-            keep.add(min(values)[1])
-            keep.add(max(values)[1])
-    return keep
-
-
-def thin_samples(samples: list[MonitorSample], step_ends_s: list[float]) -> list[MonitorSample]:
-    """``samples`` reduced as the module says; ``step_ends_s`` bound the windows."""
-    bounds = sorted(step_ends_s)
-    windows: dict[tuple[str, int], list[MonitorSample]] = {}
+def _columns(samples: Sequence[MonitorSample]) -> Columns:
+    if isinstance(samples, Columns):
+        return samples
+    columns = Columns(MonitorSample)
     for s in samples:
-        windows.setdefault((s.source, bisect.bisect_left(bounds, s.time_s)), []).append(s)
-    kept = [w[i] for w in windows.values() for i in _kept(w)]
-    return sorted(kept, key=lambda s: s.time_s)
+        columns.append(s)
+    return columns
+
+
+def _last_of_each(groups: np.ndarray) -> np.ndarray:
+    """Positions of a sorted key array where a run of equal keys ends."""
+    return np.flatnonzero(np.append(groups[1:] != groups[:-1], True))
+
+
+def thin_samples(samples: Sequence[MonitorSample], step_ends_s: list[float]
+                 ) -> list[MonitorSample]:
+    """``samples`` reduced as the module says; ``step_ends_s`` bound the windows. Whole
+    columns at once: a long run's journal holds hundreds of thousands of polls."""
+    columns = _columns(samples)
+    if not len(columns):
+        return []
+    bounds = np.sort(np.asarray(step_ends_s, dtype=np.float64))
+    times = columns.column("time_s")
+    # a window: one source between two consecutive step ends (bisect_left's side)
+    window = (columns.column("source").astype(np.int64) * (len(bounds) + 1)
+              + np.searchsorted(bounds, times, side="left"))
+    rows = np.arange(len(columns))
+    order = np.lexsort((rows, window))
+    keep = np.zeros(len(columns), dtype=bool)
+    keep[order[_last_of_each(window[order])]] = True  # each window's last poll
+    keep |= columns.column("gpm_reason") >= 0  # GPM's reason rides on one poll only
+    for name in _NUMERIC:
+        values = columns.column(name)
+        known = np.flatnonzero(~np.isnan(values))
+        if not len(known):
+            continue
+        # by window, then value, then row: a window's first row holds its minimum (the
+        # earliest of equal ones), its last row the maximum (the latest of equal ones)
+        order = known[np.lexsort((known, values[known], window[known]))]
+        ends = _last_of_each(window[order])
+        keep[order[ends]] = True
+        keep[order[np.concatenate(([0], ends[:-1] + 1))]] = True
+    kept = np.flatnonzero(keep)
+    kept = kept[np.argsort(times[kept], kind="stable")]
+    return [columns[int(i)] for i in kept]
 
 
 def for_report(record: RunRecord) -> RunRecord:
     """The record a report writes: the same run, its monitor series thinned."""
     if record.monitor_sampling is not None:  # thinned already (a report written again)
         return record
-    ends = [s.time_s for p in {t.precision for t in record.trials} | set(record.live_steps)
-            for s in record.steps(p)]
+    ends = []
+    for p in {t.precision for t in record.trials} | set(record.live_steps):
+        steps = record.steps(p)
+        ends.extend(steps.column("time_s") if isinstance(steps, Columns)
+                    else [s.time_s for s in steps])
     return dataclasses.replace(record, monitor_samples=thin_samples(record.monitor_samples, ends),
                                monitor_sampling=SAMPLING_NOTE)

@@ -85,10 +85,10 @@ def _is_step_count(name: str) -> bool:
 
 
 @cache
-def _number_checker(name: str, numerics: bool = False):
-    """Limits for a number by its field name: units and counts are in the names. The
-    numerics lab's tables hold formats' own limits (fp32's 3.4e38), so no magnitude cap
-    applies there."""
+def number_limits(name: str, numerics: bool = False) -> tuple[tuple[float, float, str], ...]:
+    """``(low, high, problem)`` limits for a number by its field name: units and counts are
+    in the names. The numerics lab's tables hold formats' own limits (fp32's 3.4e38), so no
+    magnitude cap applies there."""
     limits = []
     if _is_time(name):
         limits.append((-MAX_EPOCH_S, MAX_EPOCH_S, "seconds is not a plausible time"))
@@ -102,6 +102,12 @@ def _number_checker(name: str, numerics: bool = False):
         limits.append((-MAX_FP32, MAX_FP32, "is beyond fp32's range"))
     if not limits and not numerics:
         limits.append((-MAX_MAGNITUDE, MAX_MAGNITUDE, "is not a plausible value"))
+    return tuple(limits)
+
+
+@cache
+def _number_checker(name: str, numerics: bool = False):
+    limits = number_limits(name, numerics)
     nonfinite_ok = name in NONFINITE_FIELDS
 
     def check(value) -> None:

@@ -1,5 +1,7 @@
 """No process outlives the command that started it: the CLI is SIGKILLed (no handler can
-run) during a distributed trial and during fit, and every process it had must end."""
+run) during a distributed trial and during fit, and every process it had must end;
+``numerics`` and ``plan`` run in their one process, which the tests assert (the window's
+trial child: tests/gui/test_window_orphans.py)."""
 
 from __future__ import annotations
 
@@ -119,3 +121,42 @@ def test_a_hung_rank_ends_the_trial_as_an_error_naming_the_rank(tmp_path):
     assert "made no step for" in trial["reason"] and "--stall-timeout" in trial["reason"]
     assert "rank " in trial["reason"]
     _assert_none_left([p for p in found if p.pid != rank.pid])
+
+
+def _children_until(proc: subprocess.Popen, log: Path, marker: str) -> list[psutil.Process]:
+    """Every process ``proc`` had from its start until ``marker`` shows in its output (a
+    stage late in its work); the command must still be running then."""
+    seen: dict[int, psutil.Process] = {}
+    deadline = time.monotonic() + 600
+    while marker not in log.read_text(errors="replace"):
+        assert proc.poll() is None, (proc.args, proc.returncode, log.read_text()[-2000:])
+        assert time.monotonic() < deadline, f"never saw {marker!r}"
+        seen.update((p.pid, p) for p in _descendants(proc))
+        time.sleep(POLL_S / 4)
+    return list(seen.values())
+
+
+def _kill_childless(proc: subprocess.Popen, log: Path, marker: str) -> None:
+    """A command with no child of its own: once it reaches ``marker`` it has none, and
+    what it started on the way (ctypes' ``find_library`` runs ``/sbin/ldconfig -p`` while
+    a library imports) ended on its own while it ran; SIGKILL then leaves nothing."""
+    had = _children_until(proc, log, marker)
+    at_kill = _descendants(proc)
+    proc.kill()
+    proc.wait()
+    assert at_kill == [], [_cmd(p) for p in at_kill]
+    assert [p for p in had if p.is_running()] == []
+
+
+def test_numerics_runs_in_one_process_so_a_sigkill_leaves_nothing(tmp_path):
+    # the CLI's numerics lab runs inline (profile --numerics and the window use a child)
+    proc = _spawn(tmp_path, "numerics", "--model", "tiny", "--precision", "fp16-amp",
+                  "--device", "cpu", "--batch-size", "1", "--seq-len", "8")
+    _kill_childless(proc, tmp_path / "cli.log", "numerics: numeric demonstrations")
+
+
+def test_plan_runs_in_one_process_so_a_sigkill_leaves_nothing(tmp_path):
+    # plan traces on fake tensors in its own process, one precision after the other
+    proc = _spawn(tmp_path, "plan", "--model", "tiny", "--precision", "fp32,bf16-amp",
+                  "--seq-len", "16", "--card", "H100 SXM", "--max-batch", "0")
+    _kill_childless(proc, tmp_path / "cli.log", "plan: bf16-amp: tracing")
