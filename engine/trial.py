@@ -702,18 +702,24 @@ class _EnergyWindow:
         self.state = state
         info = state.device_info
         self.cuda = info.kind == "cuda"
-        self.handle = info.nvml_handle() if self.cuda else None
+        # NVML on NVIDIA; on ROCm AMD SMI's energy accumulator (engine.amd_smi)
+        self.smi, self.handle = info.telemetry()
         self.start_j = self.start_s = None
         self.steps = 0
         if not self.cuda:
             state.energy = (None, 0, "no energy counter on the CPU")
         elif self.handle is None:
-            state.energy = (None, 0, f"NVML does not see this GPU: {nvml.unavailable_reason()}")
+            state.energy = (None, 0, f"{self._lib} does not see this GPU: "
+                                     f"{self.smi.unavailable_reason()}")
+
+    @property
+    def _lib(self) -> str:
+        return "NVML" if self.smi is nvml else "AMD SMI"
 
     def begin(self) -> None:
         if self.handle is None:
             return
-        self.start_j, self.start_s = nvml.energy_j(self.handle), time.perf_counter()
+        self.start_j, self.start_s = self.smi.energy_j(self.handle), time.perf_counter()
         if self.start_j is None:
             self.state.energy = (None, 0, "this GPU or driver has no NVML energy counter "
                                           "(nvmlDeviceGetTotalEnergyConsumption needs Volta+)")
@@ -724,16 +730,16 @@ class _EnergyWindow:
     def end(self) -> None:
         if self.start_j is None or not self.steps:
             return
-        end_j, seconds = nvml.energy_j(self.handle), time.perf_counter() - self.start_s
+        end_j, seconds = self.smi.energy_j(self.handle), time.perf_counter() - self.start_s
         if end_j is None or end_j <= self.start_j:
-            self.state.energy = (None, 0, f"the NVML energy counter did not advance over the "
-                                          f"{seconds:.3g} s of measured steps: run more steps")
+            self.state.energy = (None, 0, f"the {self._lib} energy counter did not advance over "
+                                          f"the {seconds:.3g} s of measured steps: run more steps")
             return
         this_round = f" of round {self.state.round_index + 1}" if self.state.round_index else ""
         self.state.energy = (end_j - self.start_j, self.steps, (
-            f"NVML total-energy counter delta over the {self.steps} measured steps{this_round} "
-            f"({seconds:.3g} s, GPU drained at both ends), divided by steps and by tokens; "
-            "device-wide: another process on this GPU would add to it"))
+            f"{self._lib} total-energy counter delta over the {self.steps} measured "
+            f"steps{this_round} ({seconds:.3g} s, GPU drained at both ends), divided by steps "
+            "and by tokens; device-wide: another process on this GPU would add to it"))
 
 
 def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, item) -> None:

@@ -292,7 +292,7 @@ class _Panel:
     in_bytes: bool = False
 
 
-_MONITOR_PANELS = {
+_MONITOR_PANELS: dict[str, tuple[_Panel, ...]] = {
     "nvml": (
         _Panel((("gpu_util_pct", "GPU util"), ("mem_util_pct", "memory util")), "utilisation (%)"),
         _Panel((("gpu_mem_used_bytes", "GPU memory used"),), "GPU memory", in_bytes=True),
@@ -303,13 +303,14 @@ _MONITOR_PANELS = {
         _Panel((("host_rss_bytes", "process RSS"),), "host memory", in_bytes=True),
     ),
 }
+_MONITOR_PANELS["amdsmi"] = _MONITOR_PANELS["nvml"]  # the same fields from AMD SMI
 
 
 @_styled
 def monitor_chart(record: RunRecord) -> Chart:
     title = "Device monitor"
     sources = {m.source for m in record.monitor_samples}
-    source = "nvml" if "nvml" in sources else "host" if "host" in sources else None
+    source = next((s for s in ("nvml", "amdsmi", "host") if s in sources), None)
     if source is None:
         return Chart(title, None, "no monitor samples were recorded")
     samples = [m for m in record.monitor_samples if m.source == source]
@@ -345,9 +346,10 @@ def monitor_chart(record: RunRecord) -> Chart:
                          transform=axes[0].get_xaxis_transform(), ha="center", va="bottom",
                          color=_color(trial.precision), fontsize=8)
     axes[-1].set_xlabel("time since the run started (s); shaded: each precision's trial")
-    source_text = "NVML (GPU)" if source == "nvml" else "psutil (host; no NVML on this machine)"
+    source_text = {"nvml": "NVML (GPU)", "amdsmi": "AMD SMI (ROCm GPU)"}.get(
+        source, "psutil (host; no NVML on this machine)")
     device = record.environment.get("device")
-    power = device.get("power_method") if source == "nvml" and isinstance(device, dict) else None
+    power = device.get("power_method") if source != "host" and isinstance(device, dict) else None
     return Chart(title, _svg(fig), f"source: {source_text}" + (f"; {power}" if power else ""))
 
 
