@@ -18,7 +18,7 @@ import torch
 from torch.profiler import record_function
 
 from engine import flops as flops_mod
-from engine import inventory, memtrack, nvml
+from engine import inventory, matmul_peak, memtrack, nvml
 from engine.config import TORCHAO_STEP, RunConfig, base_precision
 from engine.device import DeviceInfo
 from engine.events import (
@@ -194,7 +194,8 @@ class _State:
     predicted: PredictedMemory | None = None
     flops: FlopsInfo | None = None
     steps: list[StepSample] = field(default_factory=list)
-    peak: object = None
+    peak: object = None  # the datasheet peak (PeakLookup)
+    measured_peak: PeakLookup | None = None  # this machine's measured matmul peak
     profiled: ProfiledStep | None = None
     profiled_reason: str | None = None
     gpm: GpmMetrics | None = None
@@ -260,6 +261,9 @@ class _State:
         hw_tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
         peak = self.peak
         mfu = mfu_of(tflops * 1e12, peak) if (tflops is not None and peak) else None
+        measured_peak = self.measured_peak
+        mfu_measured = (mfu_of(tflops * 1e12, measured_peak)
+                        if tflops is not None and measured_peak else None)
         hfu = mfu_of(hw_tflops * 1e12, peak) if (hw_tflops is not None and peak) else None
         if measured and not timed:
             mfu_reason = ("every measured step was skipped by the GradScaler (inf/NaN "
@@ -270,6 +274,13 @@ class _State:
             mfu_reason = peak.reason
         else:
             mfu_reason = None if mfu is not None else "no steps measured"
+        if mfu_measured is not None:
+            measured_reason = None
+        elif measured_peak is not None and measured_peak.flops_per_s is None:
+            measured_reason = measured_peak.reason
+        else:  # no step time (the same reason as the datasheet MFU's) or no peak yet
+            measured_reason = (mfu_reason if measured and not timed
+                               else "no steps measured")
         # bytes held at rest by a stopped trial are kept in ``memory``, never as its peak
         mem = None if self.memory_at_rest else self.memory
         last = self.steps[-1] if self.steps else None
@@ -298,6 +309,10 @@ class _State:
             distinct_batches=self.distinct_batches,
             hardware_tflops=hw_tflops,
             hfu=hfu,
+            mfu_measured=mfu_measured,
+            mfu_measured_reason=measured_reason,
+            measured_peak_flops=measured_peak.flops_per_s if measured_peak else None,
+            measured_peak_source=measured_peak.source if measured_peak else None,
         )
 
 
@@ -419,6 +434,10 @@ def _measure(state: _State, emit, cancelled) -> bool:
         state.notes.append(f"emulated: {verdict.reason}")
     _probe(state, loaded, batches[0])
     state.peak = _peak(info, rec, state.flops.by_peak_dtype)
+    if matmul_peak.cached(info) is None:
+        log(f"measuring this machine's matmul peak ({', '.join(matmul_peak.DTYPES)}; once per "
+            f"machine, cached in {matmul_peak.cache_path()})")
+    state.measured_peak = _measured_peak(info, rec, state.flops.by_peak_dtype)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, state.optimizer,
                                           device.type))
     if state.compiled:
@@ -614,6 +633,16 @@ def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
     return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
 
 
+def _measured_peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
+    """This machine's measured matmul peak (cached per machine; measured on first use),
+    blended by the step's dtype mix as the datasheet peak is."""
+    measured = matmul_peak.for_device(info)
+    if not by_peak_dtype:
+        return measured.lookup(rec.peak_dtype)
+    blend = flops_mod.blended_peak(by_peak_dtype, measured.lookup)
+    return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
+
+
 def _step(config: RunConfig, rec: Recipe, device: torch.device, model, params, optimizer,
           scaler, batches, i: int):
     """One optimiser step; the named ranges let the profiled step attribute its time."""
@@ -751,6 +780,8 @@ def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, 
     counted = state.flops.counted_per_step if state.flops else None
     tflops = model / (step_ms / 1e3) / 1e12 if model and step_ms > 0 else None
     mfu = mfu_of(tflops * 1e12, state.peak) if tflops is not None else None
+    mfu_measured = (mfu_of(tflops * 1e12, state.measured_peak)
+                    if tflops is not None and state.measured_peak else None)
     hfu = mfu_of(counted / (step_ms / 1e3), state.peak) if counted and step_ms > 0 else None
     skipped = after is not None and after < before
     norm = None if skipped else norm  # a skipped step's norm is inf/NaN
@@ -771,6 +802,7 @@ def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, 
         time_s=time.time(),
         round=state.round_index,
         hfu=hfu,
+        mfu_measured=mfu_measured,
     )
     state.steps.append(sample)
     emit(sample)

@@ -60,9 +60,9 @@ def _styled(draw):
     """Draw under the report's style; rc settings apply when axes and text are created."""
 
     @functools.wraps(draw)
-    def wrapper(record: RunRecord) -> Chart:
+    def wrapper(record: RunRecord, *args) -> Chart:
         with mpl.rc_context(_STYLE):
-            return draw(record)
+            return draw(record, *args)
 
     return wrapper
 
@@ -205,25 +205,47 @@ def throughput_chart(record: RunRecord) -> Chart:
     return Chart(title, _svg(fig), "; ".join(notes))
 
 
+# MFU denominator -> (summary fields of the share and its reason, title, axis label)
+_MFU_KINDS = {
+    "datasheet": (("mfu", "mfu_reason"), "Model FLOPs utilisation vs datasheet peak",
+                  "MFU (% of datasheet peak)"),
+    "measured": (("mfu_measured", "mfu_measured_reason"),
+                 "Model FLOPs utilisation vs measured matmul peak",
+                 "MFU (% of measured matmul peak)"),
+}
+
+
 @_styled
-def mfu_chart(record: RunRecord) -> Chart:
-    title = "Model FLOPs utilisation"
+def mfu_chart(record: RunRecord, denominator: str = "datasheet") -> Chart:
+    (field, reason_field), title, ylabel = _MFU_KINDS[denominator]
     trials = [t for t in record.trials if t.summary is not None]
     by_reason: dict[str, list[str]] = {}  # one line per reason, not one per precision
     for t in trials:
-        if t.summary.mfu is None:
-            by_reason.setdefault(t.summary.mfu_reason or "not measured", []).append(t.precision)
+        if getattr(t.summary, field) is None:
+            reason = getattr(t.summary, reason_field) or "not measured"
+            by_reason.setdefault(reason, []).append(t.precision)
     missing = "; ".join(f"{', '.join(ps)}: {reason}" for reason, ps in by_reason.items())
-    if not any(t.summary.mfu is not None for t in trials):
+    values = [None if getattr(t.summary, field) is None else getattr(t.summary, field) * 100
+              for t in trials]
+    if all(v is None for v in values):
         return Chart(title, None, missing or "no trial finished")
     note = f"MFU n/a for {missing}" if missing else ""
     fig = _figure()
     ax = fig.add_subplot()
-    values = [None if t.summary.mfu is None else t.summary.mfu * 100 for t in trials]
     _bars(ax, [t.precision for t in trials], values,
           ["" if v is None else f"{v:.1f}%" for v in values])
-    ax.set_ylabel("MFU (% of datasheet peak)")
+    ax.set_ylabel(ylabel)
     return Chart(title, _svg(fig), note)
+
+
+def mfu_charts(record: RunRecord) -> list[Chart]:
+    """MFU against each denominator a trial has; the datasheet's n/a is said once where no
+    trial has a measured one either (a CPU run charts the measured peak alone)."""
+    measured = mfu_chart(record, "measured")
+    datasheet = mfu_chart(record, "datasheet")
+    if measured.svg is None:
+        return [datasheet]
+    return [datasheet, measured] if datasheet.svg is not None else [measured]
 
 
 @_styled
@@ -357,7 +379,7 @@ def report_charts(record: RunRecord) -> list[Chart]:
     """Every chart of the report, in reading order."""
     return [
         throughput_chart(record),
-        mfu_chart(record),
+        *mfu_charts(record),
         memory_chart(record),
         loss_chart(record),
         loss_scale_chart(record),
