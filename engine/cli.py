@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.plan_cli import add_plan_parser
 
     add_plan_parser(sub)
+    from engine.peak_cli import add_peak_parser
+
+    add_peak_parser(sub)
     return parser
 
 
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
                    "numerics": _numerics, "report": _report, "fit": _fit,
-                   "watch": _watch, "plan": _plan}[args.command]
+                   "watch": _watch, "plan": _plan, "peak": _peak}[args.command]
         return handler(args)
     except ValueError as exc:
         _say(f"ampscope: error: {exc}", err=True)
@@ -674,6 +677,12 @@ def _fit(args) -> int:
         print(format_fit(budget, results))
     return 0
 # --- plan --------------------------------------------------------------------------
+
+
+def _peak(args) -> int:
+    from engine.peak_cli import run_peak
+
+    return run_peak(args)
 
 
 def _plan(args) -> int:

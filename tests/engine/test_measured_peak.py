@@ -148,3 +148,44 @@ def test_report_charts_name_the_denominator(tmp_path, cache):
     assert chart.title == "Model FLOPs utilisation vs measured matmul peak"
     assert chart.svg is not None and "% of measured matmul peak" in chart.svg
 
+
+
+def _peak_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "main.py", "peak", "--device", "cpu", *args],
+                          cwd=ROOT, capture_output=True, text=True, check=False)
+
+
+def test_the_peak_command_measures_once_then_reads_the_cache(cache):
+    first = _peak_cli("--json")
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    entry = _entry(cache)
+    assert not report["cached"] and report["measured_at_s"] == entry["measured_at_s"]
+    rows = {r["dtype"]: r for r in report["rows"]}
+    assert rows["fp32"]["measured_tflops"] == pytest.approx(entry["tflops"]["fp32"])
+    assert rows["fp32"]["datasheet_tflops"] is None
+    assert "no datasheet peak for CPUs" in rows["fp32"]["datasheet_reason"]
+    second = _peak_cli()
+    assert second.returncode == 0, second.stderr
+    assert "(cached; --rerun measures again)" in second.stdout
+    assert _entry(cache)["measured_at_s"] == entry["measured_at_s"]
+    header = next(line for line in second.stdout.splitlines() if line.startswith("dtype"))
+    assert header.split("  ")[0] == "dtype" and "measured / datasheet" in header
+
+
+def test_the_peak_command_sets_a_gpus_datasheet_row_beside_the_measured_one():
+    import dataclasses
+
+    from engine.peak_cli import _rows
+    from engine.peaks import table
+
+    h100 = dataclasses.replace(CPU, kind="cuda", index=0, name="NVIDIA H100 80GB HBM3",
+                               sm_count=132)
+    measured = matmul_peak.MeasuredPeak(key="k", device=h100.name, torch_version="t",
+                                        size=8192, measured_at_s=0.0,
+                                        tflops={"bf16": 700.0}, reasons={})
+    rows = {r["dtype"]: r for r in _rows(h100, measured)}
+    row = next(g for g in table()["gpus"] if g["name"] == "NVIDIA H100 SXM5")
+    assert rows["bf16"]["datasheet_tflops"] == pytest.approx(row["peak_tflops"]["bf16"])
+    assert rows["bf16"]["measured_tflops"] == 700.0
+    assert rows["fp8"]["measured_tflops"] is None and rows["fp8"]["datasheet_tflops"]
