@@ -50,6 +50,7 @@ class MeasuredPeak:
     measured_at_s: float
     tflops: dict = field(default_factory=dict)  # column -> TFLOP/s
     reasons: dict = field(default_factory=dict)  # column -> why it was not measured
+    failed: list = field(default_factory=list)  # columns whose matmul raised (out of memory)
 
     def lookup(self, dtype: str) -> PeakLookup:
         """This dtype's measured rate as a peak MFU can divide by, or the reason."""
@@ -112,9 +113,10 @@ def for_device(info, rerun: bool = False) -> MeasuredPeak:
     if found is not None:
         return found
     measured = measure(info)
-    entries = _read()
-    entries[measured.key] = asdict(measured)
-    _write(entries)
+    if not measured.failed:  # a failure may pass (memory another process held): not kept
+        entries = _read()
+        entries[measured.key] = asdict(measured)
+        _write(entries)
     return measured
 
 
@@ -136,6 +138,8 @@ def _matmul(info, dtype: str, n: int, device: torch.device) -> Callable[[], obje
         one = torch.ones((), device=device)
         try:
             torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+        except torch.OutOfMemoryError:
+            raise  # not the device's answer: the caller keeps no cache of it
         except Exception as exc:  # no fp8 GEMM here (a GPU before Ada, an old build)
             return f"torch._scaled_mm does not run on this device ({type(exc).__name__})"
         return lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
@@ -173,7 +177,7 @@ def measure(info) -> MeasuredPeak:
     """Time square matmuls in each of ``DTYPES`` on ``info``'s device (a second or two)."""
     device = info.torch_device
     n, budget = SIZE[info.kind], BUDGET_S[info.kind]
-    tflops, reasons = {}, {}
+    tflops, reasons, failed = {}, {}, []
     cublas = torch.backends.cuda.matmul
     with info.device_context():
         for dtype in DTYPES:
@@ -189,13 +193,14 @@ def measure(info) -> MeasuredPeak:
                 tflops[dtype] = 2 * n**3 / seconds / 1e12
             except Exception as exc:  # out of memory, a dtype the build lacks
                 reasons[dtype] = f"the {dtype} matmul failed: {type(exc).__name__}: {exc}"
+                failed.append(dtype)
             finally:
                 cublas.fp32_precision = before
         if info.kind == "cuda":
             torch.cuda.empty_cache()  # the trial's memory starts without the benchmark's
     return MeasuredPeak(key=cache_key(info.name, info.kind), device=info.name,
                         torch_version=torch.__version__, size=n, measured_at_s=time.time(),
-                        tflops=tflops, reasons=reasons)
+                        tflops=tflops, reasons=reasons, failed=failed)
 
 
 def format_mfu(trials, width: int = 120) -> str:

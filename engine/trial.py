@@ -392,6 +392,11 @@ def _measure(state: _State, emit, cancelled) -> bool:
     def log(msg: str, level: str = "info") -> None:
         emit(LogEvent(level, msg, rec.precision, time.time()))
 
+    if matmul_peak.cached(info) is None:
+        log(f"measuring this machine's matmul peak ({', '.join(matmul_peak.DTYPES)}; once per "
+            f"machine, cached in {matmul_peak.cache_path()})")
+    # before the model: the GPU's memory is free for it, and the seed below is untouched
+    rates = matmul_peak.for_device(info)
     torch.manual_seed(config.seed)
 
     loaded = load_model(config.model, rec, device, config.seed, config.trust_remote_code,
@@ -434,10 +439,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
         state.notes.append(f"emulated: {verdict.reason}")
     _probe(state, loaded, batches[0])
     state.peak = _peak(info, rec, state.flops.by_peak_dtype)
-    if matmul_peak.cached(info) is None:
-        log(f"measuring this machine's matmul peak ({', '.join(matmul_peak.DTYPES)}; once per "
-            f"machine, cached in {matmul_peak.cache_path()})")
-    state.measured_peak = _measured_peak(info, rec, state.flops.by_peak_dtype)
+    state.measured_peak = _measured_peak(rates, rec, state.flops.by_peak_dtype)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, state.optimizer,
                                           device.type))
     if state.compiled:
@@ -633,10 +635,10 @@ def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
     return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
 
 
-def _measured_peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
-    """This machine's measured matmul peak (cached per machine; measured on first use),
-    blended by the step's dtype mix as the datasheet peak is."""
-    measured = matmul_peak.for_device(info)
+def _measured_peak(measured: matmul_peak.MeasuredPeak, rec: Recipe,
+                   by_peak_dtype: dict) -> PeakLookup:
+    """This machine's measured matmul peak, blended by the step's dtype mix as the
+    datasheet peak is."""
     if not by_peak_dtype:
         return measured.lookup(rec.peak_dtype)
     blend = flops_mod.blended_peak(by_peak_dtype, measured.lookup)

@@ -189,3 +189,19 @@ def test_the_peak_command_sets_a_gpus_datasheet_row_beside_the_measured_one():
     assert rows["bf16"]["datasheet_tflops"] == pytest.approx(row["peak_tflops"]["bf16"])
     assert rows["bf16"]["measured_tflops"] == 700.0
     assert rows["fp8"]["measured_tflops"] is None and rows["fp8"]["datasheet_tflops"]
+
+
+def test_a_matmul_that_ran_out_of_memory_is_not_cached(cache, monkeypatch):
+    real_mm = torch.mm
+
+    def out_of_memory(a, b):  # what torch raises when another process holds the memory
+        if a.dtype == torch.bfloat16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB")
+        return real_mm(a, b)
+
+    monkeypatch.setattr(torch, "mm", out_of_memory)
+    peak = matmul_peak.for_device(CPU)
+    assert peak.failed == ["bf16"] and "OutOfMemoryError" in peak.reasons["bf16"]
+    assert "fp32" in peak.tflops and not cache.exists()
+    monkeypatch.setattr(torch, "mm", real_mm)
+    assert matmul_peak.for_device(CPU).failed == [] and matmul_peak.cached(CPU) is not None
