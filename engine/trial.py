@@ -752,8 +752,10 @@ class _EnergyWindow:
             return
         self.start_j, self.start_s = self.smi.energy_j(self.handle), time.perf_counter()
         if self.start_j is None:
-            self.state.energy = (None, 0, "this GPU or driver has no NVML energy counter "
-                                          "(nvmlDeviceGetTotalEnergyConsumption needs Volta+)")
+            needs = ("nvmlDeviceGetTotalEnergyConsumption needs Volta+" if self.smi is nvml
+                     else "amdsmi_get_energy_count is not supported on a virtual machine guest")
+            self.state.energy = (None, 0, f"this GPU or driver has no {self._lib} energy "
+                                          f"counter ({needs})")
 
     def count(self, measured: bool) -> None:
         self.steps += measured

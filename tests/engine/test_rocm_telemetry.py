@@ -229,3 +229,18 @@ def test_the_reports_monitor_chart_draws_the_amdsmi_samples_and_names_them(mi300
     chart = monitor_chart(record)
     assert chart.svg is not None
     assert chart.note.startswith("source: AMD SMI (ROCm GPU); AMD SMI socket power")
+
+
+def test_a_gpu_without_the_amdsmi_energy_counter_says_so(mi300x):
+    fake, info = mi300x
+
+    def not_supported(h):  # what a virtual machine guest gets (amdsmi.h)
+        raise AmdSmiLibraryException("AMDSMI_STATUS_NOT_SUPPORTED")
+
+    fake.amdsmi_get_energy_count = not_supported
+    state = SimpleNamespace(device_info=info, energy=None, round_index=0)
+    trial_mod._EnergyWindow(state).begin()
+    joules, _, method = state.energy
+    assert joules is None
+    assert method == ("this GPU or driver has no AMD SMI energy counter (amdsmi_get_energy_count "
+                      "is not supported on a virtual machine guest)")
