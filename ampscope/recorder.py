@@ -994,4 +994,7 @@ class Recorder:
             spread=step_spread(self.steps, tokens[0]) if same_tokens else None,
             hardware_tflops=hw_tflops,
             hfu=hfu,
+            # a user's loop is not paused for a matmul benchmark: profile trials measure it
+            mfu_measured_reason="MFU vs measured matmul peak is measured by main.py profile "
+                                "trials; a recorded loop divides by the datasheet peak only",
         )

@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "snapshot (<precision>.memory.pickle, pytorch.org/memory_viz)")
     prof.add_argument("--no-kernel-profile", action="store_true",
                       help="skip the extra profiled step (kernel time by dtype)")
+    prof.add_argument("--measure-peak", action="store_true",
+                      help="measure this machine's matmul peak again (MFU's second "
+                           "denominator; otherwise measured once per machine and cached)")
     from engine.distributed.cli_args import add_distributed_args
 
     add_distributed_args(prof)
@@ -146,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.plan_cli import add_plan_parser
 
     add_plan_parser(sub)
+    from engine.peak_cli import add_peak_parser
+
+    add_peak_parser(sub)
     return parser
 
 
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
                    "numerics": _numerics, "report": _report, "fit": _fit,
-                   "watch": _watch, "plan": _plan}[args.command]
+                   "watch": _watch, "plan": _plan, "peak": _peak}[args.command]
         return handler(args)
     except ValueError as exc:
         _say(f"ampscope: error: {exc}", err=True)
@@ -190,6 +196,11 @@ def _profile(args) -> int:
         **distributed_config(args),
     )
     out = _check_out(args.out) if args.out else None
+    if args.measure_peak:  # the first trial finds no cached peak and measures it
+        from engine import matmul_peak
+        from engine.device import probe
+
+        matmul_peak.forget(probe(config.device))
     from engine.runner import Runner
 
     progress = _Progress(config, enabled=not args.quiet)
@@ -261,11 +272,15 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
 def _finish(record, runner, out, signals, trace: str | None = None, wide: bool = False) -> int:
     """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
     from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
+    from engine.matmul_peak import format_mfu
     from engine.verdict import verdict as recommend
 
     _say(_verdict_text(recommend(record)))
     verdict = speed_verdict(record.trials)
     _say(format_table(comparison_rows(record, verdict), wide=wide))
+    mfu = format_mfu(record.trials)
+    if mfu:
+        _say(mfu)
     if record.config.get("strategy", "none") != "none":
         from engine.distributed.summary_text import distributed_lines
 
@@ -662,6 +677,12 @@ def _fit(args) -> int:
         print(format_fit(budget, results))
     return 0
 # --- plan --------------------------------------------------------------------------
+
+
+def _peak(args) -> int:
+    from engine.peak_cli import run_peak
+
+    return run_peak(args)
 
 
 def _plan(args) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import gating, nvml
+from engine import amd_smi, gating, nvml
 from engine.config import BF16_EMULATED, PRECISIONS
 from engine.recipes import recipe
 
@@ -83,6 +83,8 @@ class DeviceInfo:
     # False: torch emulates it in fp32, slower than fp32 itself; None: not known
     bf16_hardware: bool | None = None
     verdicts: dict = field(default_factory=dict)  # precision -> gating.Verdict
+    gcn_arch: str | None = None  # an AMD GPU under torch's ROCm build ("gfx942"); else None
+    hip_version: str | None = None  # torch.version.hip on a ROCm build
 
     @property
     def bf16_text(self) -> str:
@@ -121,10 +123,21 @@ class DeviceInfo:
             return None
         return nvml.handle_for(self.uuid, self.pci_bus_id)
 
+    def telemetry(self):
+        """(guarded query module, handle) of this GPU's telemetry: NVML on NVIDIA, AMD SMI
+        on ROCm; the handle is ``None`` where the library does not see the GPU."""
+        if self.kind != "cuda":
+            return nvml, None
+        if self.gcn_arch:
+            return amd_smi, amd_smi.handle_for(self.pci_bus_id)
+        return nvml, self.nvml_handle()
+
     def describe(self) -> str:
         if self.kind == "cpu":  # a CPU chosen for want of a usable GPU says why
             return f"CPU ({self.name})" + (f"; {self.fallback_reason}"
                                            if self.fallback_reason else "")
+        if self.gcn_arch:
+            return f"{self.name} ({self.gcn_arch}, ROCm/HIP {self.hip_version})"
         cc = ".".join(map(str, self.compute_capability or ()))
         return f"{self.name} (compute capability {cc}, CUDA {self.cuda_version})"
 
@@ -211,11 +224,17 @@ def probe(requested: str = "auto") -> DeviceInfo:
     cc = (props.major, props.minor)
     name = props.name
     uuid, bus_id = _uuid_and_bus_id(props)
-    verdicts = gating.matrix(gating.DeviceDescription.from_properties(props))
+    described = gating.DeviceDescription.from_properties(props)
+    verdicts = gating.matrix(described)
     unsupported = _unsupported(verdicts)
-    h = nvml.handle_for(uuid, bus_id)
-    handle_info = nvml.device_static(h)
-    mig_handle = nvml.query("nvmlDeviceIsMigDeviceHandle", h) if h is not None else None
+    rocm = described.kind == "rocm"
+    if rocm:  # torch's ROCm build answers through torch.cuda; AMD SMI knows the GPU
+        h, mig_handle = None, None
+        handle_info = amd_smi.device_static(amd_smi.handle_for(bus_id))
+    else:
+        h = nvml.handle_for(uuid, bus_id)
+        handle_info = nvml.device_static(h)
+        mig_handle = nvml.query("nvmlDeviceIsMigDeviceHandle", h) if h is not None else None
     mig = "MIG" in name or bool(mig_handle)
     return DeviceInfo(
         kind="cuda",
@@ -225,7 +244,7 @@ def probe(requested: str = "auto") -> DeviceInfo:
         total_memory_bytes=int(props.total_memory),
         cuda_version=torch.version.cuda,
         driver_version=handle_info.get("driver_version"),
-        nvml_available=nvml.available(),
+        nvml_available=amd_smi.available() if rocm else nvml.available(),
         bf16_supported="bf16" not in unsupported,
         bf16_hardware="bf16" not in unsupported,
         tf32_supported="tf32" not in unsupported,
@@ -235,9 +254,15 @@ def probe(requested: str = "auto") -> DeviceInfo:
         pci_bus_id=bus_id,
         sm_count=int(props.multi_processor_count),
         mig=mig,
-        power_method=nvml.power_method(cc),
+        power_method=(ROCM_POWER_METHOD if rocm else nvml.power_method(cc)),
         verdicts=verdicts,
+        gcn_arch=described.gcn_arch,
+        hip_version=getattr(torch.version, "hip", None) if rocm else None,
     )
+
+
+ROCM_POWER_METHOD = ("AMD SMI socket power in W: the current reading where the GPU fills it "
+                     "(MI300), else the average")
 
 
 def nvml_handle_of(index: int):

@@ -131,7 +131,7 @@ class StepSample:
     step_ms: float
     tokens_per_s: float | None  # None: a user's step whose tokens are unknown
     tflops: float | None  # model FLOPs (no recompute) / step time, in TFLOP/s
-    mfu: float | None  # model FLOPs utilisation: tflops / the (blended) peak
+    mfu: float | None  # model FLOPs utilisation: tflops / the (blended) datasheet peak
     allocated_bytes: int | None
     reserved_bytes: int | None
     loss_scale: float | None
@@ -147,6 +147,8 @@ class StepSample:
     forward_ms: float | None = None  # inside the model's training forwards
     backward_ms: float | None = None  # each forward's end to the next forward or optimizer step
     optimizer_ms: float | None = None  # the optimizer step's start to the step's end
+    # tflops / the device's measured matmul peak (engine.matmul_peak), blended alike
+    mfu_measured: float | None = None
 
 
 @dataclass(frozen=True)
@@ -346,7 +348,7 @@ class TrialSummary:
     median_step_ms: float | None
     tokens_per_s: float | None
     tflops: float | None  # model FLOPs / median step time
-    mfu: float | None  # against the peak blended by the dtypes the step ran
+    mfu: float | None  # against the datasheet peak blended by the dtypes the step ran
     mfu_reason: str | None
     peak_flops: float | None
     peak_flops_source: str | None
@@ -362,6 +364,12 @@ class TrialSummary:
     distinct_batches: int | None = None  # synthetic batches cycled through the steps
     hardware_tflops: float | None = None  # hardware FLOPs / median step time
     hfu: float | None = None
+    # the same model FLOPs against the measured matmul peak of this machine (the datasheet
+    # peak is ``peak_flops``): named "MFU vs measured matmul peak" wherever it is shown
+    mfu_measured: float | None = None
+    mfu_measured_reason: str | None = None
+    measured_peak_flops: float | None = None
+    measured_peak_source: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from engine import nvml
+from engine import amd_smi, nvml
 from engine.device import DeviceInfo
 from engine.events import GpmMetrics
 
@@ -71,6 +71,8 @@ class GpmWindow:
         info = self.info
         if info.kind != "cuda":
             return f"{NEEDS}: the run is on the CPU, which has no NVML GPM"
+        if info.gcn_arch:
+            return f"{amd_smi.NO_TENSOR_PIPES} ({info.name}, {info.gcn_arch})"
         if not nvml.available():
             return f"{NEEDS}: NVML is not available ({nvml.unavailable_reason()})"
         cc = info.compute_capability

@@ -429,6 +429,7 @@ def summary_from_steps(steps: list[StepSample], tokens_per_step: int | None) -> 
         tflops=None,
         mfu=None,
         mfu_reason="the trial was interrupted before it reported its FLOPs",
+        mfu_measured_reason="the trial was interrupted before it reported its FLOPs",
         peak_flops=None,
         peak_flops_source=None,
         peak_memory_bytes=None,

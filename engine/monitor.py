@@ -1,6 +1,7 @@
 """The device monitor: a thread that polls one tracker at a fixed rate without drifting.
 
-NVML when the run is on a GPU and NVML answers; the host (psutil) otherwise. With a
+NVML when the run is on an NVIDIA GPU and NVML answers, AMD SMI on a ROCm GPU; the host
+(psutil) otherwise. With a
 ``GpmPoller`` each sample also carries NVML GPM's tensor-pipe, SM and DRAM activity since
 the previous poll (Hopper and newer), or once the reason GPM is n/a. Every sample, on a
 GPU too, carries the host's load (``engine.contention``): a busy host slows the steps.
@@ -12,10 +13,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from engine import amd_smi
 from engine.contention import LoadSampler
 from engine.events import MonitorSample
 from engine.gpm import GpmPoller
-from engine.trackers import HostTracker, NvmlTracker
+from engine.trackers import AmdSmiTracker, HostTracker, NvmlTracker
 
 
 class Monitor:
@@ -31,12 +33,13 @@ class Monitor:
 
     @classmethod
     def for_device(cls, device_info, emit, hz: float = 10.0, load=None) -> Monitor:
-        handle = device_info.nvml_handle() if device_info.nvml_available else None
-        tracker = NvmlTracker(handle) if handle is not None else HostTracker()
+        smi, handle = device_info.telemetry() if device_info.nvml_available else (None, None)
+        gpu_tracker = AmdSmiTracker if smi is amd_smi else NvmlTracker
+        tracker = gpu_tracker(handle) if handle is not None else HostTracker()
         return cls(tracker, emit, hz, GpmPoller(device_info), load or LoadSampler())
 
     def watch_pid(self, pid: int) -> None:
-        """Count a trial child's GPU memory as ours (NVML only).
+        """Count a trial child's GPU memory as ours (NVML or AMD SMI).
 
         Called as the child starts, before it has imported torch or touched the GPU:
         the device-wide baseline for the no-pid-match fallback is read here.

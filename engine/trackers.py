@@ -3,7 +3,7 @@
 ``StepTimer`` times training steps with CUDA events and synchronises only on the
 event it reads; ``ScalarReadback`` brings a step's scalars to the host without a
 sync; ``AllocatorTracker`` reads the torch caching allocator's counters (host-side,
-no sync); ``NvmlTracker`` and ``HostTracker`` feed the monitor thread.
+no sync); ``NvmlTracker`` (``AmdSmiTracker`` on ROCm) and ``HostTracker`` feed the monitor thread.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import nvml
+from engine import amd_smi, nvml
 
 
 @dataclass
@@ -164,6 +164,7 @@ class NvmlTracker:
     """
 
     source = "nvml"
+    smi = nvml  # the guarded query module the fields come from
 
     def __init__(self, handle):
         self.handle = handle
@@ -174,13 +175,20 @@ class NvmlTracker:
         self.take_baseline()
 
     def take_baseline(self) -> None:
-        self.baseline_bytes = nvml.used_bytes(self.handle)
+        self.baseline_bytes = self.smi.used_bytes(self.handle)
 
     def sample(self) -> dict:
-        return nvml.sample(self.handle, self.pids, self.baseline_bytes)
+        return self.smi.sample(self.handle, self.pids, self.baseline_bytes)
 
     def stop(self) -> None:
         pass
+
+
+class AmdSmiTracker(NvmlTracker):
+    """The same fields from AMD SMI on a ROCm GPU (``handle`` found by PCI address)."""
+
+    source = "amdsmi"
+    smi = amd_smi
 
 
 class HostTracker:

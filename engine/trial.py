@@ -18,7 +18,7 @@ import torch
 from torch.profiler import record_function
 
 from engine import flops as flops_mod
-from engine import inventory, memtrack, nvml
+from engine import inventory, matmul_peak, memtrack, nvml
 from engine.config import TORCHAO_STEP, RunConfig, base_precision
 from engine.device import DeviceInfo
 from engine.events import (
@@ -195,7 +195,8 @@ class _State:
     predicted: PredictedMemory | None = None
     flops: FlopsInfo | None = None
     steps: list[StepSample] = field(default_factory=list)
-    peak: object = None
+    peak: object = None  # the datasheet peak (PeakLookup)
+    measured_peak: PeakLookup | None = None  # this machine's measured matmul peak
     profiled: ProfiledStep | None = None
     profiled_reason: str | None = None
     gpm: GpmMetrics | None = None
@@ -261,6 +262,9 @@ class _State:
         hw_tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
         peak = self.peak
         mfu = mfu_of(tflops * 1e12, peak) if (tflops is not None and peak) else None
+        measured_peak = self.measured_peak
+        mfu_measured = (mfu_of(tflops * 1e12, measured_peak)
+                        if tflops is not None and measured_peak else None)
         hfu = mfu_of(hw_tflops * 1e12, peak) if (hw_tflops is not None and peak) else None
         if measured and not timed:
             mfu_reason = ("every measured step was skipped by the GradScaler (inf/NaN "
@@ -271,6 +275,13 @@ class _State:
             mfu_reason = peak.reason
         else:
             mfu_reason = None if mfu is not None else "no steps measured"
+        if mfu_measured is not None:
+            measured_reason = None
+        elif measured_peak is not None and measured_peak.flops_per_s is None:
+            measured_reason = measured_peak.reason
+        else:  # no step time (the same reason as the datasheet MFU's) or no peak yet
+            measured_reason = (mfu_reason if measured and not timed
+                               else "no steps measured")
         # bytes held at rest by a stopped trial are kept in ``memory``, never as its peak
         mem = None if self.memory_at_rest else self.memory
         last = self.steps[-1] if self.steps else None
@@ -299,6 +310,10 @@ class _State:
             distinct_batches=self.distinct_batches,
             hardware_tflops=hw_tflops,
             hfu=hfu,
+            mfu_measured=mfu_measured,
+            mfu_measured_reason=measured_reason,
+            measured_peak_flops=measured_peak.flops_per_s if measured_peak else None,
+            measured_peak_source=measured_peak.source if measured_peak else None,
         )
 
 
@@ -378,6 +393,11 @@ def _measure(state: _State, emit, cancelled) -> bool:
     def log(msg: str, level: str = "info") -> None:
         emit(LogEvent(level, msg, rec.precision, time.time()))
 
+    if matmul_peak.cached(info) is None:
+        log(f"measuring this machine's matmul peak ({', '.join(matmul_peak.DTYPES)}; once per "
+            f"machine, cached in {matmul_peak.cache_path()})")
+    # before the model: the GPU's memory is free for it, and the seed below is untouched
+    rates = matmul_peak.for_device(info)
     torch.manual_seed(config.seed)
 
     loaded = load_model(config.model, rec, device, config.seed, config.trust_remote_code,
@@ -417,6 +437,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
         state.notes.append(f"emulated: {verdict.reason}")
     _probe(state, loaded, batches[0])
     state.peak = _peak(info, rec, state.flops.by_peak_dtype)
+    state.measured_peak = _measured_peak(rates, rec, state.flops.by_peak_dtype)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, state.optimizer,
                                           device.type))
     if state.compiled:
@@ -612,6 +633,16 @@ def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
     return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
 
 
+def _measured_peak(measured: matmul_peak.MeasuredPeak, rec: Recipe,
+                   by_peak_dtype: dict) -> PeakLookup:
+    """This machine's measured matmul peak, blended by the step's dtype mix as the
+    datasheet peak is."""
+    if not by_peak_dtype:
+        return measured.lookup(rec.peak_dtype)
+    blend = flops_mod.blended_peak(by_peak_dtype, measured.lookup)
+    return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
+
+
 def _step(config: RunConfig, rec: Recipe, device: torch.device, model, params, optimizer,
           scaler, batches, i: int):
     """One optimiser step; the named ranges let the profiled step attribute its time."""
@@ -700,21 +731,29 @@ class _EnergyWindow:
         self.state = state
         info = state.device_info
         self.cuda = info.kind == "cuda"
-        self.handle = info.nvml_handle() if self.cuda else None
+        # NVML on NVIDIA; on ROCm AMD SMI's energy accumulator (engine.amd_smi)
+        self.smi, self.handle = info.telemetry()
         self.start_j = self.start_s = None
         self.steps = 0
         if not self.cuda:
             state.energy = (None, 0, "no energy counter on the CPU")
         elif self.handle is None:
-            state.energy = (None, 0, f"NVML does not see this GPU: {nvml.unavailable_reason()}")
+            state.energy = (None, 0, f"{self._lib} does not see this GPU: "
+                                     f"{self.smi.unavailable_reason()}")
+
+    @property
+    def _lib(self) -> str:
+        return "NVML" if self.smi is nvml else "AMD SMI"
 
     def begin(self) -> None:
         if self.handle is None:
             return
-        self.start_j, self.start_s = nvml.energy_j(self.handle), time.perf_counter()
+        self.start_j, self.start_s = self.smi.energy_j(self.handle), time.perf_counter()
         if self.start_j is None:
-            self.state.energy = (None, 0, "this GPU or driver has no NVML energy counter "
-                                          "(nvmlDeviceGetTotalEnergyConsumption needs Volta+)")
+            needs = ("nvmlDeviceGetTotalEnergyConsumption needs Volta+" if self.smi is nvml
+                     else "amdsmi_get_energy_count is not supported on a virtual machine guest")
+            self.state.energy = (None, 0, f"this GPU or driver has no {self._lib} energy "
+                                          f"counter ({needs})")
 
     def count(self, measured: bool) -> None:
         self.steps += measured
@@ -722,16 +761,16 @@ class _EnergyWindow:
     def end(self) -> None:
         if self.start_j is None or not self.steps:
             return
-        end_j, seconds = nvml.energy_j(self.handle), time.perf_counter() - self.start_s
+        end_j, seconds = self.smi.energy_j(self.handle), time.perf_counter() - self.start_s
         if end_j is None or end_j <= self.start_j:
-            self.state.energy = (None, 0, f"the NVML energy counter did not advance over the "
-                                          f"{seconds:.3g} s of measured steps: run more steps")
+            self.state.energy = (None, 0, f"the {self._lib} energy counter did not advance over "
+                                          f"the {seconds:.3g} s of measured steps: run more steps")
             return
         this_round = f" of round {self.state.round_index + 1}" if self.state.round_index else ""
         self.state.energy = (end_j - self.start_j, self.steps, (
-            f"NVML total-energy counter delta over the {self.steps} measured steps{this_round} "
-            f"({seconds:.3g} s, GPU drained at both ends), divided by steps and by tokens; "
-            "device-wide: another process on this GPU would add to it"))
+            f"{self._lib} total-energy counter delta over the {self.steps} measured "
+            f"steps{this_round} ({seconds:.3g} s, GPU drained at both ends), divided by steps "
+            "and by tokens; device-wide: another process on this GPU would add to it"))
 
 
 def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, item) -> None:
@@ -743,6 +782,8 @@ def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, 
     counted = state.flops.counted_per_step if state.flops else None
     tflops = model / (step_ms / 1e3) / 1e12 if model and step_ms > 0 else None
     mfu = mfu_of(tflops * 1e12, state.peak) if tflops is not None else None
+    mfu_measured = (mfu_of(tflops * 1e12, state.measured_peak)
+                    if tflops is not None and state.measured_peak else None)
     hfu = mfu_of(counted / (step_ms / 1e3), state.peak) if counted and step_ms > 0 else None
     skipped = after is not None and after < before
     norm = None if skipped else norm  # a skipped step's norm is inf/NaN
@@ -763,6 +804,7 @@ def _emit_step(state: _State, emit, timer: StepTimer, readback: ScalarReadback, 
         time_s=time.time(),
         round=state.round_index,
         hfu=hfu,
+        mfu_measured=mfu_measured,
     )
     state.steps.append(sample)
     emit(sample)

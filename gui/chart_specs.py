@@ -18,6 +18,13 @@ LIVE_CHARTS: dict[str, tuple[str, str, str | None]] = {
     "monitor_gpm": ("Tensor pipe / SM activity (GPM)", "activity (%)", None),
 }
 
+# the MFU charts' titles once a run says which peak MFU divides by (both: solid and dashed)
+MFU_TITLES = {
+    "datasheet": "MFU (model FLOPs) vs datasheet peak",
+    "measured": "MFU (model FLOPs) vs measured matmul peak",
+    "both": "MFU (model FLOPs): solid vs datasheet peak, dashed vs measured matmul peak",
+}
+
 # Compare tab chart key -> (title, left-axis label, units)
 COMPARE_CHARTS: dict[str, tuple[str, str, str | None]] = {
     "memory": ("Memory by category (left: measured, right: predicted)", "MiB", None),

@@ -39,7 +39,7 @@ from engine.events import TrialResult
 from engine.record import RunRecord
 from engine.verdict import figure_text
 from engine.verdict import verdict as recommend
-from gui.chart_specs import COMPARE_CHARTS
+from gui.chart_specs import COMPARE_CHARTS, MFU_TITLES
 from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
 from gui.plain_text import as_html, plain_label
@@ -174,10 +174,16 @@ class CompareView(QWidget):
                          for p in labels])
         self._draw_intervals("throughput", [values[p].tokens_per_s for p in labels],
                              [values[p].tokens_per_s_ci for p in labels])
-        mfu = [None if values[p].mfu is None else values[p].mfu * 100 for p in labels]
+        # the datasheet peak where a trial has one; else the measured matmul peak (a CPU)
+        kind = "datasheet" if any(values[p].mfu is not None for p in labels) or not any(
+            values[p].mfu_measured is not None for p in labels) else "measured"
+        field = "mfu" if kind == "datasheet" else "mfu_measured"
+        self.plots["mfu"].setTitle(html.escape(MFU_TITLES[kind]), size="10pt")
+        mfu = [None if getattr(values[p], field) is None else getattr(values[p], field) * 100
+               for p in labels]
         self._draw_bars("mfu", labels, mfu,
                         [None if v is None else f"{v:.1f}%" for v in mfu], record.trials)
-        self._explain_missing_mfu(record.trials, mfu)
+        self._explain_missing_mfu(record.trials, mfu, f"{field}_reason")
         peaks = [values[p].peak_memory_bytes for p in labels]
         self._draw_bars("peak_memory", labels, [_mib(v) for v in peaks],
                         [None if v is None else format_bytes(v) for v in peaks], record.trials)
@@ -195,10 +201,12 @@ class CompareView(QWidget):
                                          "font-weight: 600; }")
         self.verdict_label.show()
 
-    def _explain_missing_mfu(self, trials: list[TrialResult], mfu: list[float | None]) -> None:
+    def _explain_missing_mfu(self, trials: list[TrialResult], mfu: list[float | None],
+                             reason_field: str) -> None:
         """The engine's reasons for n/a MFU, written across the empty chart."""
-        reasons = dict.fromkeys(t.summary.mfu_reason for t, v in zip(trials, mfu)
-                                if v is None and t.summary is not None and t.summary.mfu_reason)
+        reasons = dict.fromkeys(getattr(t.summary, reason_field) for t, v in zip(trials, mfu)
+                                if v is None and t.summary is not None
+                                and getattr(t.summary, reason_field))
         if not reasons:
             return
         plot = self.plots["mfu"]

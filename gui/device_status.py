@@ -35,8 +35,10 @@ def device_summary(info: DeviceInfo | None, error: str | None = None) -> str:
     parts = [
         info.name if info.kind == "cuda" else f"CPU: {info.name}",
         f"compute capability {cc}",
-        f"CUDA {info.cuda_version}" if info.cuda_version else "CUDA: none",
-        "NVML: available" if info.nvml_available else "NVML: n/a",
+        *([f"{info.gcn_arch}, ROCm/HIP {info.hip_version}"] if info.gcn_arch else
+          [f"CUDA {info.cuda_version}" if info.cuda_version else "CUDA: none"]),
+        f"{'AMD SMI' if info.gcn_arch else 'NVML'}: "
+        f"{'available' if info.nvml_available else 'n/a'}",
         f"bf16: {info.bf16_text}",
         f"fp8: {_fp8(info)}",
     ]

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 from engine.columns import Columns
 from engine.events import MonitorSample, StepSample, TrialResult
 from engine.record import RunRecord
-from gui.chart_specs import LIVE_CHARTS, device_kind
+from gui.chart_specs import LIVE_CHARTS, MFU_TITLES, device_kind
 from gui.palette import precision_color
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
 from gui.ringbuffer import RingBuffer
@@ -48,6 +48,7 @@ HOST_TITLES = {
 MONITOR_CHARTS = ("monitor_util", "monitor_memory", "monitor_power", "monitor_gpm")
 GPU_ONLY_CHARTS = ("memory", "monitor_gpm")
 STEP_AXIS_LABEL = "step (□ = warm-up)"
+MEASURED_SUFFIX = "vs measured peak"  # an MFU curve's name: "<precision> vs measured peak"
 MIB = 2**20  # memory axes in MiB, the binary unit the tables and reports use
 MONITOR_COLORS = ("#333333", "#0072B2", "#999999")
 # GPM curve -> (MonitorSample field, colour): colour-blind-safe, distinct from the above
@@ -98,6 +99,11 @@ def step_points(s: StepSample) -> Iterator[Point]:
         yield Point(chart, p, x, y, color, legend=chart == "loss")
         if s.warmup and chart in WARMUP_CHARTS:
             yield Point(chart, f"{p} warm-up", x, y, color, scatter="s")
+    # the same model FLOPs over this machine's measured matmul peak: dashed
+    measured = None if s.mfu_measured is None else s.mfu_measured * 100.0
+    yield Point("mfu", f"{p} {MEASURED_SUFFIX}", x, measured, color, dashed=True)
+    if s.warmup:
+        yield Point("mfu", f"{p} {MEASURED_SUFFIX} warm-up", x, measured, color, scatter="s")
     if s.skipped and scale is not None:
         yield Point("loss_scale", f"{p} skipped", x, scale, color, scatter="o")
     yield Point("memory", f"{p} reserved", x, _mib(s.reserved_bytes), color, dashed=True)
@@ -298,7 +304,18 @@ class LiveCharts(QWidget):
                 self.legend.addItem(item, html.escape(point.name))
             if point.chart in MONITOR_CHARTS:
                 self._retitle(point.chart)
+            elif point.chart == "mfu":
+                self._retitle_mfu()
         return series
+
+    def _retitle_mfu(self) -> None:
+        """The MFU chart's title names the peak its curves divide by."""
+        names = [name for chart, name in self._series if chart == "mfu"]
+        measured = any(MEASURED_SUFFIX in n for n in names)
+        datasheet = any(MEASURED_SUFFIX not in n for n in names)
+        kind = "both" if measured and datasheet else "measured" if measured else "datasheet"
+        self.titles["mfu"] = MFU_TITLES[kind]
+        self.plots["mfu"].setTitle(html.escape(MFU_TITLES[kind]), size="10pt")
 
     def _add(self, point: Point) -> None:
         if point.y is None or not math.isfinite(point.y):

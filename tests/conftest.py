@@ -10,13 +10,16 @@ def pytest_configure(config):
     """Every test (and every process it starts) keeps its data out of the user's folder.
 
     Runs write their journal to ``$AMPSCOPE_DATA_DIR/runs``; GUI tests point the
-    variable at their own temporary folder on top of this.
+    variable at their own temporary folder on top of this. The measured matmul peak is
+    cached in ``$AMPSCOPE_CACHE_DIR``: measured once per test session, then reused.
     """
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix="ampscope-test-data-")
-    os.environ["AMPSCOPE_DATA_DIR"] = folder
-    config.add_cleanup(lambda: __import__("shutil").rmtree(folder, ignore_errors=True))
+    for env, prefix in (("AMPSCOPE_DATA_DIR", "ampscope-test-data-"),
+                        ("AMPSCOPE_CACHE_DIR", "ampscope-test-cache-")):
+        folder = tempfile.mkdtemp(prefix=prefix)
+        os.environ[env] = folder
+        config.add_cleanup(lambda f=folder: __import__("shutil").rmtree(f, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -454,6 +454,7 @@ def _summary(steps: list[StepSample], biggest: RankResult | None, tokens: int) -
         steps_measured=len(measured), median_step_ms=median,
         tokens_per_s=tokens / (median / 1e3) if median else None, tflops=None, mfu=None,
         mfu_reason="FLOPs are not counted in distributed trials", peak_flops=None,
+        mfu_measured_reason="FLOPs are not counted in distributed trials",
         peak_flops_source=None,
         peak_memory_bytes=biggest.memory.total_bytes if biggest else None,
         peak_memory_method=(f"the rank with the most memory (rank {biggest.rank})"

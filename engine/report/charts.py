@@ -60,9 +60,9 @@ def _styled(draw):
     """Draw under the report's style; rc settings apply when axes and text are created."""
 
     @functools.wraps(draw)
-    def wrapper(record: RunRecord) -> Chart:
+    def wrapper(record: RunRecord, *args) -> Chart:
         with mpl.rc_context(_STYLE):
-            return draw(record)
+            return draw(record, *args)
 
     return wrapper
 
@@ -205,25 +205,47 @@ def throughput_chart(record: RunRecord) -> Chart:
     return Chart(title, _svg(fig), "; ".join(notes))
 
 
+# MFU denominator -> (summary fields of the share and its reason, title, axis label)
+_MFU_KINDS = {
+    "datasheet": (("mfu", "mfu_reason"), "Model FLOPs utilisation vs datasheet peak",
+                  "MFU (% of datasheet peak)"),
+    "measured": (("mfu_measured", "mfu_measured_reason"),
+                 "Model FLOPs utilisation vs measured matmul peak",
+                 "MFU (% of measured matmul peak)"),
+}
+
+
 @_styled
-def mfu_chart(record: RunRecord) -> Chart:
-    title = "Model FLOPs utilisation"
+def mfu_chart(record: RunRecord, denominator: str = "datasheet") -> Chart:
+    (field, reason_field), title, ylabel = _MFU_KINDS[denominator]
     trials = [t for t in record.trials if t.summary is not None]
     by_reason: dict[str, list[str]] = {}  # one line per reason, not one per precision
     for t in trials:
-        if t.summary.mfu is None:
-            by_reason.setdefault(t.summary.mfu_reason or "not measured", []).append(t.precision)
+        if getattr(t.summary, field) is None:
+            reason = getattr(t.summary, reason_field) or "not measured"
+            by_reason.setdefault(reason, []).append(t.precision)
     missing = "; ".join(f"{', '.join(ps)}: {reason}" for reason, ps in by_reason.items())
-    if not any(t.summary.mfu is not None for t in trials):
+    values = [None if getattr(t.summary, field) is None else getattr(t.summary, field) * 100
+              for t in trials]
+    if all(v is None for v in values):
         return Chart(title, None, missing or "no trial finished")
     note = f"MFU n/a for {missing}" if missing else ""
     fig = _figure()
     ax = fig.add_subplot()
-    values = [None if t.summary.mfu is None else t.summary.mfu * 100 for t in trials]
     _bars(ax, [t.precision for t in trials], values,
           ["" if v is None else f"{v:.1f}%" for v in values])
-    ax.set_ylabel("MFU (% of datasheet peak)")
+    ax.set_ylabel(ylabel)
     return Chart(title, _svg(fig), note)
+
+
+def mfu_charts(record: RunRecord) -> list[Chart]:
+    """MFU against each denominator a trial has; the datasheet's n/a is said once where no
+    trial has a measured one either (a CPU run charts the measured peak alone)."""
+    measured = mfu_chart(record, "measured")
+    datasheet = mfu_chart(record, "datasheet")
+    if measured.svg is None:
+        return [datasheet]
+    return [datasheet, measured] if datasheet.svg is not None else [measured]
 
 
 @_styled
@@ -292,7 +314,7 @@ class _Panel:
     in_bytes: bool = False
 
 
-_MONITOR_PANELS = {
+_MONITOR_PANELS: dict[str, tuple[_Panel, ...]] = {
     "nvml": (
         _Panel((("gpu_util_pct", "GPU util"), ("mem_util_pct", "memory util")), "utilisation (%)"),
         _Panel((("gpu_mem_used_bytes", "GPU memory used"),), "GPU memory", in_bytes=True),
@@ -303,13 +325,14 @@ _MONITOR_PANELS = {
         _Panel((("host_rss_bytes", "process RSS"),), "host memory", in_bytes=True),
     ),
 }
+_MONITOR_PANELS["amdsmi"] = _MONITOR_PANELS["nvml"]  # the same fields from AMD SMI
 
 
 @_styled
 def monitor_chart(record: RunRecord) -> Chart:
     title = "Device monitor"
     sources = {m.source for m in record.monitor_samples}
-    source = "nvml" if "nvml" in sources else "host" if "host" in sources else None
+    source = next((s for s in ("nvml", "amdsmi", "host") if s in sources), None)
     if source is None:
         return Chart(title, None, "no monitor samples were recorded")
     samples = [m for m in record.monitor_samples if m.source == source]
@@ -345,9 +368,10 @@ def monitor_chart(record: RunRecord) -> Chart:
                          transform=axes[0].get_xaxis_transform(), ha="center", va="bottom",
                          color=_color(trial.precision), fontsize=8)
     axes[-1].set_xlabel("time since the run started (s); shaded: each precision's trial")
-    source_text = "NVML (GPU)" if source == "nvml" else "psutil (host; no NVML on this machine)"
+    source_text = {"nvml": "NVML (GPU)", "amdsmi": "AMD SMI (ROCm GPU)"}.get(
+        source, "psutil (host; no NVML on this machine)")
     device = record.environment.get("device")
-    power = device.get("power_method") if source == "nvml" and isinstance(device, dict) else None
+    power = device.get("power_method") if source != "host" and isinstance(device, dict) else None
     return Chart(title, _svg(fig), f"source: {source_text}" + (f"; {power}" if power else ""))
 
 
@@ -355,7 +379,7 @@ def report_charts(record: RunRecord) -> list[Chart]:
     """Every chart of the report, in reading order."""
     return [
         throughput_chart(record),
-        mfu_chart(record),
+        *mfu_charts(record),
         memory_chart(record),
         loss_chart(record),
         loss_scale_chart(record),

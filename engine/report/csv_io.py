@@ -24,6 +24,7 @@ STEP_COLUMNS = (
     "tokens_per_s",
     "tflops",
     "mfu",
+    "mfu_measured",
     "allocated_bytes",
     "reserved_bytes",
     "loss_scale",

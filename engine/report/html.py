@@ -349,16 +349,21 @@ def _host_load(trial: TrialResult) -> str:
             f"{others} of the CPU ({load.samples} samples)")
 
 
+def _mfu_cell(mfu, peak_flops, source, reason) -> str:
+    """MFU of one denominator: the share, the peak and where the peak comes from."""
+    if mfu is None:
+        return f"{NA}: {_e(reason or 'no reason recorded')}"
+    peak = NA if peak_flops is None else _e(f"{peak_flops / 1e12:.4g} TFLOP/s")
+    return f"{_e(format_cell('mfu', mfu))} of {peak} ({_e(source or 'source not recorded')})"
+
+
 def _summary(trial: TrialResult) -> str:
     s = trial.summary
     if s is None:
         return '<p class="na">n/a: the trial has no measured steps</p>'
-    if s.mfu is not None:
-        peak = NA if s.peak_flops is None else _e(f"{s.peak_flops / 1e12:.4g} TFLOP/s")
-        mfu = (f"{_e(format_cell('mfu', s.mfu))} of {peak} "
-               f"({_e(s.peak_flops_source or 'source not recorded')})")
-    else:
-        mfu = f"{NA}: {_e(s.mfu_reason or 'no reason recorded')}"
+    mfu = _mfu_cell(s.mfu, s.peak_flops, s.peak_flops_source, s.mfu_reason)
+    mfu_measured = _mfu_cell(s.mfu_measured, s.measured_peak_flops, s.measured_peak_source,
+                             s.mfu_measured_reason)
     hfu = (_e(format_cell("hfu", s.hfu)) if s.hfu is not None
            else f"{NA}: {_e(s.mfu_reason or 'no reason recorded')}")
     return _kv([
@@ -368,7 +373,8 @@ def _summary(trial: TrialResult) -> str:
         ("throughput", _e(format_cell("tokens_per_s", s.tokens_per_s))),
         ("achieved TFLOP/s, model FLOPs", _number(s.tflops)),
         ("achieved TFLOP/s, hardware FLOPs", _number(s.hardware_tflops)),
-        ("MFU (model FLOPs, no recompute)", mfu),
+        ("MFU vs datasheet peak (model FLOPs, no recompute)", mfu),
+        ("MFU vs measured matmul peak (the same FLOPs)", mfu_measured),
         ("HFU (hardware FLOPs, recompute included)", hfu),
         ("peak memory", f"{_bytes(s.peak_memory_bytes)} ({_e(s.peak_memory_method)})"),
         ("skipped steps", _number(s.skipped_steps)),

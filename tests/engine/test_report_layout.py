@@ -74,7 +74,8 @@ def test_verdict_comes_first_then_a_table_that_fits_then_charts():
             "Final loss vs fp32"} <= set(first)
     # the secondary columns are folded, and so are the environment and the versions
     folded = [t for t, depth in zip(page.tables, page.details_of_table) if depth]
-    assert any("Throughput" in t and "MFU (model FLOPs)" in t for t in folded)
+    assert any("Throughput" in t and "MFU (model FLOPs) vs datasheet peak" in t
+               and "MFU (model FLOPs) vs measured matmul peak" in t for t in folded)
     assert all("torch" not in t for t, depth in zip(page.tables, page.details_of_table)
                if not depth)
 

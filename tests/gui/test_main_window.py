@@ -16,6 +16,8 @@ from PySide6.QtWidgets import QFileDialog
 
 from engine.config import RunConfig
 from engine.record import RunRecord
+from gui.chart_specs import MFU_TITLES
+from gui.live_charts import MEASURED_SUFFIX
 from gui.main_window import MainWindow
 from tests.gui.clicks import (
     RUN_TIMEOUT_MS,
@@ -200,6 +202,13 @@ def test_run_fills_live_charts_comparison_model_and_history(qtbot, window):
         assert window.trial_table.progress(p) == per_trial + 1 + int(config.profile_step)
     # the host monitor ran during the run
     assert window.charts.curve_points("monitor_util", "CPU %") > 0
+    # the CPU has no datasheet peak: MFU divides by the measured matmul peak, named so in
+    # the live chart's title and the Compare tab's, one dashed curve per precision
+    for p in config.precisions:
+        assert window.charts.curve_points("mfu", f"{p} {MEASURED_SUFFIX}") == per_trial
+        assert window.charts.curve_points("mfu", p) == 0
+    assert window.charts.plots["mfu"].titleLabel.text == MFU_TITLES["measured"]
+    assert window.compare_view.plots["mfu"].titleLabel.text == MFU_TITLES["measured"]
 
     table = window.compare_view.proxy
     assert table.rowCount() == 2

@@ -1,0 +1,79 @@
+"""``python3 main.py peak``: this machine's measured matmul peak beside the datasheet's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def add_peak_parser(sub) -> None:
+    p = sub.add_parser("peak", help="the device's measured matmul peak per dtype beside its "
+                                    "datasheet peak (measured once per machine, then cached)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--rerun", action="store_true", help="measure again instead of the cache")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _rows(info, measured) -> list[dict]:
+    from engine import matmul_peak
+    from engine.peaks import peak_flops
+
+    rows = []
+    for dtype in matmul_peak.DTYPES:
+        sheet = peak_flops(info.name if info.kind == "cuda" else None, dtype,
+                           sm_count=info.sm_count, mig=info.mig)
+        mine = measured.lookup(dtype)
+        rows.append({
+            "dtype": dtype,
+            "measured_tflops": measured.tflops.get(dtype),
+            "measured_reason": mine.reason,
+            "datasheet_tflops": sheet.flops_per_s / 1e12 if sheet.flops_per_s else None,
+            "datasheet_source": sheet.source,
+            "datasheet_reason": sheet.reason,
+        })
+    return rows
+
+
+def _text(info, measured, cached: bool, rows: list[dict]) -> str:
+    from engine import matmul_peak
+
+    def number(v) -> str:
+        return "n/a" if v is None else f"{v:.4g}"
+
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(measured.measured_at_s))
+    how = "cached; --rerun measures again" if cached else "measured now"
+    lines = [f"Matmul peak of {info.describe()}: best {measured.size}x{measured.size} "
+             f"matmul per dtype, torch {measured.torch_version}, {when} ({how})",
+             f"cache: {matmul_peak.cache_path()}"]
+    table = [("dtype", "measured TFLOP/s", "datasheet TFLOP/s", "measured / datasheet")]
+    for r in rows:
+        m, d = r["measured_tflops"], r["datasheet_tflops"]
+        table.append((r["dtype"], number(m), number(d), f"{m / d:.0%}" if m and d else "n/a"))
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in
+                        enumerate(zip(row, widths))) for row in table]
+    notes: dict[str, list[str]] = {}  # reason -> the dtypes it is given for, said once
+    for key in ("measured_reason", "datasheet_reason"):
+        for r in rows:
+            if r[key]:
+                notes.setdefault(r[key], []).append(r["dtype"])
+    lines += [f"  {', '.join(dtypes)}: {reason}" for reason, dtypes in notes.items()]
+    return "\n".join(lines)
+
+
+def run_peak(args: argparse.Namespace) -> int:
+    from engine import matmul_peak
+    from engine.device import probe
+
+    info = probe(args.device)
+    cached = None if args.rerun else matmul_peak.cached(info)
+    measured = cached or matmul_peak.for_device(info, rerun=True)
+    rows = _rows(info, measured)
+    if args.json:
+        print(json.dumps({"device": info.name, "key": measured.key, "cached": cached is not None,
+                          "measured_at_s": measured.measured_at_s, "size": measured.size,
+                          "rows": rows}, indent=1))
+    else:
+        print(_text(info, measured, cached is not None, rows))
+    return 0
