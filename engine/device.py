@@ -175,7 +175,7 @@ def _unsupported(verdicts: dict[str, gating.Verdict]) -> dict[str, str]:
         if rec.quant and not _has("bitsandbytes"):
             unsupported[precision] = ("bitsandbytes is not installed: "
                                       "pip install -r requirements.txt")
-        elif rec.fp8 and not _has("torchao"):
+        elif (rec.fp8 or rec.mx) and not _has("torchao"):
             unsupported[precision] = "torchao is not installed: pip install -r requirements.txt"
     return unsupported
 

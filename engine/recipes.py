@@ -34,6 +34,7 @@ class Recipe:
     # torchao Float8LinearRecipeName value the fp8 recipes convert with (None: no float8)
     float8_recipe: str | None = None
     optimizer: str | None = None  # a "+optim" label's own optimiser; None: the run's --optimizer
+    mx: str | None = None  # block-scaled format its Linear layers train in: "mxfp8", "nvfp4"
 
 
 _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -85,6 +86,20 @@ RECIPES: dict[str, Recipe] = {
                "the weight-gradient GEMM kept in high precision (bf16); bf16 autocast "
                "elsewhere; compiled with torch.compile by default",
                float8_recipe="rowwise_with_gw_hp"),
+        Recipe("mxfp8", _F32, _BF16, False, None, False, False, False, "mxfp8", True,
+               "torchao MXFP8 training of Linear layers (MXFP8TrainingOpConfig, recipe "
+               "mxfp8_rceil): input, weight and gradient cast to float8 e4m3 in 32-element "
+               "blocks with e8m0 (power-of-2) scales rounded up (RCEIL) for all three GEMMs; "
+               "bf16 autocast elsewhere",
+               cpu_description="torchao MXFP8 training of Linear layers with the emulated "
+               "kernel preference (recipe mxfp8_emulated_rceil): operands quantised to e4m3 "
+               "in 32-element blocks with RCEIL e8m0 scales, dequantised and multiplied in "
+               "fp32; bf16 autocast elsewhere", mx="mxfp8"),
+        Recipe("nvfp4", _F32, _BF16, False, None, False, False, False, "nvfp4", True,
+               "torchao NVFP4 training of Linear layers (NVFP4TrainingConfig): e2m1 elements "
+               "in 16-element blocks with an e4m3 scale each and one fp32 scale per tensor, "
+               "random Hadamard transform and stochastic rounding of gradients, Triton "
+               "kernels; bf16 autocast elsewhere", mx="nvfp4"),
     )
 }
 
@@ -110,6 +125,30 @@ def recipe(precision: str) -> Recipe:
         raise ValueError(
             f"unknown precision '{precision}': choose from {', '.join(PRECISIONS)}"
         ) from None
+
+
+MX_BLOCK = 32  # MXFP8's block (and a multiple of NVFP4's 16): every blocked dimension
+
+
+def mx_training_recipe(native: bool) -> str:
+    """torchao's MXFP8TrainingRecipe value: its CUTLASS/Triton kernels where the GPU has
+    block-scaled fp8 (compute capability 10.x), the emulated kernel preference elsewhere."""
+    return "mxfp8_rceil" if native else "mxfp8_emulated_rceil"
+
+
+def mx_shape_reason(tokens_per_micro_batch: int, hidden: int) -> str | None:
+    """Why MX/NVFP4 training cannot run these shapes (the weight-gradient GEMM blocks the
+    tokens of a micro-batch), or ``None``."""
+    bad = []
+    if tokens_per_micro_batch % MX_BLOCK:
+        bad.append(f"tokens per micro-batch (batch x sequence = {tokens_per_micro_batch})")
+    if hidden % MX_BLOCK:
+        bad.append(f"the model width ({hidden})")
+    if not bad:
+        return None
+    return (f"MX block-scaled GEMMs scale blocks of {MX_BLOCK} elements along every inner "
+            f"dimension, and {' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not a "
+            f"multiple of {MX_BLOCK}: pick a batch size and sequence length whose product is")
 
 
 FP8_MULTIPLE = 16  # float8 GEMMs (torch._scaled_mm) need every dimension divisible by 16
