@@ -160,6 +160,7 @@ NOISY_RULE = (
     + CONTENTION_RULE
 )
 NOISY_TEXT = "noisy: speed-ups not significant"
+EMULATED_TEXT = "emulated: not representative"
 BUSY_TEXT = "not ranked: the machine was busy"
 
 
@@ -230,8 +231,9 @@ def _groups(trials: list[TrialResult]) -> list[list[TrialResult]]:
 
 def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
     """Apply ``NOISY_RULE`` to the finished trials."""
+    # an emulated trial's speed is not its format's hardware's (engine/gating.py): unranked
     done = [t for t in trials if t.status == "ok" and t.summary is not None
-            and t.summary.median_step_ms]
+            and t.summary.median_step_ms and t.support != "emulated"]
     if len(done) < 2:
         return SpeedVerdict("n/a", "fewer than two finished trials: nothing to rank")
     busy = contention_problems(done)
@@ -288,6 +290,8 @@ def _row_verdict(trial: TrialResult, base: TrialResult | None,
         return None
     if trial is base:
         return "baseline"
+    if trial.support == "emulated":
+        return EMULATED_TEXT
     if verdict.noisy:
         return "noisy: not significant"
     if ci is None:
