@@ -17,6 +17,12 @@ def _cli(tmp_path, *args) -> subprocess.CompletedProcess:
                           text=True, env=env, timeout=600)
 
 
+def lines_between(text: str, first: str, last: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
+    return lines[start:next(i for i, line in enumerate(lines) if line.startswith(last))]
+
+
 def test_profile_runs_mxfp8_emulated_and_nvfp4_as_n_a(tmp_path):
     out = tmp_path / "r.json"
     run = _cli(tmp_path, "profile", "--model", "tiny", "--precision",
@@ -41,10 +47,14 @@ def test_profile_runs_mxfp8_emulated_and_nvfp4_as_n_a(tmp_path):
     base = trials["fp32"]["steps"][-1]["loss"]
     assert abs(rows["mxfp8"]["final_loss_diff_vs_fp32"]
                - (trials["mxfp8"]["steps"][-1]["loss"] - base)) < 1e-9
+    table = lines_between(run.stdout, "Precision", "speed:")
+    assert max(len(line) for line in table) <= 120, "\n".join(table)
+    (row,) = [line for line in table if line.startswith("mxfp8 ")]
+    assert " emulated " in row
+    assert any(line.startswith("  emulated: not representative: mxfp8 ") for line in table)
     # the FLOPs-by-dtype lines say the same mix as the report, and which trial was emulated
-    lines = run.stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Hardware FLOPs per step"))
-    said = {line.split()[0]: line for line in lines[start + 1:start + 5]}
+    said = {line.split()[0]: line for line in
+            lines_between(run.stdout, "Hardware FLOPs per step", "Time in one")[1:]}
     total = sum(by_dtype.values())
     assert said["mxfp8"].startswith("  mxfp8 (emulated)")
     for dtype, flops in by_dtype.items():
