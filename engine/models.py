@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from engine.presets import get_preset, presets
-from engine.recipes import MX_BLOCK, Recipe, float8_config, mx_training_recipe
+from engine.recipes import MX_BLOCK, MX_MULTIPLE, Recipe, float8_config, mx_training_recipe
 from engine.recipes import recipe as get_recipe
 
 WEIGHT_FILES = (
@@ -309,10 +309,12 @@ def _cast_float8_inputs_under_cpu_autocast(model: nn.Module) -> None:
             module.register_forward_pre_hook(cast)
 
 
-def _mx_filter(module: nn.Module, fqn: str) -> bool:
-    # every dimension of an MX GEMM is blocked by 32; the tied lm_head stays in bf16
-    return (isinstance(module, nn.Linear) and module.in_features % MX_BLOCK == 0
-            and module.out_features % MX_BLOCK == 0 and "lm_head" not in fqn)
+def _mx_filter(multiple: int):
+    """Linear layers whose both dimensions are whole multiples; the tied lm_head stays bf16."""
+    def keep(module: nn.Module, fqn: str) -> bool:
+        return (isinstance(module, nn.Linear) and module.in_features % multiple == 0
+                and module.out_features % multiple == 0 and "lm_head" not in fqn)
+    return keep
 
 
 def _mx_native(device: torch.device) -> bool:
@@ -346,14 +348,15 @@ def convert_mx(model: nn.Module, recipe: Recipe, device: torch.device) -> int:
     returns the product alone), and GPT-2's layers have biases.
     """
     conv1d_to_linear(model)
-    swaps = [(n, m) for n, m in model.named_modules() if _mx_filter(m, n)]
+    keep = _mx_filter(MX_MULTIPLE[recipe.mx])
+    swaps = [(n, m) for n, m in model.named_modules() if keep(m, n)]
     if recipe.mx == "nvfp4":
         from torchao.prototype.moe_training.nvfp4_training.nvfp4_training import (
             NVFP4TrainingConfig,
         )
         from torchao.quantization import quantize_
 
-        quantize_(model, NVFP4TrainingConfig(), filter_fn=_mx_filter)
+        quantize_(model, NVFP4TrainingConfig(), filter_fn=keep)
         return len(swaps)
     from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
     from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear

@@ -127,7 +127,9 @@ def recipe(precision: str) -> Recipe:
         ) from None
 
 
-MX_BLOCK = 32  # MXFP8's block (and a multiple of NVFP4's 16): every blocked dimension
+MX_BLOCK = 32  # MXFP8's block: every blocked (inner) dimension is a whole number of them
+# torchao 0.18 nvfp4_training: nvfp4_mm_triton requires M, K and N divisible by 128
+MX_MULTIPLE = {"mxfp8": MX_BLOCK, "nvfp4": 128}
 
 
 def mx_training_recipe(native: bool) -> str:
@@ -136,19 +138,20 @@ def mx_training_recipe(native: bool) -> str:
     return "mxfp8_rceil" if native else "mxfp8_emulated_rceil"
 
 
-def mx_shape_reason(tokens_per_micro_batch: int, hidden: int) -> str | None:
-    """Why MX/NVFP4 training cannot run these shapes (the weight-gradient GEMM blocks the
-    tokens of a micro-batch), or ``None``."""
+def mx_shape_reason(rec: Recipe, tokens_per_micro_batch: int, hidden: int) -> str | None:
+    """Why MXFP8/NVFP4 training cannot run these shapes (the weight-gradient GEMM blocks
+    the tokens of a micro-batch), or ``None``."""
+    multiple = MX_MULTIPLE[rec.mx]
     bad = []
-    if tokens_per_micro_batch % MX_BLOCK:
+    if tokens_per_micro_batch % multiple:
         bad.append(f"tokens per micro-batch (batch x sequence = {tokens_per_micro_batch})")
-    if hidden % MX_BLOCK:
+    if hidden % multiple:
         bad.append(f"the model width ({hidden})")
     if not bad:
         return None
-    return (f"MX block-scaled GEMMs scale blocks of {MX_BLOCK} elements along every inner "
-            f"dimension, and {' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not a "
-            f"multiple of {MX_BLOCK}: pick a batch size and sequence length whose product is")
+    return (f"{rec.mx} GEMMs need every dimension to be a multiple of {multiple}, and "
+            f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not: pick a batch size "
+            f"and sequence length whose product is a multiple of {multiple}")
 
 
 FP8_MULTIPLE = 16  # float8 GEMMs (torch._scaled_mm) need every dimension divisible by 16

@@ -368,8 +368,10 @@ def _shape_reason(config: RunConfig, rec: Recipe) -> str | None:
         model_config, _ = load_config(resolve_source(config.model), config.trust_remote_code)
     except Exception:  # loading the model reports it, as the trial's error
         return None
-    check = mx_shape_reason if rec.mx else fp8_shape_reason
-    return check(config.batch_size * config.seq_len, dims(model_config)["hidden"])
+    tokens, hidden = config.batch_size * config.seq_len, dims(model_config)["hidden"]
+    if rec.mx:
+        return mx_shape_reason(rec, tokens, hidden)
+    return fp8_shape_reason(tokens, hidden)
 
 
 def _measure(state: _State, emit, cancelled) -> bool:
