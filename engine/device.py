@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import gating, nvml
-from engine.config import BF16_EMULATED, PRECISIONS
+from engine.config import BF16_EMULATED, PRECISIONS, base_precision
 from engine.recipes import recipe
 
 
@@ -97,7 +97,9 @@ class DeviceInfo:
         return self.unsupported.get(precision)
 
     def verdict(self, precision: str) -> gating.Verdict | None:
-        """The gating verdict, with "unsupported" where the probe found a missing library."""
+        """The gating verdict, with "unsupported" where the probe found a missing library;
+        a "RECIPE+OPTIM@dtype" label takes its recipe's."""
+        precision = base_precision(precision)
         reason = self.unsupported.get(precision)
         if reason is not None:
             return gating.Verdict("unsupported", reason)

@@ -191,3 +191,16 @@ def test_emulated_formats_are_left_out_of_the_speed_ranking():
     # the same record without the gating verdict would rank mxfp8 first
     plain = record(fp32, bf16, dataclasses.replace(mx, support=None))
     assert speed_verdict(plain.trials).ranking[0] == ("mxfp8",)
+
+
+def test_an_optimizer_suffix_keeps_its_recipes_gating_verdict():
+    """mxfp8+adamw8bit runs emulated like mxfp8: left out of the speed ranking, said so."""
+    config = RunConfig(model="tiny", precisions=("mxfp8+adamw8bit",), batch_size=2,
+                       seq_len=32, steps=1, warmup=0, device="cpu", isolation="inline",
+                       profile_step=False)
+    result = run_trial(config, "mxfp8+adamw8bit", CPU, lambda e: None, lambda: False)
+    assert result.status == "ok", result.reason
+    assert (result.support, result.support_reason) == (
+        CPU.verdict("mxfp8").support, CPU.verdict("mxfp8").reason)
+    assert result.support == "emulated"
+    assert CPU.verdict("bf16-amp+adamw8bit").support == "native"
