@@ -286,12 +286,14 @@ def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
 
 def _row_verdict(trial: TrialResult, base: TrialResult | None,
                  ci: tuple[float, float] | None, verdict: SpeedVerdict) -> str | None:
-    if trial.status != "ok" or trial.summary is None or base is None:
+    if trial.status != "ok" or trial.summary is None:
+        return None
+    if trial.support == "emulated":  # with or without a baseline to compare with
+        return EMULATED_TEXT
+    if base is None:
         return None
     if trial is base:
         return "baseline"
-    if trial.support == "emulated":
-        return EMULATED_TEXT
     if verdict.noisy:
         return "noisy: not significant"
     if ci is None:

@@ -188,6 +188,10 @@ def test_emulated_formats_are_left_out_of_the_speed_ranking():
     assert v.precision != "mxfp8"  # not "faster": it saves no memory either
     (fig,) = [f for f in v.figures if f.precision == "mxfp8"]
     assert fig.judgement == "not better"
+    # without an fp32 baseline the row still says why its speed is not compared
+    no_base = record(bf16, mx)
+    assert {r.precision: r.speed_verdict for r in comparison_rows(no_base)}["mxfp8"] == \
+        "emulated: not representative"
     # the same record without the gating verdict would rank mxfp8 first
     plain = record(fp32, bf16, dataclasses.replace(mx, support=None))
     assert speed_verdict(plain.trials).ranking[0] == ("mxfp8",)
