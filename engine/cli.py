@@ -290,6 +290,11 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
         _say(f"note: {reason}")
     _say(f"speed: {verdict.text}" + (f"\n  suggestion: {verdict.suggestion}"
                                       if verdict.suggestion else ""))
+    from engine.flops_text import flops_by_dtype_lines
+
+    lines = flops_by_dtype_lines(record.trials)
+    if lines:
+        _say("\n".join(lines))
     _say_kernels(record, trace)
     journal = runner.journal_path
     code = 0

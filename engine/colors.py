@@ -4,7 +4,7 @@ Qt-free so the report writers and the window share it. The first seven are the
 Okabe-Ito palette (distinguishable with the common colour-vision deficiencies) minus
 black and yellow, which vanish on dark and light backgrounds respectively; the last
 two come from Paul Tol's muted palette and a neutral grey; the float8 rowwise
-recipes take two more of Tol's muted colours.
+recipes and the block-scaled ones (mxfp8, nvfp4) take four more of Tol's muted colours.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ PRECISION_COLORS: dict[str, str] = {
     "fp8": "#777777",  # grey
     "fp8-rowwise": "#44AA99",  # teal (Tol muted)
     "fp8-rowwise-gw-hp": "#332288",  # indigo (Tol muted)
+    "mxfp8": "#AA4499",  # purple (Tol muted)
+    "nvfp4": "#117733",  # green (Tol muted)
 }
 
 _REDUCE_TINT = {"bf16": 0.35, "fp16": 0.55, "fp32": 0.15}  # share of white mixed in

@@ -162,6 +162,7 @@ NOISY_RULE = (
     + CONTENTION_RULE
 )
 NOISY_TEXT = "noisy: speed-ups not significant"
+EMULATED_TEXT = "emulated: not representative"
 BUSY_TEXT = "not ranked: the machine was busy"
 
 
@@ -232,8 +233,9 @@ def _groups(trials: list[TrialResult]) -> list[list[TrialResult]]:
 
 def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
     """Apply ``NOISY_RULE`` to the finished trials."""
+    # an emulated trial's speed is not its format's hardware's (engine/gating.py): unranked
     done = [t for t in trials if t.status == "ok" and t.summary is not None
-            and t.summary.median_step_ms]
+            and t.summary.median_step_ms and t.support != "emulated"]
     if len(done) < 2:
         return SpeedVerdict("n/a", "fewer than two finished trials: nothing to rank")
     busy = contention_problems(done)
@@ -286,7 +288,11 @@ def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
 
 def _row_verdict(trial: TrialResult, base: TrialResult | None,
                  ci: tuple[float, float] | None, verdict: SpeedVerdict) -> str | None:
-    if trial.status != "ok" or trial.summary is None or base is None:
+    if trial.status != "ok" or trial.summary is None:
+        return None
+    if trial.support == "emulated":  # with or without a baseline to compare with
+        return EMULATED_TEXT
+    if base is None:
         return None
     if trial is base:
         return "baseline"
@@ -390,7 +396,9 @@ _NARROW: list[tuple[str, Callable[[ComparisonRow], str]]] = [
     ("Status", lambda r: r.status),
     ("Step time", lambda r: format_cell("median_step_ms", r.median_step_ms)),
     (f"Speed-up [{spread.CI_LEVEL:.0%} CI]", _speedup_with_ci),
-    ("Verdict", lambda r: format_cell("speed_verdict", r.speed_verdict)),
+    # "emulated: not representative" would push the table past 120 columns: said below it
+    ("Verdict", lambda r: "emulated" if r.speed_verdict == EMULATED_TEXT
+     else format_cell("speed_verdict", r.speed_verdict)),
     ("Peak mem", lambda r: format_cell("peak_memory_bytes", r.peak_memory_bytes)),
     ("Mem saved", lambda r: format_cell("memory_saving_vs_fp32", r.memory_saving_vs_fp32)),
     ("Skips", lambda r: format_cell("skipped_steps", r.skipped_steps)),
@@ -430,6 +438,11 @@ def format_table(rows: list[ComparisonRow], wide: bool = False) -> str:
         if row.reason:
             lines += textwrap.wrap(f"{row.precision}: {row.reason}", TABLE_WIDTH,
                                    initial_indent="  ", subsequent_indent="    ")
+    emulated = [row.precision for row in rows if row.speed_verdict == EMULATED_TEXT]
+    if emulated:
+        lines += textwrap.wrap(f"{EMULATED_TEXT}: {', '.join(emulated)} ran without their "
+                               "format's own hardware; their speed is left out of the ranking",
+                               TABLE_WIDTH, initial_indent="  ", subsequent_indent="    ")
     lines.append("  (speed-up, memory saved and loss diff are vs fp32; --wide adds step "
                  "p10..p90 and CV, tokens/s, MFU, HFU, energy)")
     return "\n".join(lines)

@@ -24,7 +24,16 @@ PRECISIONS: tuple[str, ...] = (
     "fp8",
     "fp8-rowwise",
     "fp8-rowwise-gw-hp",
+    "mxfp8",
+    "nvfp4",
 )
+# formats people ask for that this torchao cannot train: the n/a reason a pick of one gets
+NOT_TRAINABLE: dict[str, str] = {
+    "mxfp4": "n/a: torchao 0.18 has no MXFP4 training recipe (its MX training config, "
+             "MXFP8TrainingOpConfig, takes float8 e4m3 elements only; MXFP4 exists there only "
+             "as QAT fake quantisation, whose backward runs in high precision): choose mxfp8 "
+             "or nvfp4",
+}
 # recipes whose matmuls run in bf16: emulated, and slow, on a CPU without bf16 units
 BF16_COMPUTE: tuple[str, ...] = ("bf16-amp", "bf16", "nf4")
 BF16_EMULATED = "emulated (no AVX512-BF16/AMX), slow"  # the device's bf16, said so
@@ -66,6 +75,8 @@ def parse_precisions(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
         if reduce and reduce not in REDUCE_DTYPES:
             raise ValueError(f"unknown gradient-reduction dtype '@{reduce}': "
                              f"use one of {', '.join('@' + d for d in REDUCE_DTYPES)}")
+        if name in NOT_TRAINABLE:
+            raise ValueError(f"{name}: {NOT_TRAINABLE[name]}")
         if name not in PRECISIONS:
             raise ValueError(
                 f"unknown precision '{name}': choose from {', '.join(PRECISIONS)}"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import amd_smi, gating, nvml
-from engine.config import BF16_EMULATED, PRECISIONS
+from engine.config import BF16_EMULATED, PRECISIONS, base_precision
 from engine.recipes import recipe
 
 
@@ -99,7 +99,9 @@ class DeviceInfo:
         return self.unsupported.get(precision)
 
     def verdict(self, precision: str) -> gating.Verdict | None:
-        """The gating verdict, with "unsupported" where the probe found a missing library."""
+        """The gating verdict, with "unsupported" where the probe found a missing library;
+        a "RECIPE+OPTIM@dtype" label takes its recipe's."""
+        precision = base_precision(precision)
         reason = self.unsupported.get(precision)
         if reason is not None:
             return gating.Verdict("unsupported", reason)
@@ -188,7 +190,7 @@ def _unsupported(verdicts: dict[str, gating.Verdict]) -> dict[str, str]:
         if rec.quant and not _has("bitsandbytes"):
             unsupported[precision] = ("bitsandbytes is not installed: "
                                       "pip install -r requirements.txt")
-        elif rec.fp8 and not _has("torchao"):
+        elif (rec.fp8 or rec.mx) and not _has("torchao"):
             unsupported[precision] = "torchao is not installed: pip install -r requirements.txt"
     return unsupported
 

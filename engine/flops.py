@@ -138,12 +138,29 @@ def _data_dtype(t: torch.Tensor) -> torch.dtype:
     return _data_dtype(max(inner, key=torch.Tensor.numel)) if inner else t.dtype
 
 
+def _block_scaled(t: torch.Tensor) -> str | None:
+    """"mxfp8", "mxfp4" or "nvfp4" for torchao's block-scaled tensors (their matmul runs
+    at the block-scaled rate, not fp8's), else None. Their qdata is float8 (MXFP8) or
+    packed fp4, so the largest-inner-tensor rule would file MXFP8 under plain fp8."""
+    mx = sys.modules.get("torchao.prototype.mx_formats.mx_tensor")
+    if mx is not None and isinstance(t, mx.MXTensor):
+        return "mxfp4" if t.elem_dtype == torch.float4_e2m1fn_x2 else "mxfp8"
+    nv = sys.modules.get("torchao.prototype.mx_formats.nvfp4_tensor")
+    if nv is not None and isinstance(t, nv.NVFP4Tensor):
+        return "nvfp4"
+    return None
+
+
 def peak_key(op, args: tuple, tf32: bool = False) -> str:
     """The peak-table column of the dtype ``op`` multiplied in, from its arguments."""
     namespace, _, name = str(getattr(op, "_qualified_op_name", "")).partition("::")
     if namespace == "bitsandbytes" and name in _BNB_DTYPE:
         return _BNB_DTYPE[name]
     leaves = torch.utils._pytree.tree_leaves(args)
+    block = next((b for t in leaves if isinstance(t, torch.Tensor)
+                  for b in [_block_scaled(t)] if b), None)
+    if block:
+        return block
     dtype = next((_data_dtype(t) for t in leaves if isinstance(t, torch.Tensor)), None)
     key = PEAK_KEYS.get(dtype, str(dtype).removeprefix("torch."))
     return "tf32" if key == "fp32" and tf32 else key

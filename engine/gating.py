@@ -23,6 +23,7 @@ from engine.recipes import recipe
 SUPPORT: tuple[str, ...] = ("native", "emulated", "unsupported")
 
 _FP8_MIN_CC = (8, 9)  # Ada: the first NVIDIA Tensor Cores with fp8 (torch._scaled_mm)
+_MX_NATIVE_MAJOR = 10  # B200/GB200/B300: tcgen05 block-scaled fp8/fp4 GEMMs (sm_100)
 _BF16_MIN_CC = (8, 0)  # Ampere: bf16 and TF32 Tensor Cores
 # AMD Instinct archs AmpScope knows, with the fp8 flavour their matrix cores take
 # (torchao's Float8TypeConfig picks e4m3fnuz on MI300, the OCP e4m3fn on MI350)
@@ -77,8 +78,43 @@ class Verdict:
             raise ValueError(f"support '{self.support}' is not one of {', '.join(SUPPORT)}")
 
 
+# torchao 0.18 moe_training/nvfp4_training: NVFP4TrainingConfig accepts only the TRITON
+# kernel preference, and its GEMMs are torch._scaled_mm on float4_e2m1fn_x2 (sm_100 only);
+# the QAT path (prototype/qat/nvfp4.py) calls the same _scaled_mm, which the CPU lacks
+_NVFP4_NO_PATH = ("torchao 0.18's NVFP4 training runs Triton kernels and fp4 GEMMs "
+                  "(torch._scaled_mm on float4_e2m1fn_x2) that only compute capability 10.x "
+                  "(B200, GB200, B300) has; it has no emulated path")
+
+
+def _mx(precision: str, dev: DeviceDescription) -> Verdict:
+    """MXFP8: native on 10.x, torchao's emulated kernel preference anywhere else; NVFP4:
+    10.x only."""
+    rec = recipe(precision)
+    where = dev.describe()
+    native = dev.kind == "cuda" and (dev.compute_capability or (0, 0))[0] == _MX_NATIVE_MAJOR
+    if rec.mx == "nvfp4":
+        if native:
+            return Verdict("native", f"{where} has block-scaled fp4 Tensor Cores; torchao "
+                           "runs NVFP4 GEMMs on them (its NVFP4 training is a prototype)")
+        return Verdict("unsupported", f"n/a on {where}: {_NVFP4_NO_PATH}: choose mxfp8 "
+                       "(emulated here) or fp8")
+    if native:
+        return Verdict("native", f"{where} has block-scaled fp8 Tensor Cores; torch._scaled_mm "
+                       "runs MXFP8 GEMMs with e8m0 block scales on them")
+    # consumer Blackwell (12.0) and gfx950 have MX instructions, but torchao's MXFP8 GEMMs
+    # and casts are built for sm_100 only
+    why = ("the CPU has no block-scaled (MX) matrix unit" if dev.kind == "cpu" else
+           f"torchao 0.18's MXFP8 kernels are built for compute capability 10.x only, not "
+           f"for {where}")
+    return Verdict("emulated", f"{why}: torchao's emulated kernel preference quantises each "
+                   "operand to MXFP8 and multiplies the dequantised values, so memory and "
+                   "numerics are real but the speed is not representative")
+
+
 def _cpu(precision: str) -> Verdict:
     rec = recipe(precision)
+    if rec.mx:
+        return _mx(precision, CPU)
     if rec.tf32:
         return Verdict("unsupported", "TF32 is a Tensor Core matmul mode of NVIDIA Ampere and "
                        "newer GPUs; on the CPU it would be plain fp32: run on a CUDA GPU")
@@ -95,6 +131,8 @@ def _cuda(precision: str, dev: DeviceDescription) -> Verdict:
     rec = recipe(precision)
     cc = dev.compute_capability or (0, 0)
     where = dev.describe()
+    if rec.mx:
+        return _mx(precision, dev)
     if rec.fp8:
         if cc >= _FP8_MIN_CC:
             # rowwise scales go to cuBLASLt as outer-vector scaling (CUDA 12.9+, torch's
@@ -117,11 +155,15 @@ def _rocm(precision: str, dev: DeviceDescription) -> Verdict:
     arch = dev.gcn_arch or ""
     where = dev.describe()
     if arch not in _ROCM_FP8:
+        if rec.mx:
+            return _mx(precision, dev)
         if rec.fp8 or rec.tf32:
             return Verdict("unsupported", f"{where} is not an AMD arch AmpScope knows fp8/TF32 "
                            f"support for (known: {', '.join(_ROCM_FP8)})")
         return Verdict("native", f"{where} runs {precision} through ROCm")
     family = _ROCM_NAMES[arch]
+    if rec.mx:
+        return _mx(precision, dev)
     if rec.fp8:
         # hipBLASLt's rowwise scaled_mm wants a bf16 output, which bf16 autocast gives
         return Verdict("native", f"{where}, {family}: fp8 matrix cores in "

@@ -9,7 +9,9 @@ sum of categories, and the storages alive at that moment give the categories at 
 The categories: tensors that existed before the step (parameters, buffers, quantisation
 state, optimiser state, the input batch) by what holds them; new storages by who made
 them: a cast or dequantised copy of a weight (autocast's low-precision weight copies,
-bitsandbytes' dequantised weights) is a *weight copy*; one made inside a module's forward,
+bitsandbytes' dequantised weights), or anything else computed from weights alone outside
+the optimiser (float8/MX quantised weights and their block scales), is a *weight copy*;
+one made inside a module's forward,
 including the forward that gradient checkpointing reruns in backward, is an *activation*;
 anything else (backward's intermediates, the optimiser's scratch) a *temporary*. A storage
 that becomes a ``.grad`` or optimiser state is relabelled when it does.
@@ -38,6 +40,7 @@ _CUDA_BLOCK = 512  # the caching allocator's smallest block: a storage costs at 
 _aten = torch.ops.aten
 _COPY_OPS = {_aten._to_copy.default, _aten.clone.default, _aten.to.dtype,
              _aten.to.dtype_layout, _aten.to.device}
+_WEIGHT_FORMS = ("params", "quant_state", "weight_copies")
 _DEQUANT_OPS = ("dequantize_4bit", "dequantize_blockwise", "int8_vectorwise_dequant")
 
 
@@ -237,9 +240,27 @@ class MemoryWatcher(TorchDispatchMode):
                 held = [self._records.get(id(st)) for st in storages(first)]
                 if any(r is not None and r.category in ("params", "quant_state") for r in held):
                     return "weight_copies"
+        if self.phase != "optimizer" and self._from_weights_only(args):
+            return "weight_copies"
         if self._depth > 0 or self.phase == "forward":
             return "activations"
         return "temporaries"
+
+    def _from_weights_only(self, args) -> bool:
+        """Whether every tensor an op reads is a weight, its quantisation state or a copy of
+        one: then its output is another form of the weight (MX/float8 block scales and
+        quantised data, an emulated kernel's dequantised weight), not an activation.
+        Scalar constants (``torch.where(x, 0.0, ...)`` makes them) are neither."""
+        weights = False
+        for t in tree_leaves(args):
+            if not isinstance(t, torch.Tensor):
+                continue
+            held = [self._records.get(id(st)) for st in storages(t)]
+            if held and all(r is not None and r.category in _WEIGHT_FORMS for r in held):
+                weights = True
+            elif t.numel() > 1:
+                return False
+        return weights
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from engine.presets import get_preset, presets
-from engine.recipes import Recipe, float8_config
+from engine.recipes import MX_BLOCK, MX_MULTIPLE, Recipe, float8_config, mx_training_recipe
 from engine.recipes import recipe as get_recipe
 
 WEIGHT_FILES = (
@@ -309,6 +309,92 @@ def _cast_float8_inputs_under_cpu_autocast(model: nn.Module) -> None:
             module.register_forward_pre_hook(cast)
 
 
+def _mx_filter(multiple: int):
+    """Linear layers whose both dimensions are whole multiples; the tied lm_head stays bf16."""
+    def keep(module: nn.Module, fqn: str) -> bool:
+        return (isinstance(module, nn.Linear) and module.in_features % multiple == 0
+                and module.out_features % multiple == 0 and "lm_head" not in fqn)
+    return keep
+
+
+def _mx_native(device: torch.device) -> bool:
+    from engine import gating
+
+    if device.type != "cuda":
+        return False
+    dev = gating.DeviceDescription.from_properties(torch.cuda.get_device_properties(device))
+    return dev.kind == "cuda" and (dev.compute_capability or (0, 0))[0] == 10
+
+
+def _emulated_mx_dtypes(module: nn.Module, args):
+    """Emulated MX multiplies the dequantised operands in their own dtypes, which must
+    match: the input is cast to the weight's (fp32, where the GEMM accumulates anyway)."""
+    return (args[0].to(module.weight.dtype), *args[1:])
+
+
+def _mx_output_dtype(module: nn.Module, args, output):
+    # the native GEMM writes bf16 (MXFP8TrainingOpConfig.out_dtype); so does the emulation
+    if torch.is_autocast_enabled(output.device.type):
+        return output.to(torch.get_autocast_dtype(output.device.type))
+    return None
+
+
+def convert_mx(model: nn.Module, recipe: Recipe, device: torch.device) -> int:
+    """Swap Linear layers for torchao's block-scaled training layers; returns how many.
+
+    MXFP8 takes its fields from ``MXFP8TrainingOpConfig.from_recipe`` and builds
+    ``MXFP8Linear`` layers: the config's own weight-wrapper path (quantize_) drops
+    F.linear's bias in torchao 0.18 (MXFP8TrainingWeightWrapperTensor's linear override
+    returns the product alone), and GPT-2's layers have biases.
+    """
+    conv1d_to_linear(model)
+    keep = _mx_filter(MX_MULTIPLE[recipe.mx])
+    swaps = [(n, m) for n, m in model.named_modules() if keep(m, n)]
+    if recipe.mx == "nvfp4":
+        from torchao.prototype.moe_training.nvfp4_training.nvfp4_training import (
+            NVFP4TrainingConfig,
+        )
+        from torchao.quantization import quantize_
+
+        quantize_(model, NVFP4TrainingConfig(), filter_fn=keep)
+        return len(swaps)
+    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+    from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+    cfg = MXFP8TrainingOpConfig.from_recipe(
+        MXFP8TrainingRecipe(mx_training_recipe(_mx_native(device))))
+    emulated = cfg.kernel_preference == KernelPreference.EMULATED
+    for name, linear in swaps:
+        mx = MXFP8Linear(linear.in_features, linear.out_features, linear.bias is not None,
+                         kernel_preference=cfg.kernel_preference,
+                         scale_calculation_mode=cfg.scale_calculation_mode,
+                         wgrad_with_hp=cfg.wgrad_with_hp, device="meta")
+        mx.weight, mx.bias = linear.weight, linear.bias
+        if emulated:
+            mx.register_forward_pre_hook(_emulated_mx_dtypes)
+            mx.register_forward_hook(_mx_output_dtype)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, mx)
+    return len(swaps)
+
+
+def mx_scaling(model: nn.Module) -> str | None:
+    """What the block-scaled layers ran, read from the layers (``None``: none converted)."""
+    layers = [m for m in model.modules() if type(m).__name__ in ("MXFP8Linear", "NVFP4Linear")]
+    if not layers:
+        return None
+    first = layers[0]
+    if type(first).__name__ == "NVFP4Linear":
+        return (f"NVFP4 training of {len(layers)} Linear layers (torchao NVFP4Linear, "
+                f"kernel preference {first.kernel_preference.value})")
+    return (f"MXFP8 training of {len(layers)} Linear layers (torchao MXFP8Linear): e4m3 "
+            f"elements in blocks of {MX_BLOCK}, e8m0 scales by "
+            f"{first.scale_calculation_mode.value.upper()}, kernel preference "
+            f"{first.kernel_preference.value}, weight gradient "
+            f"{'in high precision' if first.wgrad_with_hp else 'in MXFP8'}")
+
+
 # Float8LinearConfig cast configs by the GEMM that uses them, as torchao names the fields
 _FLOAT8_CASTS = (
     ("output", (("input", "cast_config_input"), ("weight", "cast_config_weight"))),
@@ -413,6 +499,8 @@ def load_model(
                                    module_filter_fn=_fp8_filter)
         if device.type != "cuda":
             _cast_float8_inputs_under_cpu_autocast(net)
+    if recipe.mx:
+        convert_mx(net, recipe, device)
     lora = None
     if recipe.lora:
         net, lora = _add_lora(net, recipe, lora_r, grad_checkpointing)

@@ -34,6 +34,7 @@ class Recipe:
     # torchao Float8LinearRecipeName value the fp8 recipes convert with (None: no float8)
     float8_recipe: str | None = None
     optimizer: str | None = None  # a "+optim" label's own optimiser; None: the run's --optimizer
+    mx: str | None = None  # block-scaled format its Linear layers train in: "mxfp8", "nvfp4"
 
 
 _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -85,6 +86,20 @@ RECIPES: dict[str, Recipe] = {
                "the weight-gradient GEMM kept in high precision (bf16); bf16 autocast "
                "elsewhere; compiled with torch.compile by default",
                float8_recipe="rowwise_with_gw_hp"),
+        Recipe("mxfp8", _F32, _BF16, False, None, False, False, False, "mxfp8", True,
+               "torchao MXFP8 training of Linear layers (MXFP8TrainingOpConfig, recipe "
+               "mxfp8_rceil): input, weight and gradient cast to float8 e4m3 in 32-element "
+               "blocks with e8m0 (power-of-2) scales rounded up (RCEIL) for all three GEMMs; "
+               "bf16 autocast elsewhere",
+               cpu_description="torchao MXFP8 training of Linear layers with the emulated "
+               "kernel preference (recipe mxfp8_emulated_rceil): operands quantised to e4m3 "
+               "in 32-element blocks with RCEIL e8m0 scales, dequantised and multiplied in "
+               "fp32; bf16 autocast elsewhere", mx="mxfp8"),
+        Recipe("nvfp4", _F32, _BF16, False, None, False, False, False, "nvfp4", True,
+               "torchao NVFP4 training of Linear layers (NVFP4TrainingConfig): e2m1 elements "
+               "in 16-element blocks with an e4m3 scale each and one fp32 scale per tensor, "
+               "random Hadamard transform and stochastic rounding of gradients, Triton "
+               "kernels; bf16 autocast elsewhere", mx="nvfp4"),
     )
 }
 
@@ -119,6 +134,33 @@ def compiles(rec: Recipe, compile_flag: bool, warmup: int, verdict) -> bool:
     device's gating verdict for the recipe (``None``: not known)."""
     emulated = verdict is not None and verdict.support == "emulated"
     return compile_flag or (rec.fp8 and warmup >= 1 and not emulated)
+
+
+MX_BLOCK = 32  # MXFP8's block: every blocked (inner) dimension is a whole number of them
+# torchao 0.18 nvfp4_training: nvfp4_mm_triton requires M, K and N divisible by 128
+MX_MULTIPLE = {"mxfp8": MX_BLOCK, "nvfp4": 128}
+
+
+def mx_training_recipe(native: bool) -> str:
+    """torchao's MXFP8TrainingRecipe value: its CUTLASS/Triton kernels where the GPU has
+    block-scaled fp8 (compute capability 10.x), the emulated kernel preference elsewhere."""
+    return "mxfp8_rceil" if native else "mxfp8_emulated_rceil"
+
+
+def mx_shape_reason(rec: Recipe, tokens_per_micro_batch: int, hidden: int) -> str | None:
+    """Why MXFP8/NVFP4 training cannot run these shapes (the weight-gradient GEMM blocks
+    the tokens of a micro-batch), or ``None``."""
+    multiple = MX_MULTIPLE[rec.mx]
+    bad = []
+    if tokens_per_micro_batch % multiple:
+        bad.append(f"tokens per micro-batch (batch x sequence = {tokens_per_micro_batch})")
+    if hidden % multiple:
+        bad.append(f"the model width ({hidden})")
+    if not bad:
+        return None
+    return (f"{rec.mx} GEMMs need every dimension to be a multiple of {multiple}, and "
+            f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not: pick a batch size "
+            f"and sequence length whose product is a multiple of {multiple}")
 
 
 FP8_MULTIPLE = 16  # float8 GEMMs (torch._scaled_mm) need every dimension divisible by 16

@@ -45,6 +45,7 @@ from engine.models import (
     load_config,
     load_model,
     make_batches,
+    mx_scaling,
     resolve_source,
 )
 from engine.peaks import PeakLookup, peak_flops, table
@@ -56,6 +57,7 @@ from engine.recipes import (
     fp8_shape_reason,
     fp32_precision,
     library_sync_notes,
+    mx_shape_reason,
     recipe,
     run_description,
 )
@@ -375,14 +377,17 @@ def failure(exc: Exception) -> tuple[str, str]:
 
 
 def _shape_reason(config: RunConfig, rec: Recipe) -> str | None:
-    """Shapes float8 training cannot run, found before anything loads (fp8 only)."""
-    if not rec.fp8:
+    """Shapes float8 or block-scaled training cannot run, found before anything loads."""
+    if not (rec.fp8 or rec.mx):
         return None
     try:
         model_config, _ = load_config(resolve_source(config.model), config.trust_remote_code)
     except Exception:  # loading the model reports it, as the trial's error
         return None
-    return fp8_shape_reason(config.batch_size * config.seq_len, dims(model_config)["hidden"])
+    tokens, hidden = config.batch_size * config.seq_len, dims(model_config)["hidden"]
+    if rec.mx:
+        return mx_shape_reason(rec, tokens, hidden)
+    return fp8_shape_reason(tokens, hidden)
 
 
 def _measure(state: _State, emit, cancelled) -> bool:
@@ -410,6 +415,9 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.lora = loaded.lora
     if rec.fp8:
         state.notes.append(float8_scaling(model) or "no Linear layer had float8-compatible "
+                           "shapes: every matmul ran in bf16")
+    if rec.mx:
+        state.notes.append(mx_scaling(model) or "no Linear layer had block-scaled-compatible "
                            "shapes: every matmul ran in bf16")
     mib = loaded.footprint_bytes / 2**20
     log(f"loaded {config.model}: {state.param_count:,} parameters "

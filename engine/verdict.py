@@ -15,6 +15,7 @@ from functools import cmp_to_key
 
 from engine.compare import (
     BUSY_TEXT,
+    EMULATED_TEXT,
     ComparisonRow,
     SpeedVerdict,
     baseline_label,
@@ -191,7 +192,8 @@ def verdict(record: RunRecord) -> Verdict:
             judgement, note = "diverged", (f"loss {row.final_loss_diff_vs_fp32:+.3g} vs fp32, "
                                            f"beyond the tolerance of {tolerance:.3g}")
         else:
-            group = _group(speed, row.precision)
+            # an emulated format (gating) has no speed to judge: memory and loss only
+            group = None if trial.support == "emulated" else _group(speed, row.precision)
             emulated = bf16_emulated and base_precision(row.precision) in BF16_COMPUTE
             if emulated and group is not None and base_group is not None:
                 group = max(group, base_group)  # never faster on emulated bf16
@@ -246,7 +248,9 @@ def verdict(record: RunRecord) -> Verdict:
     ranked = sorted(good, key=cmp_to_key(better))
     best = ranked[0]
     speed_part = (_speed_text(best) if best.speedup_vs_fp32 is not None else "speed n/a")
-    if bf16_emulated and base_precision(best.precision) in BF16_COMPUTE:
+    if record.trial(best.precision).support == "emulated":
+        speed_part = f"speed {EMULATED_TEXT}"
+    elif bf16_emulated and base_precision(best.precision) in BF16_COMPUTE:
         speed_part += " (bf16 emulated here: not judged on speed)"
     elif groups[best.precision] == base_group:
         speed_part += " (not significantly faster)"

@@ -34,7 +34,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import ISOLATIONS, OPTIMIZERS, PRECISIONS, REDUCE_DTYPES, STRATEGIES, RunConfig
+from engine.config import (
+    ISOLATIONS,
+    OPTIMIZERS,
+    PRECISIONS,
+    REDUCE_DTYPES,
+    STATE_OPTIMIZERS,
+    STRATEGIES,
+    RunConfig,
+    split_label,
+)
 from engine.model_check import check_model
 from engine.presets import presets
 from engine.resources import precision_descriptions
@@ -75,6 +84,7 @@ def in_form_words(message: str) -> str:
 
 DEVICES = ("auto", "cpu", "cuda")
 RUN_WHILE_PROBING = ("auto", "cpu")
+RUN_OPTIMIZER = "(the run's optimizer)"
 PROBE_FALLBACK_MS = 1500
 
 
@@ -150,6 +160,21 @@ class ConfigPanel(QWidget):
             )
             self.precisions.addItem(item)
         self.precisions.setMaximumHeight(self.precisions.sizeHintForRow(0) * 10)
+        # the RECIPE+OPTIM axis: each ticked state runs beside every ticked recipe; the
+        # first entry is the plain recipe, with the run's optimizer
+        self.optim_states = QListWidget()
+        for optim in ("", *STATE_OPTIMIZERS):
+            item = QListWidgetItem(f"+{optim}" if optim else RUN_OPTIMIZER)
+            item.setData(Qt.ItemDataRole.UserRole, optim)
+            item.setToolTip(precision_descriptions()[f"+{optim}"] if optim else
+                            "each ticked precision with the run's Optimizer (below)")
+            item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Unchecked if optim else Qt.CheckState.Checked)
+            self.optim_states.addItem(item)
+        self.optim_states.setMaximumHeight(self.optim_states.sizeHintForRow(0) * 5)
+        self.optim_states.setMouseTracking(True)
+        self.optim_states.itemEntered.connect(self._describe_precision)
+        self.optim_states.currentItemChanged.connect(self._describe_precision)
         # what the precision under the cursor (or the last one picked) trains, in a line
         self.precision_help = QLabel("Point at a precision to see what it trains.")
         self.precision_help.setTextFormat(Qt.TextFormat.PlainText)
@@ -217,6 +242,8 @@ class ConfigPanel(QWidget):
         precision_box = QGroupBox("Precisions")
         precision_layout = QVBoxLayout(precision_box)
         precision_layout.addWidget(self.precisions)
+        precision_layout.addWidget(QLabel("Optimizer state (RECIPE+OPTIM), per precision"))
+        precision_layout.addWidget(self.optim_states)
         precision_layout.addWidget(self.precision_help)
         train_box = QGroupBox("Training")
         form = QFormLayout(train_box)
@@ -251,6 +278,7 @@ class ConfigPanel(QWidget):
             self.hub_id.textChanged,
             self.trust_remote_code.toggled,
             self.precisions.itemChanged,
+            self.optim_states.itemChanged,
             self.batch_size.valueChanged,
             self.seq_len.valueChanged,
             self.steps.valueChanged,
@@ -286,13 +314,20 @@ class ConfigPanel(QWidget):
             if item.checkState() == Qt.CheckState.Checked
         ]
 
+    def checked_states(self) -> list[str]:
+        """Ticked optimizer suffixes; "" is the plain recipe with the run's optimizer."""
+        items = (self.optim_states.item(i) for i in range(self.optim_states.count()))
+        return [item.data(Qt.ItemDataRole.UserRole) for item in items
+                if item.checkState() == Qt.CheckState.Checked]
+
     def form_values(self) -> dict:
         """The form as RunConfig keyword arguments (not yet validated)."""
         reduce = self.reduce_dtype.currentText()
         suffix = "" if reduce == REDUCE_AS_COMPUTED else f"@{reduce}"
         return {
             "model": self.model_text(),
-            "precisions": [p + suffix for p in self.checked_precisions()],
+            "precisions": [p + (f"+{o}" if o else "") + suffix
+                           for p in self.checked_precisions() for o in self.checked_states()],
             "batch_size": self.batch_size.value(),
             "seq_len": self.seq_len.value(),
             "steps": self.steps.value(),
@@ -344,7 +379,12 @@ class ConfigPanel(QWidget):
                 self.hub_id.setText(model)
         listed = values.get("precisions")
         if isinstance(listed, list) and all(isinstance(p, str) for p in listed):
-            wanted = {p.partition("@")[0] for p in listed}
+            wanted = {split_label(p)[0] for p in listed}
+            states = {split_label(p)[1] or "" for p in listed}
+            for i in range(self.optim_states.count()):
+                item = self.optim_states.item(i)
+                item.setCheckState(Qt.CheckState.Checked if item.data(Qt.ItemDataRole.UserRole)
+                                   in states else Qt.CheckState.Unchecked)
             reduce = {p.partition("@")[2] or REDUCE_AS_COMPUTED for p in listed}
             if len(reduce) == 1 and self.reduce_dtype.findText(next(iter(reduce))) >= 0:
                 self.reduce_dtype.setCurrentText(next(iter(reduce)))

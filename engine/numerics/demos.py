@@ -237,6 +237,56 @@ def rounding_modes(device: torch.device, steps: int = 10_000, weights: int = 256
     return out
 
 
+def _block_readback(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, float]:
+    """``x`` (one row of 32) through torchao's MXFP8 or NVFP4 quantiser and back, and the
+    block scale its second element was stored with (NVFP4: times the tensor scale)."""
+    if fmt == "mxfp8":
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import MXTensor
+        from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+        q = MXTensor.to_mx(x, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL,
+                           KernelPreference.EMULATED)
+        return q.dequantize(torch.float32), float(q.scale.float().flatten()[0])
+    from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+
+    tensor_scale = per_tensor_amax_to_scale(x.abs().max())
+    q = NVFP4Tensor.to_nvfp4(x, per_tensor_scale=tensor_scale)
+    return (q.dequantize(torch.float32),
+            float(q.scale.float().flatten()[0]) * float(tensor_scale))
+
+
+# a value each format keeps in a block of its own size, and loses beside a 1000
+_BLOCK_SMALL = {"mxfp8": 0.001, "nvfp4": 0.1}
+
+
+def block_outlier(device: torch.device) -> list[DemoResult]:
+    """A block shares one scale, set by its largest value: beside an outlier the small
+    values of the same block fall below the block's smallest step and read back as 0."""
+    from engine.numerics.formats import format_by_name
+
+    out = []
+    for fmt, small in _BLOCK_SMALL.items():
+        info = format_by_name(fmt)
+        element_min = info.min_subnormal / (2.0**-127 if fmt == "mxfp8" else 2.0**-9)
+        for big in (1.0, 1000.0):
+            x = torch.full((1, 32), small, device=device)
+            x[0, 0] = big
+            back, scale = _block_readback(x, fmt)
+            value = float(back[0, 1])
+            out.append(DemoResult(
+                name="block_outlier",
+                expression=f"{small:g} in a block whose largest value is {big:g}",
+                dtype=fmt, result=value, expected_exact=small,
+                verdict="underflow" if value == 0 else "kept",
+                explanation=(f"{info.block_size}-element blocks share one scale ({scale:.3g} "
+                             f"here, set by {big:g}); the smallest nonzero value in this "
+                             f"block is {element_min * scale:.3g}"),
+                device=str(device),
+            ))
+    return out
+
+
 def run_demos(device: torch.device | str) -> list[DemoResult]:
     device = torch.device(device)
     return [
@@ -245,4 +295,5 @@ def run_demos(device: torch.device | str) -> list[DemoResult]:
         *tiny_value(device),
         *autocast_dtypes(device),
         *rounding_modes(device),
+        *block_outlier(device),
     ]

@@ -7,6 +7,12 @@ bitsandbytes quantises with), so the table shows what the installed libraries do
 value); for int8 and NF4, which store a code times a per-block absmax scale, the
 coarsest gap between neighbouring codes divided by the largest code.
 ``decimal_digits`` is ``-log10(eps)``: how many significant decimal digits survive.
+
+The block-scaled formats (MXFP8, NVFP4) store small elements and one scale per block:
+their ``bits``, ``eps`` and bit split are the element's; ``max``/``min_normal``/
+``min_subnormal`` multiply the element's by the scale's largest, smallest-normal and
+smallest-positive values; FP4 E2M1 has no torch finfo, so its values are read from
+torchao's own fp4 decoder.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ class FormatInfo:
     decimal_digits: float | None
     note: str
     codebook: tuple[float, ...] | None = None
+    # block-scaled formats: elements share one scale per block; the range figures are the
+    # element's times the scale's (NVFP4: in units of its per-tensor fp32 scale)
+    block_size: int | None = None
+    scale_format: str | None = None
 
 
 def _digits(eps: float) -> float:
@@ -144,6 +154,64 @@ def nf4_format() -> FormatInfo:
     )
 
 
+def e2m1_values() -> tuple[float, ...]:
+    """The 8 non-negative FP4 E2M1 values, as torchao decodes the 4-bit codes."""
+    from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32
+
+    return tuple(sorted({abs(v) for v in f4_unpacked_to_f32(
+        torch.arange(16, dtype=torch.uint8)).tolist()}))
+
+
+def _e2m1() -> dict:
+    values = e2m1_values()
+    positive = [v for v in values if v > 0]
+    after_one = min(v for v in values if v > 1.0)
+    eps = after_one - 1.0
+    mantissa = round(-math.log2(eps))
+    smallest = min(positive)
+    # a subnormal has no implicit leading 1: below 2**mantissa * smallest all steps are equal
+    return {"bits": 4, "exponent": 4 - 1 - mantissa, "mantissa": mantissa, "max": max(values),
+            "min_normal": smallest * 2**mantissa, "min_subnormal": smallest, "eps": eps}
+
+
+def _finfo(dtype: torch.dtype) -> dict:
+    fi = torch.finfo(dtype)
+    mantissa = round(-math.log2(fi.eps)) if fi.eps < 1 else 0
+    return {"bits": fi.bits, "exponent": fi.bits - 1 - mantissa, "mantissa": mantissa,
+            "max": float(fi.max), "min_normal": float(fi.smallest_normal),
+            "min_subnormal": float(fi.smallest_normal * fi.eps) if mantissa else
+            float(fi.smallest_normal), "eps": float(fi.eps)}
+
+
+def block_format(name: str, element: dict, scale: dict, block: int, scale_name: str,
+                 note: str) -> FormatInfo:
+    return FormatInfo(
+        name=name, kind="block-scaled", torch_dtype=None, bits=element["bits"], sign_bits=1,
+        exponent_bits=element["exponent"], mantissa_bits=element["mantissa"],
+        max=element["max"] * scale["max"],
+        min_normal=element["min_normal"] * scale["min_normal"],
+        min_subnormal=element["min_subnormal"] * scale["min_subnormal"],
+        eps=element["eps"], decimal_digits=_digits(element["eps"]), note=note,
+        block_size=block, scale_format=scale_name)
+
+
+def mxfp8_format() -> FormatInfo:
+    e8m0 = _finfo(torch.float8_e8m0fnu)  # powers of 2 only: no mantissa, no subnormals
+    return block_format(
+        "mxfp8", _finfo(torch.float8_e4m3fn), e8m0, 32, "e8m0",
+        "OCP MX: e4m3 elements, one e8m0 (power-of-2) scale per 32-element block, 8.25 bits "
+        "per value; each block keeps e4m3's 448/2^-9 span, the scale moves it over 2^+-127")
+
+
+def nvfp4_format() -> FormatInfo:
+    e4m3 = _finfo(torch.float8_e4m3fn)
+    return block_format(
+        "nvfp4", _e2m1(), e4m3, 16, "e4m3 + fp32 per tensor",
+        "NVIDIA NVFP4: e2m1 elements (0, 0.5, 1, 1.5, 2, 3, 4, 6), one e4m3 scale per "
+        "16-element block and one fp32 scale per tensor (amax / (6 x 448)), 4.5 bits per "
+        "value; range figures are in units of that tensor scale")
+
+
 def format_table() -> list[FormatInfo]:
     return list(_table())
 
@@ -165,6 +233,8 @@ def _table() -> tuple[FormatInfo, ...]:
                      "fp8 with fp16's exponent range, for gradients (backward)"),
         int8_format(),
         nf4_format(),
+        mxfp8_format(),
+        nvfp4_format(),
     )
 
 

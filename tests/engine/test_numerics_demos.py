@@ -94,7 +94,7 @@ def test_round_to_nearest_loses_small_updates_and_stochastic_keeps_them():
 def test_run_demos_serialises_to_json():
     results = run_demos(CPU)
     assert {r.name for r in results} == {
-        "one_plus_small", "accumulate", "tiny_value", "autocast", "rounding"
+        "one_plus_small", "accumulate", "tiny_value", "autocast", "rounding", "block_outlier"
     }
     assert all(r.device == "cpu" for r in results)
     json.dumps([dataclasses.asdict(r) for r in results])
