@@ -37,7 +37,10 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import math
+import os
+import socket
 import statistics
 import sys
 import threading
@@ -73,6 +76,7 @@ from engine.journal import JournalWriter, journal_path
 from engine.monitor import Monitor
 from engine.peaks import mfu as mfu_of
 from engine.peaks import peak_flops
+from engine.rank_journals import rank_journal_path
 from engine.recipes import recipe as recipe_of
 from engine.record import RunRecord
 from engine.spread import step_spread
@@ -83,6 +87,48 @@ SOURCE_TRAINER = "user-trainer"
 COUNT_STEP = 1  # step 0 warms up (and compiles); FLOPs are counted over step 1
 LAG = 1  # steps read back one step late: the GPU is never drained by a read
 _SCALARS = ("loss", "grad_norm", "scale_before", "scale_after", "tokens", "lr")
+RANKS_WAIT_S = 60.0  # rank 0's report waits this long for the other ranks' journals to end
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the world size: the process group's once it exists, else
+    torchrun's environment (RANK, WORLD_SIZE); (0, 1) outside torchrun."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    try:
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError:
+        return 0, 1
+
+
+def shared_run_id(world: int) -> str:
+    """A new run id, the same on every rank: rank 0's, broadcast over the process group
+    (every rank constructs its Recorder, as every rank runs the same script); before
+    init_process_group, one derived from what torchrun gave all the ranks of this launch."""
+    run_id = uuid.uuid4().hex[:12]
+    if world <= 1:
+        return run_id
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        shared = [run_id]
+        dist.broadcast_object_list(shared, src=0)
+        return shared[0]
+    launch = "/".join(os.environ.get(k, "") for k in (
+        "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"))
+    return hashlib.sha1(f"{launch}/{os.getppid()}".encode()).hexdigest()[:12]
+
+
+def _strategy(model: torch.nn.Module) -> str:
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return "ddp"
+    if type(model).__name__.startswith("FSDP"):  # fully_shard's class: FSDP<the model's>
+        return "fsdp2"
+    if type(model).__name__ == "FullyShardedDataParallel":
+        return "fsdp"
+    return "none (each rank trains its own model)"
 
 
 def tf32_matmuls() -> bool:
@@ -242,8 +288,12 @@ class Recorder:
                              "or model.to_empty(device=...) and initialise) before recording")
         self.device_info = probe("cpu" if self.device.type == "cpu"
                                  else f"cuda:{self.device.index or 0}")
-        self.run_id = uuid.uuid4().hex[:12]
+        # under torchrun every rank records: one journal each, named by rank, one run id
+        self.rank, self.world_size = rank_and_world()
+        self.run_id = shared_run_id(self.world_size)
         self.journal_file = Path(journal) if journal is not None else journal_path(self.run_id)
+        if self.world_size > 1:
+            self.journal_file = rank_journal_path(self.journal_file, self.rank)
         if journal is not None and self.journal_file.exists():
             raise ValueError(f"the journal file {self.journal_file} already exists (a run "
                              "journal holds one run): pick a new file name, or leave "
@@ -343,6 +393,8 @@ class Recorder:
         from engine.models import dims
 
         config = getattr(self.model, "config", None)
+        if config is None:  # DDP keeps the model in .module
+            config = getattr(getattr(self.model, "module", None), "config", None)
         try:
             return dims(config) if config is not None else None
         except Exception as exc:  # a config without the usual names: no analytic formula
@@ -782,6 +834,11 @@ class Recorder:
                   "recipe": self.describe_recipe()}
         if self.optimizer is not None:  # a report's config.optimizer is text when present
             config["optimizer"] = type(self.optimizer).__name__
+        if self.world_size > 1:
+            config.update(rank=self.rank, world_size=self.world_size,
+                          local_rank=int(os.environ.get("LOCAL_RANK", self.rank)),
+                          host=socket.gethostname(), pid=os.getpid(),
+                          strategy=_strategy(self.model))
         now = time.time()
         self._run_begun = True  # from here on events go to the journal, not the buffer
         self._emit(RunStarted(self.run_id, config, collect(self.device_info), self._started_s))
@@ -810,17 +867,38 @@ class Recorder:
                          self._stop_monitor):
             self._guarded(release)  # each one, whatever the others did
         self._guarded(self._write_end, exc)
-        if self.out is not None:
+        if self.out is not None and self.rank != 0:
+            print(f"ampscope: rank {self.rank} journaled to {self.journal_file}; rank 0 writes "
+                  f"the report of all ranks to {self.out}", file=sys.stderr)
+        elif self.out is not None:
             from engine.report.writer import write_report
 
             try:
-                self.report_path = write_report(self.record, self.out)
+                self.report_path = write_report(self._all_ranks(), self.out)
             except Exception as err:  # the out folder vanished, the disk filled up...
                 reason = err.strerror if isinstance(err, OSError) and err.strerror else err
                 self._warn_once("report", f"the report could not be written to {self.out} "
                                 f"({reason}); the run is in its journal: python3 main.py "
                                 f"report {self.journal_file} --out <report file>")
         return self.record
+
+    def _all_ranks(self) -> RunRecord:
+        """The run to report: this process's, or under torchrun every rank's journal
+        merged, once they have all ended (or RANKS_WAIT_S has passed: what is there)."""
+        if self.world_size == 1:
+            return self.record
+        from engine.journal import journal_entry, read_run
+        from engine.rank_journals import rank_journals
+
+        deadline = time.monotonic() + RANKS_WAIT_S
+        while time.monotonic() < deadline:
+            paths = rank_journals(self.journal_file)
+            entries = [journal_entry(p) for p in paths]
+            if len(paths) >= self.world_size and all(
+                    e is not None and e.status != "running" for e in entries):
+                break
+            time.sleep(0.2)
+        return read_run(self.journal_file)
 
     def _guarded(self, fn, *args) -> None:
         try:

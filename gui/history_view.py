@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.journal import journal_entries, journal_path, read_journal
+from engine.journal import journal_entries, journal_path, read_run
 from engine.record import RunRecord
 from gui.history import (
     HistoryEntry,
@@ -88,6 +88,8 @@ class HistoryView(QWidget):
         # runs the database does not hold (a window or CLI run that was killed, a CLI
         # run) are read from their journals in the data folder
         journaled = journal_entries({e.id for e in entries})
+        # a torchrun run journals once per rank: one entry (any rank's file reads them all)
+        journaled = list({j.run_id: j for j in reversed(journaled)}.values())[::-1]
         self._journals = {j.run_id: j.path for j in journaled}
         # a damaged journal is listed (never a reason not to start): the problem is its tip
         problems = {j.run_id: j.problem for j in journaled if j.problem}
@@ -139,7 +141,7 @@ class HistoryView(QWidget):
 
     def _load(self, run_id: str) -> RunRecord:
         if run_id in self._journals:
-            return read_journal(self._journals[run_id])
+            return read_run(self._journals[run_id])
         return self.store.load(run_id)
 
     def open_run(self, run_id: str) -> RunRecord | None:
