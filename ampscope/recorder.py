@@ -27,6 +27,10 @@ Conventions (docs/report-schema.md, "User runs"):
 - evaluation forwards (``model.eval()`` or ``no_grad``) count neither tokens nor FLOPs;
 - a step's time is split at the model's training forwards and the optimizer step into
   data, forward, backward and optimizer milliseconds (CUDA events on a GPU);
+- memory: step 1 (untimed by the summary) is also watched by engine.memtrack, as a profile
+  trial's memory step is: every storage from allocation to release, so the report has the
+  real peak of a step and what held it (parameters, gradients, optimizer state,
+  activations, temporaries), on the CPU too;
 - a step's scalars (loss, grad norm, loss scale, tokens, lr) are copied to pinned host memory
   and read one step later through engine.trackers.ScalarReadback, so ``step()`` never
   waits for the GPU's current work; the journal is one step behind, on every device (the
@@ -55,7 +59,7 @@ from pathlib import Path
 import torch
 
 from engine import flops as flops_mod
-from engine import inventory
+from engine import inventory, memtrack
 from engine.config import PRECISIONS
 from engine.device import probe
 from engine.environment import collect
@@ -314,6 +318,8 @@ class Recorder:
         self._finished = False
         self._counter = None
         self._counted: flops_mod.Counted | None = None
+        self._watcher: memtrack.MemoryWatcher | None = None  # over the counting step
+        self._measured: memtrack.MeasuredPeak | None = None
         self._counted_reason = "the run ended before its FLOP-counting step (step 1) ended"
         self._eval_mark = None  # the counter's tallies when an evaluation forward began
         self._excluded = (Counter(), Counter())  # evaluation FLOPs: by op, by dtype
@@ -411,6 +417,7 @@ class Recorder:
         """The lr this optimizer step uses (a scheduler changes it after the step), and the
         gradients' norm when the loop gives none: device tensors, read one step late."""
         self._phases.append(("optimizer", self._now()))
+        self._watch_phase("optimizer")
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
         self._step_lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
         if self._measure_norm and self._step_norm is None:
@@ -448,6 +455,35 @@ class Recorder:
     @property
     def _tf32(self) -> bool:
         return self.device_info.kind == "cuda" and tf32_matmuls()
+
+    def _begin_count_step(self) -> None:
+        """Step 1: FLOPs counted (unless the Trainer scopes the counting) and memory watched;
+        the watcher enters after the counter, so it leaves first (modes are a stack)."""
+        if self._index != COUNT_STEP or self._finished:
+            return
+        if self._counter is None and not self.scoped_counting:
+            self._start_counting()
+        if self._watcher is None:
+            watcher = memtrack.MemoryWatcher(self.device)
+            watcher.track_training(self.model, _base_optimizer(self.optimizer))
+            watcher.phase = "data"  # the batch is made before the first forward
+            watcher.__enter__()
+            self._watcher = watcher
+
+    def _stop_watching(self, completed: bool) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is None:
+            return
+        base = _base_optimizer(self.optimizer)
+        if base is not None:
+            watcher.mark_optimizer_state(base)
+        watcher.__exit__(None, None, None)
+        if completed:
+            self._measured = watcher.result()
+
+    def _watch_phase(self, phase: str) -> None:
+        if self._watcher is not None:
+            self._watcher.phase = phase
 
     def _start_counting(self) -> None:
         """Hardware FLOPs: FlopCounterMode over the counting step, nothing else."""
@@ -506,6 +542,7 @@ class Recorder:
         if self._in_forward:
             self._in_forward = False
             self._phases.append(("forward_end", self._now()))
+            self._watch_phase("backward")
         mark, self._eval_mark = self._eval_mark, None
         if mark is not None and self._counter is not None:
             # an evaluation forward inside the counting step: its FLOPs are not training's
@@ -524,6 +561,7 @@ class Recorder:
             return None
         self._in_forward = True
         self._phases.append(("forward", self._now()))
+        self._watch_phase("forward")
         if not self._autocast_seen:
             self._autocast_seen = True
             kind = self.device.type
@@ -558,8 +596,7 @@ class Recorder:
         try:
             self._record(mark, loss, tokens, grad_norm, lr)
         finally:  # the next step is timed whatever happened to this one's record
-            if self._index == COUNT_STEP and self._counter is None and not self.scoped_counting:
-                self._start_counting()
+            self._begin_count_step()
             self._timer.start()
             self._alloc.start()
 
@@ -616,8 +653,7 @@ class Recorder:
 
     @_never_raises
     def begin_step(self) -> None:
-        if self._index == COUNT_STEP and self._counter is None and not self.scoped_counting:
-            self._start_counting()
+        self._begin_count_step()
         self._phases = []
         self._timer.start()
         self._alloc.start()
@@ -628,6 +664,7 @@ class Recorder:
 
     def _record(self, mark, loss, tokens, grad_norm, lr) -> None:
         if self._index == COUNT_STEP:
+            self._stop_watching(completed=True)
             self._stop_counting(completed=True)
         if tokens is None:
             tokens = self._forward_tokens
@@ -909,6 +946,7 @@ class Recorder:
                             "keeps what was recorded")
 
     def _stop_counter(self) -> None:
+        self._stop_watching(completed=False)  # entered after the counter: leaves first
         if self._counter is not None:  # the run ended inside its counting step
             self._stop_counting(completed=False)
 
@@ -1003,11 +1041,13 @@ class Recorder:
                if self.optimizer is not None else 0)
         known = params_bytes + grads + opt
         peak_alloc, peak_res, covers = self._alloc.stop()
+        if self._measured is not None:
+            return self._watched_memory(peak_alloc, peak_res, covers)
         common = dict(
             params_bytes=params_bytes, grads_bytes=grads, optimizer_bytes=opt,
             activations_bytes=None,
-            activations_method="not measured in a user's run (AmpScope does not wrap the "
-                               "user's forward in saved-tensor hooks)",
+            activations_method="not measured: the run ended before its watched step "
+                               f"(step {COUNT_STEP}) ended",
         )
         if peak_alloc is None:
             return MemoryBreakdown(
@@ -1019,6 +1059,23 @@ class Recorder:
             **common, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_res,
             temporaries_bytes=None, total_bytes=peak_alloc,
             total_method=f"torch.cuda.max_memory_allocated {covers}")
+
+    def _watched_memory(self, peak_alloc, peak_res, covers) -> MemoryBreakdown:
+        """The watched step's peak and who held it, as a profile trial's memory step."""
+        from engine.trial import breakdown_fields
+
+        fields = breakdown_fields(self._measured, (
+            f"engine.memtrack over the user's step {COUNT_STEP} (untimed by the summary): "
+            "every storage from allocation to release; the largest sum of live bytes"))
+        notes = ("categories are what was held at the peak of the watched step; the batch "
+                 "made by the loop's data loading counts as temporaries, weight copies are "
+                 "autocast's cast weights")
+        if peak_alloc is None:
+            return MemoryBreakdown(**fields, notes=notes)
+        return MemoryBreakdown(
+            **fields, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_res,
+            notes=f"{notes}. torch.cuda.max_memory_allocated {covers} stands beside it: it "
+                  "also sees kernels' scratch memory that no tensor holds")
 
     def _summary(self) -> TrialSummary:
         measured = [s for s in self.steps if not s.warmup]
