@@ -195,3 +195,36 @@ def test_watching_a_recorder_run_shows_busy_progress_and_ends_without_running(
     seen["eval_loss"] = {int(k): v for k, v in seen["eval_loss"].items()}
     seen["accuracy"] = {int(k): v for k, v in seen["accuracy"].items()}
     _check_charts(win, seen, journal)
+
+
+def test_file_open_of_one_ranks_journal_shows_every_rank_merged(qtbot, tmp_path, monkeypatch):
+    """A user's own DDP loop under torchrun (two gloo ranks): opening either rank's journal
+    shows the run merged, each rank in the Compare tab's rank charts."""
+    from tests.engine.test_recorder_ddp import RANK_SCRIPT
+
+    script = tmp_path / "train_ddp.py"
+    script.write_text(RANK_SCRIPT)
+    ran = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", str(script), str(tmp_path), "gpt2", "4"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"seen{r}.json").read_text()) for r in range(2)]
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        staticmethod(lambda *a, **k: (str(tmp_path / "ddp.rank1.jsonl"), "")))
+    with qtbot.waitSignal(win.record_shown, timeout=WAIT_MS):
+        _menu_action(win, "File", "Open report or journal…").trigger()
+    (trial,) = win.record.trials
+    _, loss = win.charts.curve_data("loss", trial.precision)
+    assert loss == pytest.approx([(a + b) / 2 for a, b in zip(seen[0]["loss"],
+                                                              seen[1]["loss"])])
+    _, lr = win.charts.curve_data("learning_rate", trial.precision)
+    assert lr == pytest.approx(seen[0]["lr"], rel=1e-12)
+    ranks = win.compare_view.ranks
+    assert ranks.bars["median step ms"] == pytest.approx(
+        [r.median_step_ms for r in trial.ranks])
+    assert len(ranks.bars["median step ms"]) == 2
