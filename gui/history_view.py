@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.journal import journal_entries, journal_path, read_run
+from engine.rank_journals import rank_journals, rank_of
 from engine.record import RunRecord
 from gui.history import (
     HistoryEntry,
@@ -158,7 +159,11 @@ class HistoryView(QWidget):
     def delete_run(self, run_id: str) -> None:
         # the journal goes too, or the run would be listed again from it at once
         own = journal_path(run_id) if Path(run_id).name == run_id else None  # no "../"
-        for path in {self._journals.get(run_id), own} - {None}:
+        paths = {self._journals.get(run_id), own} - {None}
+        for path in list(paths):  # a torchrun run: every rank's journal
+            if rank_of(path) is not None:
+                paths.update(rank_journals(path))
+        for path in paths:
             try:
                 path.unlink(missing_ok=True)
             except OSError as exc:

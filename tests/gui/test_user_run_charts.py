@@ -197,25 +197,30 @@ def test_watching_a_recorder_run_shows_busy_progress_and_ends_without_running(
     _check_charts(win, seen, journal)
 
 
-def test_file_open_of_one_ranks_journal_shows_every_rank_merged(qtbot, tmp_path, monkeypatch):
-    """A user's own DDP loop under torchrun (two gloo ranks): opening either rank's journal
-    shows the run merged, each rank in the Compare tab's rank charts."""
+def test_one_ranks_journal_shows_every_rank_merged_and_history_lists_the_run_once(
+        qtbot, monkeypatch):
+    """A user's own DDP loop under torchrun (two gloo ranks), journaled in the data folder:
+    File > Open of either rank's journal shows the run merged, each rank in the Compare
+    tab's rank charts; History lists the run once, opens it merged, deletes every rank."""
+    from engine.journal import runs_dir
     from tests.engine.test_recorder_ddp import RANK_SCRIPT
 
-    script = tmp_path / "train_ddp.py"
+    out = runs_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    script = out.parent / "train_ddp.py"
     script.write_text(RANK_SCRIPT)
     ran = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", str(script), str(tmp_path), "gpt2", "4"],
+         "2", str(script), str(out), "gpt2", "4"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
         capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    seen = [json.loads((tmp_path / f"seen{r}.json").read_text()) for r in range(2)]
+    seen = [json.loads((out / f"seen{r}.json").read_text()) for r in range(2)]
     win = MainWindow()
     qtbot.addWidget(win)
     win.show()
     monkeypatch.setattr(QFileDialog, "getOpenFileName",
-                        staticmethod(lambda *a, **k: (str(tmp_path / "ddp.rank1.jsonl"), "")))
+                        staticmethod(lambda *a, **k: (str(out / "ddp.rank1.jsonl"), "")))
     with qtbot.waitSignal(win.record_shown, timeout=WAIT_MS):
         _menu_action(win, "File", "Open report or journal…").trigger()
     (trial,) = win.record.trials
@@ -228,3 +233,12 @@ def test_file_open_of_one_ranks_journal_shows_every_rank_merged(qtbot, tmp_path,
     assert ranks.bars["median step ms"] == pytest.approx(
         [r.median_step_ms for r in trial.ranks])
     assert len(ranks.bars["median step ms"]) == 2
+    # History: one entry for the two rank journals, opened merged, deleted whole
+    view = win.history_view
+    view.refresh()
+    assert view.run_ids() == [seen[0]["run_id"]]
+    with qtbot.waitSignal(win.record_shown, timeout=WAIT_MS):
+        view.open_run(seen[0]["run_id"])
+    assert [r.rank for r in win.record.trials[0].ranks] == [0, 1]
+    view.delete_run(seen[0]["run_id"])
+    assert not list(out.glob("*.jsonl")) and view.run_ids() == []
