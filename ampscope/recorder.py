@@ -108,21 +108,19 @@ def rank_and_world() -> tuple[int, int]:
 
 
 def shared_run_id(world: int) -> str:
-    """A new run id, the same on every rank: rank 0's, broadcast over the process group
-    (every rank constructs its Recorder, as every rank runs the same script); before
-    init_process_group, one derived from what torchrun gave all the ranks of this launch."""
-    run_id = uuid.uuid4().hex[:12]
+    """A new run id, the same on every rank of one torchrun launch without a collective (a
+    Recorder made on rank 0 alone must not wait for the others): derived from what torchrun
+    gives all the ranks of the launch (its run id, rendezvous address and port, restart
+    count), and, where the run id is torchrun's default "none", from the launcher's pid,
+    which one node's ranks share."""
     if world <= 1:
-        return run_id
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        shared = [run_id]
-        dist.broadcast_object_list(shared, src=0)
-        return shared[0]
-    launch = "/".join(os.environ.get(k, "") for k in (
-        "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"))
-    return hashlib.sha1(f"{launch}/{os.getppid()}".encode()).hexdigest()[:12]
+        return uuid.uuid4().hex[:12]
+    launch = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    parts = [launch, *(os.environ.get(k, "") for k in (
+        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"))]
+    if launch in ("", "none"):
+        parts.append(str(os.getppid()))
+    return hashlib.sha1("/".join(parts).encode()).hexdigest()[:12]
 
 
 def _strategy(model: torch.nn.Module) -> str:
@@ -297,6 +295,13 @@ class Recorder:
         self.run_id = shared_run_id(self.world_size)
         self.journal_file = Path(journal) if journal is not None else journal_path(self.run_id)
         if self.world_size > 1:
+            if journal is None and rank_journal_path(self.journal_file, self.rank).exists():
+                # a launch that repeated an earlier one's rendezvous id, port and launcher
+                warnings.warn(f"ampscope: run {self.run_id} was journaled before: this rank "
+                              "records as a run of its own, not merged with the others",
+                              RuntimeWarning, stacklevel=2)
+                self.run_id = uuid.uuid4().hex[:12]
+                self.journal_file = journal_path(self.run_id)
             self.journal_file = rank_journal_path(self.journal_file, self.rank)
         if journal is not None and self.journal_file.exists():
             raise ValueError(f"the journal file {self.journal_file} already exists (a run "
@@ -921,7 +926,9 @@ class Recorder:
 
     def _all_ranks(self) -> RunRecord:
         """The run to report: this process's, or under torchrun every rank's journal
-        merged, once they have all ended (or RANKS_WAIT_S has passed: what is there)."""
+        merged, once they have all ended (or RANKS_WAIT_S has passed: what is there). A
+        rank's journal exists from its Recorder's start, so a rank that records none (a
+        loop that records on rank 0 alone) is not waited for."""
         if self.world_size == 1:
             return self.record
         from engine.journal import journal_entry, read_run
@@ -931,8 +938,7 @@ class Recorder:
         while time.monotonic() < deadline:
             paths = rank_journals(self.journal_file)
             entries = [journal_entry(p) for p in paths]
-            if len(paths) >= self.world_size and all(
-                    e is not None and e.status != "running" for e in entries):
+            if all(e is not None and e.status != "running" for e in entries):
                 break
             time.sleep(0.2)
         return read_run(self.journal_file)

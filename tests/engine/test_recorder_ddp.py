@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 5
 
 RANK_SCRIPT = textwrap.dedent("""
-    import json, sys
+    import contextlib, json, sys
     from pathlib import Path
     import torch
     import torch.distributed as dist
@@ -34,8 +34,12 @@ RANK_SCRIPT = textwrap.dedent("""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 0.7**it)
     seen = {"loss": [], "tokens": [], "lr": []}
-    with ampscope.Recorder(model, opt, journal=out / "ddp.jsonl",
-                           out=out / "ddp-report.json") as rec:
+    # "rank0": only rank 0 records, as loops that log on the main process only do
+    only_rank0 = len(sys.argv) > 4 and sys.argv[4] == "rank0"
+    rec = (ampscope.Recorder(model, opt, journal=out / "ddp.jsonl",
+                             out=out / "ddp-report.json")
+           if rank == 0 or not only_rank0 else contextlib.nullcontext())
+    with rec:
         for it in range(steps):
             # each rank its own data: different lengths, so different token counts
             batch = padded_batch(10 * rank + it, lengths=(12, 7, 4) if rank else (9, 9))
@@ -47,8 +51,10 @@ RANK_SCRIPT = textwrap.dedent("""
             opt.zero_grad()
             seen["loss"].append(loss.item())
             seen["tokens"].append(int(batch["attention_mask"].sum()))
-            rec.step(loss=loss)
-    (out / f"seen{rank}.json").write_text(json.dumps({**seen, "run_id": rec.run_id}))
+            if hasattr(rec, "step"):
+                rec.step(loss=loss)
+    (out / f"seen{rank}.json").write_text(json.dumps({**seen,
+                                                      "run_id": getattr(rec, "run_id", None)}))
     dist.destroy_process_group()
 """)
 
@@ -95,3 +101,21 @@ def test_torchrun_ranks_journal_apart_and_report_merges_them(tmp_path, family):
             per_rank = [r.steps[i].step_ms for r in trial.ranks]
             assert s.step_ms == max(per_rank)
             assert s.tokens_per_s == pytest.approx(s.tokens / (s.step_ms / 1e3))
+
+
+def test_a_recorder_on_rank_0_alone_records_without_waiting_for_the_others(tmp_path):
+    """No collective inside the Recorder: a loop that records on its main process only
+    runs to its end, and its one rank's journal reads as a run."""
+    script = tmp_path / "train_ddp.py"
+    script.write_text(RANK_SCRIPT)
+    ran = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", str(script), str(tmp_path), "gpt2", "3", "rank0"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert [p.name for p in tmp_path.glob("ddp.rank*.jsonl")] == ["ddp.rank0.jsonl"]
+    (trial,) = read_json(tmp_path / "ddp-report.json").trials
+    own = json.loads((tmp_path / "seen0.json").read_text())
+    assert [s.loss for s in trial.steps] == pytest.approx(own["loss"])
+    assert [r.rank for r in trial.ranks] == [0]
