@@ -881,14 +881,16 @@ class Recorder:
                           local_rank=int(os.environ.get("LOCAL_RANK", self.rank)),
                           host=socket.gethostname(), pid=os.getpid(),
                           strategy=_strategy(self.model))
-        now = time.time()
-        self._run_begun = True  # from here on events go to the journal, not the buffer
-        self._emit(RunStarted(self.run_id, config, collect(self.device_info), self._started_s))
-        self._emit(TrialStarted(self.precision, 0, 1, now))
+        first = [RunStarted(self.run_id, config, collect(self.device_info), self._started_s),
+                 TrialStarted(self.precision, 0, 1, time.time())]
+        # the run's start, then the monitor samples buffered before it, in one hold of the
+        # lock: a sample the monitor thread emits meanwhile waits, never lands before them
         with self._lock:
-            early, self._early = self._early, []
-        for sample in early:
-            self._emit(sample)
+            for event in [*first, *self._early]:
+                self._journal.write(event)
+                self.record.apply(event)
+            self._early = []
+            self._run_begun = True  # from here on events go to the journal, not the buffer
 
     def _emit(self, event) -> None:
         with self._lock:
