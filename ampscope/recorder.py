@@ -27,6 +27,10 @@ Conventions (docs/report-schema.md, "User runs"):
 - evaluation forwards (``model.eval()`` or ``no_grad``) count neither tokens nor FLOPs;
 - a step's time is split at the model's training forwards and the optimizer step into
   data, forward, backward and optimizer milliseconds (CUDA events on a GPU);
+- memory: step 1 (untimed by the summary) is also watched by engine.memtrack, as a profile
+  trial's memory step is: every storage from allocation to release, so the report has the
+  real peak of a step and what held it (parameters, gradients, optimizer state,
+  activations, temporaries), on the CPU too;
 - a step's scalars (loss, grad norm, loss scale, tokens, lr) are copied to pinned host memory
   and read one step later through engine.trackers.ScalarReadback, so ``step()`` never
   waits for the GPU's current work; the journal is one step behind, on every device (the
@@ -37,7 +41,10 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import math
+import os
+import socket
 import statistics
 import sys
 import threading
@@ -52,7 +59,7 @@ from pathlib import Path
 import torch
 
 from engine import flops as flops_mod
-from engine import inventory
+from engine import inventory, memtrack
 from engine.config import PRECISIONS
 from engine.device import probe
 from engine.environment import collect
@@ -73,6 +80,7 @@ from engine.journal import JournalWriter, journal_path
 from engine.monitor import Monitor
 from engine.peaks import mfu as mfu_of
 from engine.peaks import peak_flops
+from engine.rank_journals import rank_journal_path
 from engine.recipes import recipe as recipe_of
 from engine.record import RunRecord
 from engine.spread import step_spread
@@ -83,6 +91,46 @@ SOURCE_TRAINER = "user-trainer"
 COUNT_STEP = 1  # step 0 warms up (and compiles); FLOPs are counted over step 1
 LAG = 1  # steps read back one step late: the GPU is never drained by a read
 _SCALARS = ("loss", "grad_norm", "scale_before", "scale_after", "tokens", "lr")
+RANKS_WAIT_S = 60.0  # rank 0's report waits this long for the other ranks' journals to end
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the world size: the process group's once it exists, else
+    torchrun's environment (RANK, WORLD_SIZE); (0, 1) outside torchrun."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    try:
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError:
+        return 0, 1
+
+
+def shared_run_id(world: int) -> str:
+    """A new run id, the same on every rank of one torchrun launch without a collective (a
+    Recorder made on rank 0 alone must not wait for the others): derived from what torchrun
+    gives all the ranks of the launch (its run id, rendezvous address and port, restart
+    count), and, where the run id is torchrun's default "none", from the launcher's pid,
+    which one node's ranks share."""
+    if world <= 1:
+        return uuid.uuid4().hex[:12]
+    launch = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    parts = [launch, *(os.environ.get(k, "") for k in (
+        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"))]
+    if launch in ("", "none"):
+        parts.append(str(os.getppid()))
+    return hashlib.sha1("/".join(parts).encode()).hexdigest()[:12]
+
+
+def _strategy(model: torch.nn.Module) -> str:
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return "ddp"
+    if type(model).__name__.startswith("FSDP"):  # fully_shard's class: FSDP<the model's>
+        return "fsdp2"
+    if type(model).__name__ == "FullyShardedDataParallel":
+        return "fsdp"
+    return "none (each rank trains its own model)"
 
 
 def tf32_matmuls() -> bool:
@@ -242,8 +290,19 @@ class Recorder:
                              "or model.to_empty(device=...) and initialise) before recording")
         self.device_info = probe("cpu" if self.device.type == "cpu"
                                  else f"cuda:{self.device.index or 0}")
-        self.run_id = uuid.uuid4().hex[:12]
+        # under torchrun every rank records: one journal each, named by rank, one run id
+        self.rank, self.world_size = rank_and_world()
+        self.run_id = shared_run_id(self.world_size)
         self.journal_file = Path(journal) if journal is not None else journal_path(self.run_id)
+        if self.world_size > 1:
+            if journal is None and rank_journal_path(self.journal_file, self.rank).exists():
+                # a launch that repeated an earlier one's rendezvous id, port and launcher
+                warnings.warn(f"ampscope: run {self.run_id} was journaled before: this rank "
+                              "records as a run of its own, not merged with the others",
+                              RuntimeWarning, stacklevel=2)
+                self.run_id = uuid.uuid4().hex[:12]
+                self.journal_file = journal_path(self.run_id)
+            self.journal_file = rank_journal_path(self.journal_file, self.rank)
         if journal is not None and self.journal_file.exists():
             raise ValueError(f"the journal file {self.journal_file} already exists (a run "
                              "journal holds one run): pick a new file name, or leave "
@@ -264,6 +323,8 @@ class Recorder:
         self._finished = False
         self._counter = None
         self._counted: flops_mod.Counted | None = None
+        self._watcher: memtrack.MemoryWatcher | None = None  # over the counting step
+        self._measured: memtrack.MeasuredPeak | None = None
         self._counted_reason = "the run ended before its FLOP-counting step (step 1) ended"
         self._eval_mark = None  # the counter's tallies when an evaluation forward began
         self._excluded = (Counter(), Counter())  # evaluation FLOPs: by op, by dtype
@@ -343,6 +404,8 @@ class Recorder:
         from engine.models import dims
 
         config = getattr(self.model, "config", None)
+        if config is None:  # DDP keeps the model in .module
+            config = getattr(getattr(self.model, "module", None), "config", None)
         try:
             return dims(config) if config is not None else None
         except Exception as exc:  # a config without the usual names: no analytic formula
@@ -359,6 +422,7 @@ class Recorder:
         """The lr this optimizer step uses (a scheduler changes it after the step), and the
         gradients' norm when the loop gives none: device tensors, read one step late."""
         self._phases.append(("optimizer", self._now()))
+        self._watch_phase("optimizer")
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
         self._step_lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
         if self._measure_norm and self._step_norm is None:
@@ -396,6 +460,35 @@ class Recorder:
     @property
     def _tf32(self) -> bool:
         return self.device_info.kind == "cuda" and tf32_matmuls()
+
+    def _begin_count_step(self) -> None:
+        """Step 1: FLOPs counted (unless the Trainer scopes the counting) and memory watched;
+        the watcher enters after the counter, so it leaves first (modes are a stack)."""
+        if self._index != COUNT_STEP or self._finished:
+            return
+        if self._counter is None and not self.scoped_counting:
+            self._start_counting()
+        if self._watcher is None:
+            watcher = memtrack.MemoryWatcher(self.device)
+            watcher.track_training(self.model, _base_optimizer(self.optimizer))
+            watcher.phase = "data"  # the batch is made before the first forward
+            watcher.__enter__()
+            self._watcher = watcher
+
+    def _stop_watching(self, completed: bool) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is None:
+            return
+        base = _base_optimizer(self.optimizer)
+        if base is not None:
+            watcher.mark_optimizer_state(base)
+        watcher.__exit__(None, None, None)
+        if completed:
+            self._measured = watcher.result()
+
+    def _watch_phase(self, phase: str) -> None:
+        if self._watcher is not None:
+            self._watcher.phase = phase
 
     def _start_counting(self) -> None:
         """Hardware FLOPs: FlopCounterMode over the counting step, nothing else."""
@@ -454,6 +547,7 @@ class Recorder:
         if self._in_forward:
             self._in_forward = False
             self._phases.append(("forward_end", self._now()))
+            self._watch_phase("backward")
         mark, self._eval_mark = self._eval_mark, None
         if mark is not None and self._counter is not None:
             # an evaluation forward inside the counting step: its FLOPs are not training's
@@ -472,6 +566,7 @@ class Recorder:
             return None
         self._in_forward = True
         self._phases.append(("forward", self._now()))
+        self._watch_phase("forward")
         if not self._autocast_seen:
             self._autocast_seen = True
             kind = self.device.type
@@ -506,8 +601,7 @@ class Recorder:
         try:
             self._record(mark, loss, tokens, grad_norm, lr)
         finally:  # the next step is timed whatever happened to this one's record
-            if self._index == COUNT_STEP and self._counter is None and not self.scoped_counting:
-                self._start_counting()
+            self._begin_count_step()
             self._timer.start()
             self._alloc.start()
 
@@ -564,8 +658,7 @@ class Recorder:
 
     @_never_raises
     def begin_step(self) -> None:
-        if self._index == COUNT_STEP and self._counter is None and not self.scoped_counting:
-            self._start_counting()
+        self._begin_count_step()
         self._phases = []
         self._timer.start()
         self._alloc.start()
@@ -576,6 +669,7 @@ class Recorder:
 
     def _record(self, mark, loss, tokens, grad_norm, lr) -> None:
         if self._index == COUNT_STEP:
+            self._stop_watching(completed=True)
             self._stop_counting(completed=True)
         if tokens is None:
             tokens = self._forward_tokens
@@ -782,14 +876,21 @@ class Recorder:
                   "recipe": self.describe_recipe()}
         if self.optimizer is not None:  # a report's config.optimizer is text when present
             config["optimizer"] = type(self.optimizer).__name__
-        now = time.time()
-        self._run_begun = True  # from here on events go to the journal, not the buffer
-        self._emit(RunStarted(self.run_id, config, collect(self.device_info), self._started_s))
-        self._emit(TrialStarted(self.precision, 0, 1, now))
+        if self.world_size > 1:
+            config.update(rank=self.rank, world_size=self.world_size,
+                          local_rank=int(os.environ.get("LOCAL_RANK", self.rank)),
+                          host=socket.gethostname(), pid=os.getpid(),
+                          strategy=_strategy(self.model))
+        first = [RunStarted(self.run_id, config, collect(self.device_info), self._started_s),
+                 TrialStarted(self.precision, 0, 1, time.time())]
+        # the run's start, then the monitor samples buffered before it, in one hold of the
+        # lock: a sample the monitor thread emits meanwhile waits, never lands before them
         with self._lock:
-            early, self._early = self._early, []
-        for sample in early:
-            self._emit(sample)
+            for event in [*first, *self._early]:
+                self._journal.write(event)
+                self.record.apply(event)
+            self._early = []
+            self._run_begun = True  # from here on events go to the journal, not the buffer
 
     def _emit(self, event) -> None:
         with self._lock:
@@ -810,17 +911,39 @@ class Recorder:
                          self._stop_monitor):
             self._guarded(release)  # each one, whatever the others did
         self._guarded(self._write_end, exc)
-        if self.out is not None:
+        if self.out is not None and self.rank != 0:
+            print(f"ampscope: rank {self.rank} journaled to {self.journal_file}; rank 0 writes "
+                  f"the report of all ranks to {self.out}", file=sys.stderr)
+        elif self.out is not None:
             from engine.report.writer import write_report
 
             try:
-                self.report_path = write_report(self.record, self.out)
+                self.report_path = write_report(self._all_ranks(), self.out)
             except Exception as err:  # the out folder vanished, the disk filled up...
                 reason = err.strerror if isinstance(err, OSError) and err.strerror else err
                 self._warn_once("report", f"the report could not be written to {self.out} "
                                 f"({reason}); the run is in its journal: python3 main.py "
                                 f"report {self.journal_file} --out <report file>")
         return self.record
+
+    def _all_ranks(self) -> RunRecord:
+        """The run to report: this process's, or under torchrun every rank's journal
+        merged, once they have all ended (or RANKS_WAIT_S has passed: what is there). A
+        rank's journal exists from its Recorder's start, so a rank that records none (a
+        loop that records on rank 0 alone) is not waited for."""
+        if self.world_size == 1:
+            return self.record
+        from engine.journal import journal_entry, read_run
+        from engine.rank_journals import rank_journals
+
+        deadline = time.monotonic() + RANKS_WAIT_S
+        while time.monotonic() < deadline:
+            paths = rank_journals(self.journal_file)
+            entries = [journal_entry(p) for p in paths]
+            if all(e is not None and e.status != "running" for e in entries):
+                break
+            time.sleep(0.2)
+        return read_run(self.journal_file)
 
     def _guarded(self, fn, *args) -> None:
         try:
@@ -831,6 +954,7 @@ class Recorder:
                             "keeps what was recorded")
 
     def _stop_counter(self) -> None:
+        self._stop_watching(completed=False)  # entered after the counter: leaves first
         if self._counter is not None:  # the run ended inside its counting step
             self._stop_counting(completed=False)
 
@@ -925,11 +1049,13 @@ class Recorder:
                if self.optimizer is not None else 0)
         known = params_bytes + grads + opt
         peak_alloc, peak_res, covers = self._alloc.stop()
+        if self._measured is not None:
+            return self._watched_memory(peak_alloc, peak_res, covers)
         common = dict(
             params_bytes=params_bytes, grads_bytes=grads, optimizer_bytes=opt,
             activations_bytes=None,
-            activations_method="not measured in a user's run (AmpScope does not wrap the "
-                               "user's forward in saved-tensor hooks)",
+            activations_method="not measured: the run ended before its watched step "
+                               f"(step {COUNT_STEP}) ended",
         )
         if peak_alloc is None:
             return MemoryBreakdown(
@@ -941,6 +1067,23 @@ class Recorder:
             **common, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_res,
             temporaries_bytes=None, total_bytes=peak_alloc,
             total_method=f"torch.cuda.max_memory_allocated {covers}")
+
+    def _watched_memory(self, peak_alloc, peak_res, covers) -> MemoryBreakdown:
+        """The watched step's peak and who held it, as a profile trial's memory step."""
+        from engine.trial import breakdown_fields
+
+        fields = breakdown_fields(self._measured, (
+            f"engine.memtrack over the user's step {COUNT_STEP} (untimed by the summary): "
+            "every storage from allocation to release; the largest sum of live bytes"))
+        notes = ("categories are what was held at the peak of the watched step; the batch "
+                 "made by the loop's data loading counts as temporaries, weight copies are "
+                 "autocast's cast weights")
+        if peak_alloc is None:
+            return MemoryBreakdown(**fields, notes=notes)
+        return MemoryBreakdown(
+            **fields, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_res,
+            notes=f"{notes}. torch.cuda.max_memory_allocated {covers} stands beside it: it "
+                  "also sees kernels' scratch memory that no tensor holds")
 
     def _summary(self) -> TrialSummary:
         measured = [s for s in self.steps if not s.warmup]

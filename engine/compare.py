@@ -60,9 +60,11 @@ def baseline_label(record: RunRecord) -> str:
 
 
 def baseline_trial(record: RunRecord) -> TrialResult | None:
-    """The fp32 trial when it finished ok, else None."""
+    """The fp32 trial when it finished ok and there is another trial to set against it,
+    else None (a lone fp32 run compared with itself would read "1.00x", "0.0% saved")."""
     trial = record.trial(baseline_label(record))
-    return trial if trial is not None and trial.status == "ok" else None
+    alone = all(t is trial for t in record.trials)
+    return trial if trial is not None and trial.status == "ok" and not alone else None
 
 
 def baseline_reason(record: RunRecord) -> str | None:
@@ -76,6 +78,9 @@ def baseline_reason(record: RunRecord) -> str | None:
     if trial.status != "ok":
         why = f": {trial.reason}" if trial.reason else ""
         return f"the fp32 trial ended '{trial.status}'{why}, so there is no baseline"
+    if all(t is trial for t in record.trials):
+        return (f"{trial.precision} is this run's only trial: there is nothing to compare "
+                "it against (the vs fp32 columns are n/a)")
     return None
 
 

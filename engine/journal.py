@@ -450,8 +450,13 @@ def journaled_runs() -> list[Path]:
 
 
 def read_run(path: str | os.PathLike) -> RunRecord:
-    """A run from a journal (``.jsonl``) or a JSON report, for ``report`` and File > Open."""
+    """A run from a journal (``.jsonl``) or a JSON report, for ``report`` and File > Open;
+    one rank's journal of a user's torchrun run reads every rank's, merged."""
     if Path(path).suffix.lower() == ".jsonl":
+        from engine.rank_journals import rank_of, read_rank_journals
+
+        if rank_of(Path(path)) is not None:
+            return read_rank_journals(Path(path), read_journal)
         return read_journal(path)
     from engine.report.json_io import read_json
 

@@ -149,7 +149,8 @@ def verdict(record: RunRecord) -> Verdict:
                      "out-of-memory, precisions this device supports) and profile again",
                      reasons=gated)
     why_no_base = baseline_reason(record)
-    if why_no_base:
+    only_fp32 = len(rows) == 1 and baseline_label(record) in rows  # said below, with advice
+    if why_no_base and not only_fp32:
         return _none(why_no_base, "profile again with fp32 among the precisions",
                      reasons=gated)
     if len(rows) == 1:

@@ -1,7 +1,9 @@
 """``main.py watch``: a live terminal view of a run journal, for servers without a desktop.
 
-One line per optimiser step (step, loss, loss scale, tokens/s, MFU, memory) and one per
-scalar a user's loop logged (``Recorder.log``: eval loss...) as the journal grows; it
+One line per optimiser step (step, loss, loss scale, tokens/s, MFU, memory; for a user's
+own loop also the lr its optimizer step used, the grad norm and where the step's time
+went, as milliseconds and a stacked bar) and one per scalar a user's loop logged
+(``Recorder.log``: eval loss...) as the journal grows; it
 ends when the run ends (exit 0), when the process writing the journal is gone without
 ending the run (exit 1), or on Ctrl-C (exit 0, one line).
 Memory is the allocator's (GPU) when the step has it, else the monitor's latest reading
@@ -44,6 +46,39 @@ def _memory(step: StepSample, monitor: MonitorSample | None) -> str:
     return "n/a"
 
 
+BAR_WIDTH = 20  # characters of the stacked time bar
+# (StepSample field, short name, bar character): the step's time split, bottom layer first
+PHASES = (("data_ms", "data", "d"), ("forward_ms", "fwd", "f"), ("backward_ms", "bwd", "b"),
+          ("optimizer_ms", "opt", "o"))
+
+
+def _stacked_bar(parts: list[float]) -> str:
+    """The shares of ``parts`` as BAR_WIDTH characters (largest remainders get the rest)."""
+    total = sum(parts)
+    if total <= 0:
+        return "." * BAR_WIDTH
+    exact = [BAR_WIDTH * p / total for p in parts]
+    counts = [int(e) for e in exact]
+    by_remainder = sorted(range(len(parts)), key=lambda i: exact[i] - counts[i], reverse=True)
+    for i in by_remainder[:BAR_WIDTH - sum(counts)]:
+        counts[i] += 1
+    return "".join(char * n for (_, _, char), n in zip(PHASES, counts))
+
+
+def user_loop_text(step: StepSample) -> str:
+    """lr, grad norm and the time split of a user's step ("" for a profile trial's)."""
+    parts = [getattr(step, field) for field, _, _ in PHASES]
+    if step.learning_rate is None and None in parts:
+        return ""
+    lr = "n/a" if step.learning_rate is None else f"{step.learning_rate:.4g}"
+    norm = "n/a" if step.grad_norm is None else f"{step.grad_norm:.4g}"
+    text = f"  lr {lr}  grad norm {norm}"
+    if None not in parts:
+        split = " ".join(f"{name} {ms:.1f}" for (_, name, _), ms in zip(PHASES, parts))
+        text += f"  ms: {split} [{_stacked_bar(parts)}]"
+    return text
+
+
 def step_line(step: StepSample, monitor: MonitorSample | None) -> str:
     loss = "n/a" if step.loss is None else f"{step.loss:.4f}"
     scale = "n/a" if step.loss_scale is None else f"{step.loss_scale:.4g}"
@@ -51,7 +86,7 @@ def step_line(step: StepSample, monitor: MonitorSample | None) -> str:
     mfu = "n/a" if step.mfu is None else f"{100 * step.mfu:.1f}%"
     notes = (" warm-up" if step.warmup else "") + (" SKIPPED" if step.skipped else "")
     return (f"{step.precision:<10} {step.step:>6} {loss:>10} {scale:>10} {tps:>10} {mfu:>7} "
-            f"{_memory(step, monitor):>16}{notes}")
+            f"{_memory(step, monitor):>16}{user_loop_text(step)}{notes}")
 
 
 def watch(path, say: Callable[[str], None], interval_s: float = 0.5) -> int:

@@ -16,7 +16,14 @@ LIVE_CHARTS: dict[str, tuple[str, str, str | None]] = {
     "monitor_memory": ("GPU memory", "memory (MiB)", None),
     "monitor_power": ("GPU power", "power", "W"),
     "monitor_gpm": ("Tensor pipe / SM activity (GPM)", "activity (%)", None),
+    # a user's own loop (ampscope.Recorder, the Trainer callback): what the loop itself used
+    "learning_rate": ("Learning rate (the optimizer step's)", "lr", None),
+    "grad_norm": ("Grad norm", "2-norm", None),
+    "step_breakdown": ("Where each step's time went (stacked)", "time", "s"),
+    "scalars": ("Logged scalars (rec.log)", "value", None),
 }
+# shown for a user's own run only: a profile trial has no scheduler, phases or rec.log
+USER_RUN_CHARTS = ("learning_rate", "grad_norm", "step_breakdown", "scalars")
 
 # the MFU charts' titles once a run says which peak MFU divides by (both: solid and dashed)
 MFU_TITLES = {

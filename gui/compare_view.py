@@ -167,7 +167,8 @@ class CompareView(QWidget):
         values = {r.precision: r for r in rows}
         self._draw_bars("throughput", labels, [values[p].tokens_per_s for p in labels],
                         [format_cell("speedup_vs_fp32", values[p].speedup_vs_fp32) + " vs fp32"
-                         if values[p].tokens_per_s is not None else None for p in labels],
+                         if values[p].tokens_per_s is not None
+                         and values[p].speedup_vs_fp32 is not None else None for p in labels],
                         record.trials,
                         # the label sits above the whisker, which would strike it through
                         [values[p].tokens_per_s_ci[1] if values[p].tokens_per_s_ci else None

@@ -22,7 +22,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.journal import journal_entries, journal_path, read_journal
+from engine.journal import journal_entries, journal_path, read_run
+from engine.rank_journals import rank_journals, rank_of
 from engine.record import RunRecord
 from gui.history import (
     HistoryEntry,
@@ -88,6 +89,8 @@ class HistoryView(QWidget):
         # runs the database does not hold (a window or CLI run that was killed, a CLI
         # run) are read from their journals in the data folder
         journaled = journal_entries({e.id for e in entries})
+        # a torchrun run journals once per rank: one entry (any rank's file reads them all)
+        journaled = list({j.run_id: j for j in reversed(journaled)}.values())[::-1]
         self._journals = {j.run_id: j.path for j in journaled}
         # a damaged journal is listed (never a reason not to start): the problem is its tip
         problems = {j.run_id: j.problem for j in journaled if j.problem}
@@ -139,7 +142,7 @@ class HistoryView(QWidget):
 
     def _load(self, run_id: str) -> RunRecord:
         if run_id in self._journals:
-            return read_journal(self._journals[run_id])
+            return read_run(self._journals[run_id])
         return self.store.load(run_id)
 
     def open_run(self, run_id: str) -> RunRecord | None:
@@ -156,7 +159,11 @@ class HistoryView(QWidget):
     def delete_run(self, run_id: str) -> None:
         # the journal goes too, or the run would be listed again from it at once
         own = journal_path(run_id) if Path(run_id).name == run_id else None  # no "../"
-        for path in {self._journals.get(run_id), own} - {None}:
+        paths = {self._journals.get(run_id), own} - {None}
+        for path in list(paths):  # a torchrun run: every rank's journal
+            if rank_of(path) is not None:
+                paths.update(rank_journals(path))
+        for path in paths:
             try:
                 path.unlink(missing_ok=True)
             except OSError as exc:

@@ -1,4 +1,6 @@
-"""Live charts of a run: loss, loss scale, step time, throughput, MFU, memory, monitor.
+"""Live charts of a run: loss, loss scale, step time, throughput, MFU, memory, monitor;
+for a user's own loop also its learning rate, grad norm, where each step's time went
+(data, forward, backward, optimizer, stacked) and the scalars it logged with ``rec.log``.
 
 One ``PlotDataItem`` per curve, created the first time its series gets a point in a
 run; points go into numpy ring buffers and a QTimer (15 Hz) hands only the curves that
@@ -25,9 +27,9 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from engine.columns import Columns
-from engine.events import MonitorSample, StepSample, TrialResult
+from engine.events import MonitorSample, ScalarLog, StepSample, TrialResult
 from engine.record import RunRecord
-from gui.chart_specs import LIVE_CHARTS, MFU_TITLES, device_kind
+from gui.chart_specs import LIVE_CHARTS, MFU_TITLES, USER_RUN_CHARTS, device_kind
 from gui.palette import precision_color
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
 from gui.ringbuffer import RingBuffer
@@ -59,6 +61,18 @@ GPM_CURVES = {
     "SM active": ("gpm_sm_util_pct", "#009E73"),
     "DRAM bandwidth": ("gpm_dram_bw_util_pct", "#999999"),
 }
+# stacked time breakdown, bottom layer first: (StepSample field, name, colour)
+BREAKDOWN = (("data_ms", "data", "#E69F00"), ("forward_ms", "forward", "#0072B2"),
+             ("backward_ms", "backward", "#009E73"), ("optimizer_ms", "optimizer", "#CC79A7"))
+# logged scalars take these in the order their names first appear
+SCALAR_COLORS = ("#333333", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
+# charts whose title names their curves in their colours (no precision legend applies)
+TITLED_CHARTS = (*MONITOR_CHARTS, "step_breakdown", "scalars")
+EMPTY_NOTES = {
+    "scalars": "none logged: rec.log(eval_loss=...) charts any scalar at its step",
+    "learning_rate": "n/a: no optimizer step was seen (Recorder without an optimizer)",
+    "step_breakdown": "n/a: no training forward of the model was seen inside the steps",
+}
 # the HTML report draws warm-up steps as hollow markers on the curve: so do these charts
 WARMUP_CHARTS = ("loss", "step_time", "throughput", "mfu", "memory")
 
@@ -79,6 +93,8 @@ class Point:
     dashed: bool = False
     scatter: str | None = None  # marker symbol for marker-only series
     legend: bool = False  # the precision's entry in the legend strip
+    fill: bool = False  # a stacked layer: filled down to zero, lower layers drawn over it
+    layer: int = 0  # stacking order of a filled layer (0 = bottom)
 
 
 def step_points(s: StepSample) -> Iterator[Point]:
@@ -107,6 +123,23 @@ def step_points(s: StepSample) -> Iterator[Point]:
     if s.skipped and scale is not None:
         yield Point("loss_scale", f"{p} skipped", x, scale, color, scatter="o")
     yield Point("memory", f"{p} reserved", x, _mib(s.reserved_bytes), color, dashed=True)
+    yield Point("learning_rate", p, x, s.learning_rate, color)
+    yield Point("grad_norm", p, x, s.grad_norm, color)
+    parts = [getattr(s, field) for field, _, _ in BREAKDOWN]
+    if None not in parts:  # each layer's top is the sum of the layers up to it, in seconds
+        top = 0.0
+        for layer, ((_, name, layer_color), ms) in enumerate(zip(BREAKDOWN, parts)):
+            top += ms / 1000.0
+            yield Point("step_breakdown", name, x, top, layer_color, fill=True, layer=layer)
+
+
+def scalar_points(log: ScalarLog, names: list[str]) -> Iterator[Point]:
+    """The point a logged scalar adds; ``names``: the scalar names seen so far, in order
+    (a new one is appended), which pick its colour."""
+    if log.name not in names:
+        names.append(log.name)
+    color = SCALAR_COLORS[names.index(log.name) % len(SCALAR_COLORS)]
+    yield Point("scalars", log.name, float(log.step), log.value, color)
 
 
 # monitor curve -> (chart, MonitorSample field, colour, which polls: "any", "host" or
@@ -190,6 +223,9 @@ def record_series(record: RunRecord, precisions: Iterable[str]) -> list[SeriesDa
     for p in precisions:
         for step in record.steps(p):
             add(step_points(step))
+    names: list[str] = []
+    for log in record.scalars:
+        add(scalar_points(log, names))
     t0 = record.started_s or (record.monitor_samples[0].time_s if record.monitor_samples else 0)
     if isinstance(record.monitor_samples, Columns):
         monitor = _monitor_series(record.monitor_samples, t0)
@@ -267,6 +303,7 @@ class LiveCharts(QWidget):
         self._timer.timeout.connect(self._redraw_if_shown)
         self._timer.start()
         self.clear()
+        self.set_source("profile")
 
     @staticmethod
     def _make_note(view: pg.ViewBox) -> pg.TextItem:
@@ -288,7 +325,11 @@ class LiveCharts(QWidget):
         series = self._series.get(key)
         if series is None:
             plot = self.plots[point.chart]
-            if point.scatter:
+            if point.fill:  # lower layers in front: each shows down to the one below
+                item = plot.plot(pen=pg.mkPen(point.color, width=1), fillLevel=0.0,
+                                 brush=pg.mkBrush(point.color))
+                item.setZValue(len(BREAKDOWN) - point.layer)
+            elif point.scatter:
                 item = pg.ScatterPlotItem(symbol=point.scatter, size=8,
                                           pen=pg.mkPen(point.color, width=1.5),
                                           brush=pg.mkBrush("w"))
@@ -302,7 +343,7 @@ class LiveCharts(QWidget):
             if point.legend:
                 # report text (a precision name) is shown as text, never as markup
                 self.legend.addItem(item, html.escape(point.name))
-            if point.chart in MONITOR_CHARTS:
+            if point.chart in TITLED_CHARTS:
                 self._retitle(point.chart)
             elif point.chart == "mfu":
                 self._retitle_mfu()
@@ -330,6 +371,10 @@ class LiveCharts(QWidget):
         for point in step_points(s):
             self._add(point)
 
+    def add_scalar(self, log: ScalarLog) -> None:
+        for point in scalar_points(log, self._scalar_names):
+            self._add(point)
+
     def add_monitor(self, m: MonitorSample) -> None:
         if self._t0 is None:
             self._t0 = m.time_s
@@ -350,6 +395,12 @@ class LiveCharts(QWidget):
         hidden rather than shown as empty charts."""
         for key in GPU_ONLY_CHARTS:
             self.plots[key].setVisible(kind != "cpu")
+
+    def set_source(self, source: str | None) -> None:
+        """A user's own loop (any source but "profile") shows its lr, grad norm, time
+        breakdown and logged scalars; a profile run has none of them, so no such charts."""
+        for key in USER_RUN_CHARTS:
+            self.plots[key].setVisible((source or "profile") != "profile")
 
     def begin(self, time_s: float) -> None:
         """The run's start: monitor charts count seconds from here."""
@@ -406,7 +457,8 @@ class LiveCharts(QWidget):
             self.plots[key].setLabel("left", label, units=units)
 
     def _retitle(self, chart: str) -> None:
-        """A monitor chart's title names its curves in their colours (its legend)."""
+        """A monitor, breakdown or scalars chart's title names its curves in their colours
+        (its legend)."""
         keys = [f'<span style="color:{s.color}">━ '
                 f'{html.escape(name)}</span>'
                 for (c, name), s in self._series.items() if c == chart]
@@ -426,6 +478,7 @@ class LiveCharts(QWidget):
         self._trial_lines.clear()
         self._t0 = None
         self._host = False
+        self._scalar_names: list[str] = []
         self._reasons.clear()
         self._steps_per_trial = steps_per_trial
         self._x_page.clear()
@@ -447,6 +500,7 @@ class LiveCharts(QWidget):
         config = record.config or {}
         self.clear(config.get("warmup", 0) + config.get("steps", 0) or None)
         self.set_device_kind(device_kind(record.environment))
+        self.set_source(config.get("source"))
         self.begin(record.started_s)
         if any(s.style.name == "CPU %" for s in series):
             self._use_host_titles()
@@ -473,7 +527,8 @@ class LiveCharts(QWidget):
         """Draw what is pending and mark charts the run left empty as n/a."""
         self.flush()
         for chart in CHARTS:
-            self._set_note(chart, self._reasons.get(chart, "n/a: not reported for this run"))
+            self._set_note(chart, self._reasons.get(chart, EMPTY_NOTES.get(
+                chart, "n/a: not reported for this run")))
 
     # --- drawing --------------------------------------------------------------------
 
@@ -499,7 +554,9 @@ class LiveCharts(QWidget):
         # a hidden tab or a minimised window paints nothing: it catches up when shown
         if not self.isVisible() or self.window().isMinimized():
             return
-        dirty = {chart for (chart, _), s in self._series.items() if s.dirty}
+        # a hidden chart (a profile run's grad norm) stays dirty: drawn once it is shown
+        dirty = {chart for (chart, _), s in self._series.items()
+                 if s.dirty and self.plots[chart].isVisible()}
         keys = list(CHARTS)
         drawn = 0
         for i in range(len(keys)):
@@ -525,6 +582,13 @@ class LiveCharts(QWidget):
             series.item.setData(x, series.y.view())
             if len(x):
                 self._page_x(chart, float(x[-1]))
+
+    def curve_data(self, chart: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """The x and y the drawn curve was given (empty when it was never drawn)."""
+        series = self._series.get((chart, name))
+        if series is None or series.item.xData is None:
+            return np.array([]), np.array([])
+        return np.asarray(series.item.xData), np.asarray(series.item.yData)
 
     def curve_points(self, chart: str, name: str) -> int:
         """How many points the drawn curve was given (0 when it was never drawn)."""

@@ -37,6 +37,7 @@ from engine.events import (
     PhaseChanged,
     RunFinished,
     RunStarted,
+    ScalarLog,
     StepSample,
     TrialFinished,
     TrialStarted,
@@ -427,9 +428,12 @@ class MainWindow(QMainWindow):
             self._latest_steps[event.precision] = event
         elif isinstance(event, MonitorSample):
             self.charts.add_monitor(event)
+        elif isinstance(event, ScalarLog):
+            self.charts.add_scalar(event)
         elif isinstance(event, RunStarted):
             self.charts.begin(event.time_s)
             self.charts.set_device_kind(device_kind(event.environment))
+            self.charts.set_source(event.config.get("source"))
             self.setWindowTitle(f"AmpScope — run {event.run_id} (running)")
             self._log("info", f"run {event.run_id} started on "
                       f"{event.environment.get('device', {}).get('description', 'n/a')}")
@@ -466,6 +470,7 @@ class MainWindow(QMainWindow):
                 outcome = f"Watched run {self.record.run_id}: " + outcome.removeprefix(
                     "Run ").replace("cancelled", "stopped by its own process", 1)
             self.statusBar().showMessage(outcome)
+            self.setWindowTitle(f"AmpScope — run {self.record.run_id}")
 
     def _show_phase(self, precision: str, phase: str, round_: int, said: bool = True) -> None:
         """The phase in the trial's row and the status bar, with the round when there are
@@ -480,11 +485,18 @@ class MainWindow(QMainWindow):
 
     def _outcome(self, record: RunRecord) -> str:
         """How the run ended, in words; the progress bar says it too."""
-        done = self.run_progress.value() * 100 // max(1, self.run_progress.maximum())
+        if self.run_progress.maximum() == 0:  # no known length (a user's loop): its steps
+            steps = sum(len(record.steps(p)) for p in record_precisions(record))
+            self.run_progress.setRange(0, 1)  # the busy bar stops
+            self.run_progress.setValue(1)
+            where, done_text = f"after {steps} steps", f"done: {steps} steps"
+        else:
+            done = self.run_progress.value() * 100 // max(1, self.run_progress.maximum())
+            where, done_text = f"at {done}%", "done"
         failed = [t for t in record.trials if t.status not in ("ok", "cancelled")]
         if record.status == "cancelled":
-            self.run_progress.setFormat(f"cancelled at {done}%")
-            return f"Run cancelled at {done}%: the steps measured so far are kept"
+            self.run_progress.setFormat(f"cancelled {where}")
+            return f"Run cancelled {where}: the steps measured so far are kept"
         if record.status == "error" and not record.trials:
             self.run_progress.setFormat("failed")
             return "Run failed: see the log"
@@ -492,7 +504,7 @@ class MainWindow(QMainWindow):
         if failed:
             self.run_progress.setFormat(f"{len(failed)} of {total} failed")
             return f"Run finished: {len(failed)} of {total} trials failed (see Trials)"
-        self.run_progress.setFormat("done")
+        self.run_progress.setFormat(done_text)
         return f"Run finished: all {total} trials ok"
 
     def _show_progress(self) -> None:
@@ -501,6 +513,14 @@ class MainWindow(QMainWindow):
         Called at the redraw rate, with the newest step of each trial for the table."""
         for step in self._latest_steps.values():
             self.trial_table.add_step(step)
+        if self.record is not None and self.run_progress.maximum() == 0:
+            # a user's loop has no known length: the bar is busy, the count is said here
+            for step in self._latest_steps.values():
+                count = len(self.record.steps(step.precision))
+                self.statusBar().showMessage(f"{step.precision}: training… {count} steps "
+                                             "so far")
+            self._latest_steps.clear()
+            return
         self._latest_steps.clear()
         if self.record is None:
             return
@@ -643,11 +663,12 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(
                 f"Watching run {event.run_id}: {config.get('model', 'n/a')}, "
                 f"{', '.join(config.get('precisions', []))}")
-            # a user's own loop has no untimed steps and no planned step count
+            # a user's own loop has no untimed steps and no planned step count: 0, and the
+            # bars show busy instead of a share of an unknown total
             steps = (trial_units(config) if config.get("source", "profile") == "profile"
                      else config.get("warmup", 0) + config.get("steps", 0))
             self.trial_table.reset(list(config.get("precisions", [])), steps)
-            self.run_progress.setRange(0, max(1, steps * len(config.get("precisions", []))))
+            self.run_progress.setRange(0, steps * len(config.get("precisions", [])))
             self.run_progress.setValue(0)
             self._phases.clear()
             self._rounds = 1
@@ -656,6 +677,11 @@ class MainWindow(QMainWindow):
 
     def _on_watch_errored(self, message: str) -> None:
         self._progress_timer.stop()
+        if self.run_progress.maximum() == 0:  # the busy bar stops
+            self.run_progress.setRange(0, 1)
+            self.run_progress.setFormat("stopped watching")
+        if self.record is not None and self.record.run_id:
+            self.setWindowTitle(f"AmpScope — run {self.record.run_id} (interrupted)")
         self._log("error", f"stopped watching: {message}")
         self.statusBar().showMessage(f"Stopped watching: {message}")
 
@@ -720,6 +746,7 @@ class MainWindow(QMainWindow):
         else:
             self.numerics_view.clear(f"Run {record.run_id} has no numerics: run the lab here.")
         self.setWindowTitle(f"AmpScope — run {record.run_id}")
+        self.run_progress.setRange(0, 100)  # a watched user's run left it busy
         self.run_progress.setValue(0)
         self.run_progress.setFormat("run %p%")
         self.statusBar().showMessage(f"Showing run {record.run_id} ({record.status})")

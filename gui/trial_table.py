@@ -34,9 +34,10 @@ class TrialTable(QTableWidget):
         self._steps_per_trial = 1
 
     def reset(self, precisions: list[str], steps_per_trial: int) -> None:
+        """``steps_per_trial`` 0: not known (a user's own loop): the bars show busy."""
         self.setRowCount(0)
         self._rows.clear()
-        self._steps_per_trial = max(1, steps_per_trial)
+        self._steps_per_trial = max(0, steps_per_trial)
         for p in precisions:
             self._row(p)
 
@@ -78,7 +79,8 @@ class TrialTable(QTableWidget):
 
     def add_step(self, s: StepSample) -> None:
         row = self._row(s.precision)
-        self.cellWidget(row, 2).setValue(min(s.step + 1, self._steps_per_trial))
+        if self._steps_per_trial:
+            self.cellWidget(row, 2).setValue(min(s.step + 1, self._steps_per_trial))
         self.item(row, 3).setText(format_cell("median_step_ms", s.step_ms))
         self.item(row, 4).setText(format_cell("tokens_per_s", s.tokens_per_s))
 
@@ -88,13 +90,17 @@ class TrialTable(QTableWidget):
             self.cellWidget(row, 2).setRange(0, self._steps_per_trial)
 
     def set_progress(self, precision: str, value: int) -> None:
+        if not self._steps_per_trial:
+            return
         self.cellWidget(self._row(precision), 2).setValue(min(value, self._steps_per_trial))
 
     def finish_trial(self, trial: TrialResult) -> None:
         row = self._row(trial.precision)
         self.set_status(trial.precision, trial.status, trial.reason or "")
+        bar = self.cellWidget(row, 2)
+        if bar.maximum() == 0:  # an unknown length ended: the busy bar stops
+            bar.setRange(0, 1)
         if trial.status == "ok":
-            bar = self.cellWidget(row, 2)
             bar.setValue(bar.maximum())
         if trial.summary is not None:
             self.item(row, 3).setText(format_cell("median_step_ms", trial.summary.median_step_ms))

@@ -35,7 +35,8 @@ def distributed_lines(record: RunRecord) -> list[str]:
                 f"{_mib(m.unsharded_params_bytes)}), grads {_mib(m.grads_bytes)}, optimizer "
                 f"{_mib(m.optimizer_bytes)}, activations {_mib(m.activations_bytes)}, buckets "
                 f"{_mib(m.comm_buffers_bytes)}; total {_mib(m.total_bytes)}, predicted "
-                f"{_mib(r.predicted_memory.total_bytes)} ({err})")
+                f"{_mib(r.predicted_memory.total_bytes if r.predicted_memory else None)} "
+                f"({err})")
         for c in d.comm:
             expected = "n/a" if c.expected_bytes is None else format_bytes(c.expected_bytes)
             lines.append(f"  {c.collective} {c.dtype}: {_mib(c.measured_bytes)} per step "

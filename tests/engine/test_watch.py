@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from engine.events import (
     MonitorSample,
     RunFinished,
@@ -131,3 +133,54 @@ def test_follower_returns_only_complete_new_lines(tmp_path):
     writer._fh.flush()
     assert follower.poll() == [RunFinished("ok", 2.0)] and follower.finished
     writer.close()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_watch_prints_a_recorder_runs_lr_grad_norm_time_split_and_scalars(tmp_path, family):
+    """A user's loop (real Recorder, a scheduler, rec.log every other step): each step's
+    line has the lr its optimizer step used, the grad norm, the time split and its bar."""
+    import torch
+
+    import ampscope
+    from engine.journal import read_journal
+    from tests.engine.test_recorder import padded_batch, tiny_gpt2, tiny_llama
+
+    model = {"gpt2": tiny_gpt2, "llama": tiny_llama}[family]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    journal = tmp_path / "mine.jsonl"
+    used_lr, norms, evals = [], [], {}
+    with ampscope.Recorder(model, opt, journal=journal) as rec:
+        for it in range(5):
+            loss = model(**padded_batch(it)).loss
+            loss.backward()
+            norms.append(float(torch.linalg.vector_norm(torch.stack(
+                [p.grad.norm() for p in model.parameters() if p.grad is not None]))))
+            used_lr.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            if it % 2:
+                evals[it] = loss.item() / 2
+                rec.log(eval_loss=evals[it])
+            rec.step(loss=loss)
+    done = subprocess.run([sys.executable, str(ROOT / "main.py"), "watch", str(journal)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    steps = read_journal(journal).trials[0].steps
+    lines = [line for line in done.stdout.splitlines() if " lr " in line]
+    assert len(lines) == 5
+    for line, lr, norm, s in zip(lines, used_lr, norms, steps):
+        assert f"lr {lr:.4g} " in line
+        printed_norm = float(line.split("grad norm ")[1].split()[0])
+        assert printed_norm == pytest.approx(norm, rel=1e-3)
+        split = [s.data_ms, s.forward_ms, s.backward_ms, s.optimizer_ms]
+        assert f"ms: data {split[0]:.1f} fwd {split[1]:.1f} bwd {split[2]:.1f} " \
+               f"opt {split[3]:.1f}" in line
+        bar = line.split("[")[1].split("]")[0]
+        assert len(bar) == 20
+        # each phase's characters are its share of the step, to within one character
+        for char, ms in zip("dfbo", split):
+            assert abs(bar.count(char) - 20 * ms / sum(split)) < 1
+    for it, value in evals.items():
+        assert f"{it:>6} eval_loss = {value:.6g}" in done.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from engine.config import RunConfig
+from gui.chart_specs import USER_RUN_CHARTS
 from gui.main_window import MainWindow
 from tests.gui.clicks import RUN_TIMEOUT_MS, click, click_tab, fill_form
 
@@ -22,10 +23,11 @@ def test_axes_use_plain_units_and_whole_powers_of_two(qtbot):
         click(window.run_button)
     record = blocker.args[0]
     charts = window.charts
-    # a CPU run shows no GPU charts (CUDA allocator counters, NVML GPM), the rest it shows
+    # a CPU run shows no GPU charts (CUDA allocator counters, NVML GPM), and a profile run
+    # none of a user's loop (lr, grad norm, time split, logged scalars); the rest it shows
     assert record.environment["device"]["kind"] == "cpu"
     hidden = {k for k, p in charts.plots.items() if not p.isVisible()}
-    assert hidden == {"memory", "monitor_gpm"}
+    assert hidden == {"memory", "monitor_gpm", *USER_RUN_CHARTS}
     click_tab(window.tabs, "Compare")
     plots = {**{f"live {k}": p for k, p in charts.plots.items()},
              **{f"compare {k}": p for k, p in window.compare_view.plots.items()}}
