@@ -56,7 +56,7 @@ def test_help_and_presets_describe_every_precision():
     assert list(texts) == ["fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", "int8",
                            "nf4", "fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "+adamw", "+sgd",
                            "+adamw8bit", "+adamw8bit-ao", "+adamw4bit", "+adamw-fp8",
-                           "+adamw-bf16-sr"]
+                           "+adamw-bf16-sr", ":keep-ends", ":keep-attn"]
     width = max(map(len, texts))
     for args in (["presets"], ["profile", "--help"], ["footprint", "--help"]):
         run = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True,

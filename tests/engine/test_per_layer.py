@@ -2,7 +2,12 @@
 exactly the Linear layers the option names in bf16, its module tree says so, and its
 counted FLOPs split between bf16 and fp8 as those layers' shapes say."""
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import transformers as tf
@@ -14,6 +19,7 @@ from engine.device import probe
 from engine.trial import run_trial
 
 CPU = probe("cpu")
+ROOT = Path(__file__).resolve().parents[2]
 B, S = 2, 16  # float8 GEMMs need tokens per micro-batch divisible by 16
 LAYERS = 3  # a middle block, so keep-ends leaves something in fp8
 
@@ -97,3 +103,41 @@ def test_the_option_is_refused_up_front_where_no_recipe_takes_it():
     for bad in ("bf16-amp:keep-ends", "fp8:keep-mlp", "fp8:"):
         with pytest.raises(ValueError, match="fp8:keep-ends"):
             parse_precisions(bad)
+
+
+def _cli(args, tmp_path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AMPSCOPE_DATA_DIR": str(tmp_path / "data")}
+    return subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, text=True,
+                          capture_output=True, env=env, timeout=600)
+
+
+def test_the_cli_refuses_a_bad_option_before_the_run(tmp_path):
+    run = _cli(["profile", "--precision", "fp32,bf16-amp:keep-attn"], tmp_path)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        "ampscope: error: 'bf16-amp:keep-attn': a ':keep-...' suffix takes one of "
+        ":keep-ends, :keep-attn after one of fp8, fp8-rowwise, fp8-rowwise-gw-hp, "
+        "e.g. fp8:keep-ends"]
+
+
+def test_the_cli_report_shows_the_attention_in_bf16(tmp_path):
+    out, traces = tmp_path / "r.json", tmp_path / "traces"
+    run = _cli(["profile", "--model", "tiny", "--precision", "fp8,fp8:keep-attn",
+                "--batch-size", "1", "--seq-len", "16", "--steps", "1", "--warmup", "0",
+                "--device", "cpu", "--isolation", "inline", "--quiet", "--out", str(out),
+                "--trace", str(traces)], tmp_path)
+    assert run.returncode == 0, run.stderr
+    trials = {t["precision"]: t for t in json.loads(out.read_text())["trials"]}
+    for label, attention in (("fp8", "fp8"), ("fp8:keep-attn", "bf16")):
+        trial = trials[label]
+        assert trial["status"] == "ok", trial["reason"]
+        linears = {m["name"]: m["matmul_dtype"] for m in trial["module_tree"]
+                   if m["type"] in ("Linear", "Float8Linear")}
+        assert linears["lm_head"] == "bf16"
+        blocks = {n: d for n, d in linears.items() if n.startswith("transformer.h.")}
+        assert blocks and all(d == (attention if ".attn." in n else "fp8")
+                              for n, d in blocks.items())
+    assert "attention blocks keep their Linear layers" in trials["fp8:keep-attn"]["recipe"]
+    # no ':' in a file name (Windows reads it as a stream of another file)
+    assert sorted(p.name for p in traces.iterdir()) == ["fp8.trace.json",
+                                                        "fp8_keep-attn.trace.json"]
