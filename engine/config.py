@@ -60,6 +60,11 @@ def split_keep(name: str) -> tuple[str, str | None]:
     return base, keep if colon else None
 
 
+def recipe_name(label: str) -> str:
+    """The table recipe a label builds on, every suffix dropped: "fp8:keep-ends+sgd" -> "fp8"."""
+    return split_keep(split_label(label)[0])[0]
+
+
 def base_precision(label: str) -> str:
     """The recipe a trial label trains in, its optimiser and reduction suffixes dropped."""
     return split_label(label)[0]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import gating, nvml
-from engine.config import BF16_EMULATED, PRECISIONS
+from engine.config import BF16_EMULATED, PRECISIONS, recipe_name
 from engine.recipes import recipe
 
 
@@ -94,14 +94,15 @@ class DeviceInfo:
         return "yes"
 
     def unsupported_reason(self, precision: str) -> str | None:
-        return self.unsupported.get(precision)
+        return self.unsupported.get(recipe_name(precision))
 
     def verdict(self, precision: str) -> gating.Verdict | None:
-        """The gating verdict, with "unsupported" where the probe found a missing library."""
-        reason = self.unsupported.get(precision)
+        """The gating verdict, with "unsupported" where the probe found a missing library;
+        a label with suffixes ("fp8:keep-ends+sgd") has its recipe's."""
+        reason = self.unsupported_reason(precision)
         if reason is not None:
             return gating.Verdict("unsupported", reason)
-        return self.verdicts.get(precision)
+        return self.verdicts.get(recipe_name(precision))
 
     @property
     def torch_device(self) -> torch.device:

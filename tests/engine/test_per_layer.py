@@ -68,6 +68,7 @@ def test_kept_layers_run_bf16_and_their_flops_are_filed_there(tmp_path, family, 
                     steps=1, warmup=0, device="cpu", isolation="inline", profile_step=False)
     result = run_trial(run, label, CPU, lambda e: None, lambda: False)
     assert result.status == "ok", result.reason
+    assert result.support == "emulated"  # fp8's verdict on the CPU, the suffix kept
 
     layers = _matmul_layers(model_class, config)
     bf16 = _expected_bf16(layers, keep, block_re, attn_parts)
