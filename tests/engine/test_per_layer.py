@@ -16,6 +16,8 @@ from transformers.pytorch_utils import Conv1D
 
 from engine.config import RunConfig, parse_precisions
 from engine.device import probe
+from engine.report.html import render_html
+from engine.report.json_io import read_json
 from engine.trial import run_trial
 
 CPU = probe("cpu")
@@ -139,6 +141,15 @@ def test_the_cli_report_shows_the_attention_in_bf16(tmp_path):
         assert blocks and all(d == (attention if ".attn." in n else "fp8")
                               for n, d in blocks.items())
     assert "attention blocks keep their Linear layers" in trials["fp8:keep-attn"]["recipe"]
+    # the HTML report's module tree: a "matmuls in" column, read row by row
+    page = render_html(read_json(out))
+    rows = re.findall(r"<tr><td><span[^>]*>([^<]+)</span></td>(?:(?!</tr>).)*"
+                      r"<td>([^<]+)</td></tr>", page)
+    assert "<th>matmuls in</th>" in page
+    assert ("transformer.h.0.attn.c_attn", "bf16") in rows
+    assert ("transformer.h.0.attn.c_attn", "fp8") in rows  # the plain fp8 trial
+    assert ("transformer.h.0.mlp.c_fc", "fp8") in rows
+    assert ("transformer.h.0", "bf16, fp8") in rows
     # no ':' in a file name (Windows reads it as a stream of another file)
     assert sorted(p.name for p in traces.iterdir()) == ["fp8.trace.json",
                                                         "fp8_keep-attn.trace.json"]
