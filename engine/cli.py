@@ -21,8 +21,8 @@ from engine.config import (
     OPTIMIZERS,
     PRECISIONS,
     RunConfig,
-    base_precision,
     parse_precisions,
+    recipe_name,
 )
 
 EXIT_FAILED = 1  # trials failed, or the report could not be written
@@ -248,7 +248,7 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
     from engine.events import to_dict
     from engine.runner import run_lab_in_child
 
-    lab_args = dict(model=config.model, precision=base_precision(config.precisions[0]),
+    lab_args = dict(model=config.model, precision=recipe_name(config.precisions[0]),
                     device=config.device,
                     batch_size=config.batch_size, seq_len=config.seq_len, seed=config.seed,
                     trials=[to_dict(t) for t in record.trials],

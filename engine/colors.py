@@ -26,6 +26,8 @@ PRECISION_COLORS: dict[str, str] = {
 }
 
 _REDUCE_TINT = {"bf16": 0.35, "fp16": 0.55, "fp32": 0.15}  # share of white mixed in
+# a "recipe:keep-..." label (layers kept in bf16): lighter still, beside its recipe
+_KEEP_TINT = {"keep-ends": 0.2, "keep-attn": 0.3}
 # a "recipe+optim" label: its recipe's colour darkened by a share of black per optimizer
 _OPTIM_SHADE = {"adamw": 0.1, "sgd": 0.2, "adamw8bit": 0.3, "adamw8bit-ao": 0.4,
                 "adamw4bit": 0.55, "adamw-fp8": 0.45, "adamw-bf16-sr": 0.25}
@@ -37,10 +39,11 @@ def color_of(label: str, default: str = "#444444") -> str:
     its base, yet told apart from it."""
     base, _, reduce = label.partition("@")
     base, _, optim = base.partition("+")
+    base, _, keep = base.partition(":")
     color = PRECISION_COLORS.get(base)
     if color is None:
         return default
-    tint = _REDUCE_TINT.get(reduce, 0.0)
+    tint = _REDUCE_TINT.get(reduce, 0.0) + _KEEP_TINT.get(keep, 0.0)
     shade = _OPTIM_SHADE.get(optim, 0.0)
     rgb = [int(color[i:i + 2], 16) * (1 - shade) for i in (1, 3, 5)]
     return "#" + "".join(f"{round(c + (255 - c) * tint):02X}" for c in rgb)

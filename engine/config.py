@@ -50,6 +50,10 @@ REDUCE_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")  # the "@dtype" suffix
 TORCHRUN_FLAGS: tuple[str, ...] = ("--nnodes", "--node-rank", "--rdzv-backend", "--rdzv-endpoint",
                                    "--rdzv-id", "--master-addr", "--master-port")
 INTERLEAVE: tuple[str, ...] = ("auto", "on", "off")  # see engine/rounds.py
+# the ":keep-..." suffix of a recipe: Linear layers left in high precision while the rest
+# are converted (torchao's module filter); the recipes whose conversion takes that filter
+KEEP_HIGH: tuple[str, ...] = ("keep-ends", "keep-attn")
+PER_LAYER_RECIPES: tuple[str, ...] = ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp")
 
 
 def split_label(label: str) -> tuple[str, str | None, str]:
@@ -57,6 +61,17 @@ def split_label(label: str) -> tuple[str, str | None, str]:
     name, _, reduce = label.partition("@")  # "fp32@bf16": gradients reduced in bf16
     name, plus, optim = name.partition("+")
     return name, optim if plus else None, reduce
+
+
+def split_keep(name: str) -> tuple[str, str | None]:
+    """``"fp8:keep-attn"`` -> ("fp8", "keep-attn"); a recipe without the suffix -> (name, None)."""
+    base, colon, keep = name.partition(":")
+    return base, keep if colon else None
+
+
+def recipe_name(label: str) -> str:
+    """The table recipe a label builds on, every suffix dropped: "fp8:keep-ends+sgd" -> "fp8"."""
+    return split_keep(split_label(label)[0])[0]
 
 
 def base_precision(label: str) -> str:
@@ -72,6 +87,11 @@ def parse_precisions(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
         raise ValueError(f"no precision given: choose from {', '.join(PRECISIONS)}")
     for label in names:
         name, optim, reduce = split_label(label)
+        name, keep = split_keep(name)
+        if keep is not None and (keep not in KEEP_HIGH or name not in PER_LAYER_RECIPES):
+            raise ValueError(f"'{label}': a ':keep-...' suffix takes one of "
+                             f"{', '.join(':' + k for k in KEEP_HIGH)} after one of "
+                             f"{', '.join(PER_LAYER_RECIPES)}, e.g. fp8:keep-ends")
         if reduce and reduce not in REDUCE_DTYPES:
             raise ValueError(f"unknown gradient-reduction dtype '@{reduce}': "
                              f"use one of {', '.join('@' + d for d in REDUCE_DTYPES)}")

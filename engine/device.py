@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import amd_smi, gating, nvml
-from engine.config import BF16_EMULATED, PRECISIONS, base_precision
+from engine.config import BF16_EMULATED, PRECISIONS, recipe_name
 from engine.recipes import recipe
 
 
@@ -96,16 +96,15 @@ class DeviceInfo:
         return "yes"
 
     def unsupported_reason(self, precision: str) -> str | None:
-        return self.unsupported.get(precision)
+        return self.unsupported.get(recipe_name(precision))
 
     def verdict(self, precision: str) -> gating.Verdict | None:
         """The gating verdict, with "unsupported" where the probe found a missing library;
-        a "RECIPE+OPTIM@dtype" label takes its recipe's."""
-        precision = base_precision(precision)
-        reason = self.unsupported.get(precision)
+        a label with suffixes ("fp8:keep-ends+sgd") has its recipe's."""
+        reason = self.unsupported_reason(precision)
         if reason is not None:
             return gating.Verdict("unsupported", reason)
-        return self.verdicts.get(precision)
+        return self.verdicts.get(recipe_name(precision))
 
     @property
     def torch_device(self) -> torch.device:

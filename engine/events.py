@@ -237,6 +237,9 @@ class ModuleInfo:
     bytes: int
     params: int
     quantized: bool
+    # the dtype(s) its matmul layers multiply in ("fp8", "bf16", "bf16, fp8" for a parent
+    # of both); None where not known (bitsandbytes layers, a user's own loop)
+    matmul_dtype: str | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from engine.events import ModuleInfo, ParamInfo
 
@@ -74,14 +75,38 @@ def dtype_map(model: nn.Module) -> list[ParamInfo]:
     return rows
 
 
-def module_tree(model: nn.Module, max_depth: int | None = None) -> list[ModuleInfo]:
+def _is_float8(module: nn.Module) -> bool:
+    return type(module).__name__ == "Float8Linear"  # torchao's, without importing torchao
+
+
+def matmul_dtypes(model: nn.Module, high: str | None) -> dict[str, str]:
+    """Qualified name -> the dtype each Linear / GPT-2 Conv1D layer multiplies in: "fp8"
+    for a torchao Float8Linear, ``high`` (the recipe's compute dtype) for the others;
+    bitsandbytes layers and, with ``high`` None, unconverted layers are left out."""
+    found = {}
+    for name, module in model.named_modules():
+        if _is_float8(module):
+            found[name] = "fp8"
+        elif (isinstance(module, nn.Linear | Conv1D) and high is not None
+              and not is_quantized(module.weight)):
+            found[name] = high
+    return found
+
+
+def module_tree(model: nn.Module, max_depth: int | None = None,
+                high_dtype: str | None = None) -> list[ModuleInfo]:
     """Modules in pre-order (root first, named ""), each with its subtree's unique params.
 
     ``quantized`` marks a bitsandbytes layer and every module that contains one, so a
-    tree folded at any depth still shows where the quantised weights are.
+    tree folded at any depth still shows where the quantised weights are; likewise
+    ``matmul_dtype`` names every dtype the matmul layers under a module run in (see
+    ``matmul_dtypes``), so a per-layer recipe shows which blocks stayed in bf16.
     """
+    dtypes = matmul_dtypes(model, high_dtype)
     rows = []
     for name, module in model.named_modules():
+        under = {d for leaf, d in dtypes.items()
+                 if not name or leaf == name or leaf.startswith(name + ".")}
         depth = name.count(".") + 1 if name else 0
         if max_depth is not None and depth > max_depth:
             continue
@@ -94,6 +119,7 @@ def module_tree(model: nn.Module, max_depth: int | None = None) -> list[ModuleIn
                 bytes=sum(storage_bytes(p) for p in params),
                 params=sum(logical_numel(p) for p in params),
                 quantized=any(is_quantized(p) for p in params),
+                matmul_dtype=", ".join(sorted(under)) or None,
             )
         )
     return rows

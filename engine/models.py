@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.per_layer import kept_high
 from engine.presets import get_preset, presets
 from engine.recipes import MX_BLOCK, MX_MULTIPLE, Recipe, float8_config, mx_training_recipe
 from engine.recipes import recipe as get_recipe
@@ -495,8 +496,10 @@ def load_model(
         from torchao.float8 import convert_to_float8_training
 
         conv1d_to_linear(net)
-        convert_to_float8_training(net, config=float8_config(recipe),
-                                   module_filter_fn=_fp8_filter)
+        kept = kept_high(net, recipe.keep_high)  # a ":keep-..." recipe's bf16 layers
+        convert_to_float8_training(
+            net, config=float8_config(recipe),
+            module_filter_fn=lambda mod, fqn: fqn not in kept and _fp8_filter(mod, fqn))
         if device.type != "cuda":
             _cast_float8_inputs_under_cpu_autocast(net)
     if recipe.mx:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import PRECISIONS, parse_precisions, split_label
+from engine.config import PRECISIONS, parse_precisions, split_keep, split_label
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Recipe:
     float8_recipe: str | None = None
     optimizer: str | None = None  # a "+optim" label's own optimiser; None: the run's --optimizer
     mx: str | None = None  # block-scaled format its Linear layers train in: "mxfp8", "nvfp4"
+    keep_high: str | None = None  # a ":keep-..." label's layers left in bf16 (engine/per_layer.py)
 
 
 _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -114,17 +115,33 @@ def float8_config(rec: Recipe):
 
 
 def recipe(precision: str) -> Recipe:
-    """The recipe of a trial label; ``"fp32+adamw8bit"`` is fp32's, with its own optimiser."""
-    if "+" in precision:
+    """The recipe of a trial label; ``"fp32+adamw8bit"`` is fp32's, with its own optimiser,
+    ``"fp8:keep-attn"`` fp8's with its attention layers left in bf16."""
+    if "+" in precision or ":" in precision:
         parse_precisions([precision])  # the ValueError that names the choices
         name, optim, _ = split_label(precision)
-        return dataclasses.replace(RECIPES[name], precision=precision, optimizer=optim)
+        name, keep = split_keep(name)
+        base = RECIPES[name]
+        text = base.description
+        if keep:
+            text = f"{text}; {KEEP_TEXT[keep]}"
+        return dataclasses.replace(base, precision=precision, optimizer=optim, keep_high=keep,
+                                   description=text)
     try:
         return RECIPES[precision]
     except KeyError:
         raise ValueError(
             f"unknown precision '{precision}': choose from {', '.join(PRECISIONS)}"
         ) from None
+
+
+# what a ":keep-..." suffix leaves out of the conversion (engine/per_layer.py finds them)
+KEEP_TEXT = {
+    "keep-ends": "the first and last transformer blocks (beside the embeddings and the LM "
+                 "head) keep their Linear layers in bf16",
+    "keep-attn": "the attention blocks keep their Linear layers (q/k/v and output "
+                 "projections) in bf16; the MLPs run fp8",
+}
 
 
 def compiles(rec: Recipe, compile_flag: bool, warmup: int, verdict) -> bool:

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 
 from engine.child import StderrFile, become_child, describe_exit, oom_kill_count, sigint_blocked
-from engine.config import BF16_COMPUTE, BF16_EMULATED, RunConfig, base_precision
+from engine.config import BF16_COMPUTE, BF16_EMULATED, RunConfig, recipe_name
 from engine.contention import cpu_count, summarise
 from engine.device import DeviceInfo, probe
 from engine.environment import collect
@@ -161,7 +161,7 @@ class Runner:
         self._emit(RunStarted(run_id, self.config.to_dict(), collect(info), time.time()))
         if info.fallback_reason:  # e.g. a driver too old for this torch: say why not the GPU
             self._emit(LogEvent("warning", info.fallback_reason, None, time.time()))
-        emulated = [p for p in self.config.precisions if base_precision(p) in BF16_COMPUTE]
+        emulated = [p for p in self.config.precisions if recipe_name(p) in BF16_COMPUTE]
         if info.bf16_hardware is False and emulated:
             self._emit(LogEvent(
                 "warning", f"bf16: {BF16_EMULATED}: this CPU has no bf16 matrix instructions, "

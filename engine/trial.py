@@ -390,6 +390,12 @@ def _shape_reason(config: RunConfig, rec: Recipe) -> str | None:
     return fp8_shape_reason(tokens, hidden)
 
 
+def _compute_dtype(rec: Recipe) -> str:
+    """The peak-table dtype a recipe's unconverted matmul layers multiply in."""
+    key = flops_mod.PEAK_KEYS[rec.autocast_dtype or rec.weight_dtype]
+    return "tf32" if rec.tf32 else key
+
+
 def _measure(state: _State, emit, cancelled) -> bool:
     """Fill ``state``; returns True when the run was cancelled part-way."""
     config, rec, info = state.config, state.rec, state.device_info
@@ -410,7 +416,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     model = loaded.model
     state.footprint_bytes, state.footprint_note = loaded.footprint_bytes, loaded.footprint_note
     state.dtype_map = inventory.dtype_map(model)
-    state.module_tree = inventory.module_tree(model)
+    state.module_tree = inventory.module_tree(model, high_dtype=_compute_dtype(rec))
     state.param_count, state.trainable_params = inventory.count_params(model)
     state.lora = loaded.lora
     if rec.fp8:
@@ -531,9 +537,10 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
     trace = snapshot = None
     if config.trace_dir:
         os.makedirs(config.trace_dir, exist_ok=True)
-        trace = os.path.join(config.trace_dir, f"{rec.precision}.trace.json")
+        stem = rec.precision.replace(":", "_")  # "fp8:keep-ends": no ':' in Windows names
+        trace = os.path.join(config.trace_dir, f"{stem}.trace.json")
         if device.type == "cuda":
-            snapshot = os.path.join(config.trace_dir, f"{rec.precision}.memory.pickle")
+            snapshot = os.path.join(config.trace_dir, f"{stem}.memory.pickle")
     live = live_tensor_bytes(list(model.parameters()), list(model.buffers()),
                              memtrack.quant_state_tensors(model),
                              list(optimizer.state.values()), batches)

@@ -24,7 +24,7 @@ from engine.compare import (
     format_bytes,
     speed_verdict,
 )
-from engine.config import BF16_COMPUTE, base_precision
+from engine.config import BF16_COMPUTE, recipe_name
 from engine.record import RunRecord
 
 LOSS_TOLERANCE_REL = 0.02  # final loss within 2% of fp32's (same data and seed) ...
@@ -195,7 +195,7 @@ def verdict(record: RunRecord) -> Verdict:
         else:
             # an emulated format (gating) has no speed to judge: memory and loss only
             group = None if trial.support == "emulated" else _group(speed, row.precision)
-            emulated = bf16_emulated and base_precision(row.precision) in BF16_COMPUTE
+            emulated = bf16_emulated and recipe_name(row.precision) in BF16_COMPUTE
             if emulated and group is not None and base_group is not None:
                 group = max(group, base_group)  # never faster on emulated bf16
             groups[row.precision] = group
@@ -251,7 +251,7 @@ def verdict(record: RunRecord) -> Verdict:
     speed_part = (_speed_text(best) if best.speedup_vs_fp32 is not None else "speed n/a")
     if record.trial(best.precision).support == "emulated":
         speed_part = f"speed {EMULATED_TEXT}"
-    elif bf16_emulated and base_precision(best.precision) in BF16_COMPUTE:
+    elif bf16_emulated and recipe_name(best.precision) in BF16_COMPUTE:
         speed_part += " (bf16 emulated here: not judged on speed)"
     elif groups[best.precision] == base_group:
         speed_part += " (not significantly faster)"

@@ -84,7 +84,8 @@ def _param_row(p: ParamInfo) -> list[QStandardItem]:
 
 def _module_row(m: ModuleInfo, tied: list[str]) -> list[QStandardItem]:
     """``tied``: "param -> shared with" notes for the weights this module holds directly."""
-    marks = (["quantised"] if m.quantized else []) + tied
+    marks = ((["quantised"] if m.quantized else [])
+             + ([f"matmuls in {m.matmul_dtype}"] if m.matmul_dtype else []) + tied)
     row = [
         _item(m.name.rsplit(".", 1)[-1] or "(model)", m.name),
         _item(m.type),

@@ -484,11 +484,13 @@ def _dtype_map(trial: TrialResult) -> str:
 def _module_tree(trial: TrialResult) -> str:
     rows = [
         [f'<span style="padding-left:{m.depth * 1.2:.1f}em">{_e(m.name or "(model)")}</span>',
-         _e(m.type), _number(m.params), _bytes(m.bytes), _e(m.quantized)]
+         _e(m.type), _number(m.params), _bytes(m.bytes), _e(m.quantized),
+         _e(m.matmul_dtype) if m.matmul_dtype else NA]
         for m in trial.module_tree
     ]
+    headers = ["module", "type", "params", "bytes", "quantized", "matmuls in"]
     return (f"<details><summary>module tree ({len(rows)} modules)</summary>"
-            f"{_table(['module', 'type', 'params', 'bytes', 'quantized'], rows, {2, 3})}"
+            f"{_table(headers, rows, {2, 3})}"
             "</details>")
 
 
