@@ -60,6 +60,10 @@ class DistRecipe:
             extra = f"; MixedPrecisionPolicy(param_dtype={p}, reduce_dtype={r})"
         scaler = "; ShardedGradScaler" if self.use_scaler and self.strategy == "fsdp2" else (
             "; GradScaler" if self.use_scaler else "")
+        if self.base.fsdp_float8_all_gather:
+            scaler += ("; torchao float8 all-gather (enable_fsdp_float8_all_gather), weight "
+                       "scales by precompute_float8_dynamic_scale_for_fsdp after each "
+                       "optimizer step")
         return (f"{self.strategy.upper()} {self.base.precision}{extra}{scaler}: "
                 f"{self.sharded}; {wire}")
 
@@ -98,7 +102,7 @@ def dist_recipe(label: str, strategy: str) -> DistRecipe:
         policy = (param_dtype if param_dtype != base.weight_dtype else None, reduce_dtype)
     gathered = dtype_name(param_dtype)
     if base.fsdp_float8_all_gather:
-        gathered = f"fp8 (float8 Linear weights) and {gathered} (the rest), as one uint8 buffer"
+        gathered = f"fp8 Linear weights + {gathered} rest, one uint8 buffer per unit"
     return DistRecipe(
         label, strategy, base, None, param_dtype, reduce_dtype, None, policy, base.use_scaler,
         "parameters, gradients and optimizer state (each block and the root a unit)",
