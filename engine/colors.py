@@ -23,6 +23,7 @@ PRECISION_COLORS: dict[str, str] = {
     "fp8-rowwise-gw-hp": "#332288",  # indigo (Tol muted)
     "mxfp8": "#AA4499",  # purple (Tol muted)
     "nvfp4": "#117733",  # green (Tol muted)
+    "fp8-fsdp-ag": "#DDCC77",  # sand (Tol muted)
 }
 
 _REDUCE_TINT = {"bf16": 0.35, "fp16": 0.55, "fp32": 0.15}  # share of white mixed in

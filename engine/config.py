@@ -26,7 +26,10 @@ PRECISIONS: tuple[str, ...] = (
     "fp8-rowwise-gw-hp",
     "mxfp8",
     "nvfp4",
+    "fp8-fsdp-ag",
 )
+# recipes that only mean something when FSDP2 shards the parameters
+FSDP2_ONLY: tuple[str, ...] = ("fp8-fsdp-ag",)
 # formats people ask for that this torchao cannot train: the n/a reason a pick of one gets
 NOT_TRAINABLE: dict[str, str] = {
     "mxfp4": "n/a: torchao 0.18 has no MXFP4 training recipe (its MX training config, "
@@ -222,6 +225,10 @@ class RunConfig:
             raise ValueError(f"the stall timeout must be above 0 and at most a week in seconds "
                              f"(got {stall!r}): set --stall-timeout")
         object.__setattr__(self, "torchrun_args", tuple(self.torchrun_args))
+        fsdp_only = [p for p in self.precisions if base_precision(p) in FSDP2_ONLY]
+        if fsdp_only and self.strategy != "fsdp2":
+            raise ValueError(f"{fsdp_only[0]} all-gathers FSDP2's sharded parameters in float8: "
+                             "run it with --strategy fsdp2 (and --nproc-per-node), or choose fp8")
         if self.strategy == "none":
             if self.nproc_per_node > 1 or self.torchrun_args:
                 raise ValueError("several processes need a strategy: set --strategy ddp or fsdp2")

@@ -29,6 +29,7 @@ import torch
 
 from engine import flops as flops_mod
 from engine.config import (
+    FSDP2_ONLY,
     OPTIMIZERS,
     STRATEGIES,
     RunConfig,
@@ -66,6 +67,12 @@ class PlanConfig:
     nproc_per_node: int = 1
 
     def __post_init__(self) -> None:
+        # float8 Linears under FSDP2 are measured by profile, not traced under fake tensors
+        for label in parse_precisions(self.precisions):
+            name = split_label(label)[0]
+            if name in FSDP2_ONLY or (name == "fp8" and self.strategy != "none"):
+                raise ValueError(f"plan does not trace float8 training under FSDP2: measure "
+                                 f"{name} with `profile --strategy fsdp2`")
         # RunConfig validates the shared fields and says how to fix them
         self.run_config(self.batch_size)
         object.__setattr__(self, "precisions", parse_precisions(self.precisions))

@@ -36,6 +36,8 @@ class Recipe:
     optimizer: str | None = None  # a "+optim" label's own optimiser; None: the run's --optimizer
     mx: str | None = None  # block-scaled format its Linear layers train in: "mxfp8", "nvfp4"
     keep_high: str | None = None  # a ":keep-..." label's layers left in bf16 (engine/per_layer.py)
+    # FSDP2 all-gathers float8 Linear weights in float8 (torchao), scales precomputed per step
+    fsdp_float8_all_gather: bool = False
 
 
 _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -101,6 +103,13 @@ RECIPES: dict[str, Recipe] = {
                "in 16-element blocks with an e4m3 scale each and one fp32 scale per tensor, "
                "random Hadamard transform and stochastic rounding of gradients, Triton "
                "kernels; bf16 autocast elsewhere", mx="nvfp4"),
+        Recipe("fp8-fsdp-ag", _F32, _BF16, False, None, False, True, False, "fp8", True,
+               "fp8 (tensorwise) under FSDP2 with torchao's float8 all-gather: each float8 "
+               "Linear weight is cast to float8 on its shard before the all-gather, so it "
+               "crosses the wire in 1 byte per element instead of bf16's 2; the weight scales "
+               "are precomputed after each optimizer step in one all-reduce "
+               "(precompute_float8_dynamic_scale_for_fsdp)", float8_recipe="tensorwise",
+               fsdp_float8_all_gather=True),
     )
 }
 
@@ -111,7 +120,10 @@ def float8_config(rec: Recipe):
     """torchao's ``Float8LinearConfig`` for an fp8 recipe, built from its recipe name."""
     from torchao.float8 import Float8LinearConfig
 
-    return Float8LinearConfig.from_recipe_name(rec.float8_recipe)
+    config = Float8LinearConfig.from_recipe_name(rec.float8_recipe)
+    if rec.fsdp_float8_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    return config
 
 
 def recipe(precision: str) -> Recipe:

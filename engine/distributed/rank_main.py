@@ -89,6 +89,10 @@ class _Activations:
     def pack(self, tensor: torch.Tensor):
         if isinstance(tensor, torch.nn.Parameter) or hasattr(tensor, "to_local"):
             return tensor
+        if hasattr(tensor, "__tensor_flatten__"):  # a wrapper (float8) holds no storage itself
+            for name in tensor.__tensor_flatten__()[0]:
+                self.pack(getattr(tensor, name))
+            return tensor
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
         if ptr and ptr not in self._seen:
@@ -159,6 +163,30 @@ def _wrap(model, rec: DistRecipe, device: torch.device, mesh=None):
     fully_shard(model, mesh=mesh, mp_policy=policy)
     units.append((root_own, False))
     return model, units, _Unsharded(model, [model, *blocks])
+
+
+def _float8_units(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """(float8 Linear weight elements, float8 Linear layers) per FSDP2 unit, in ``_wrap``'s
+    order (each block, then the root's own), read before the model is sharded."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    def count(modules) -> tuple[int, int]:
+        layers = [m for m in modules if isinstance(m, Float8Linear)]
+        return sum(m.weight.numel() for m in layers), len(layers)
+
+    blocks = [count(block.modules()) for block in _blocks(model)]
+    total = count(model.modules())
+    return [*blocks, (total[0] - sum(n for n, _ in blocks), total[1] - sum(k for _, k in blocks))]
+
+
+def _precompute_float8_scales(model, rec: DistRecipe) -> None:
+    """The float8 all-gather recipe's scales for the next all-gathers, from the weights as
+    they are now: torchao's one all-reduce of every float8 weight's amax. Without it each
+    unit's all-gather would all-reduce its weights' amax on its own, twice per step."""
+    if rec.base.fsdp_float8_all_gather:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 def _gloo_hook(hook):
@@ -236,6 +264,12 @@ def _counting_step(config: RunConfig, rec: DistRecipe, device: torch.device, mod
         with counter:
             scaler.unscale_(optimizer)  # the sharded scaler all-reduces found-inf
         scaler.update(scaler.get_scale())  # forgets this step; the scale stays as it was
+    # the weights are unchanged: the same scales again, counted this time
+    precompute = CommCounter(through_dtensor=True)
+    with precompute:
+        _precompute_float8_scales(model, rec)
+    counter.bytes.update(precompute.bytes)
+    counter.calls.update(precompute.calls)
     optimizer.zero_grad(set_to_none=True)
     return grads_bytes
 
@@ -263,6 +297,7 @@ def _step(config: RunConfig, rec: DistRecipe, device: torch.device, model, param
         after = scaler._get_scale_async().clone()
     else:
         optimizer.step()
+    _precompute_float8_scales(model, rec)
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, norm, before, after
 
@@ -314,7 +349,9 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
+    float8_units = _float8_units(model) if rec.base.fsdp_float8_all_gather else None
     model, units, unsharded = _wrap(model, rec, device)
+    _precompute_float8_scales(model, rec)  # the first step's scales, as after every step
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = rank_optimizer(config, params, rec, device)
     scaler = _scaler(rec, device, config)
@@ -384,7 +421,8 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
     largest = max((n for n, again in units if again), default=0)
     predicted = predict_rank_memory(rec, config.optimizer, n_params, n_trainable, buffers, world,
                                     root, largest, activations)
-    expected, formula = expected_bytes(rec, n_trainable, units, config.grad_accum)
+    expected, formula = expected_bytes(rec, n_trainable, units, config.grad_accum,
+                                       float8_units)
     comm = []  # the counting step is one step: its counts are per step
     for key in sorted(set(counter.bytes) | set(expected)):
         kind, dtype = key.split(":")

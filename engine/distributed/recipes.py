@@ -10,7 +10,12 @@ are reduced in (DDP: a communication hook; FSDP2: ``MixedPrecisionPolicy.reduce_
 - FSDP2 ``fully_shard``s each transformer block and the root: parameters, gradients
   and optimizer state are sharded over the ranks. ``fp32``: no policy; ``bf16-amp``:
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` (``bf16-amp@bf16``:
-  both bf16); ``fp16-amp``: (fp16, fp32) with the sharded GradScaler.
+  both bf16); ``fp16-amp``: (fp16, fp32) with the sharded GradScaler. ``fp8``: torchao
+  float8 Linear layers under the (bf16, fp32) policy: weights gathered in bf16, cast to
+  float8 after. ``fp8-fsdp-ag``: the same with torchao's float8 all-gather: each float8
+  Linear weight shard is cast to float8 before the all-gather (its other parameters stay
+  bf16; FSDP2 gathers them all as one byte buffer), and the weight scales are precomputed
+  after each optimizer step in one all-reduce.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # single-process recipes that have a distributed reading (quantised, fp8 and pure fp16
 # need LoRA/torchao/a custom scaler that these wrappers do not combine with yet)
 SUPPORTED = ("fp32", "tf32", "bf16-amp", "fp16-amp", "bf16")
+FSDP2_FP8 = ("fp8", "fp8-fsdp-ag")  # torchao float8 Linear layers, under FSDP2 only
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -54,15 +60,20 @@ class DistRecipe:
             extra = f"; MixedPrecisionPolicy(param_dtype={p}, reduce_dtype={r})"
         scaler = "; ShardedGradScaler" if self.use_scaler and self.strategy == "fsdp2" else (
             "; GradScaler" if self.use_scaler else "")
+        if self.base.fsdp_float8_all_gather:
+            scaler += ("; torchao float8 all-gather (enable_fsdp_float8_all_gather), weight "
+                       "scales by precompute_float8_dynamic_scale_for_fsdp after each "
+                       "optimizer step")
         return (f"{self.strategy.upper()} {self.base.precision}{extra}{scaler}: "
                 f"{self.sharded}; {wire}")
 
 
 def unsupported_reason(label: str, strategy: str) -> str | None:
     name, _, reduce = label.partition("@")
-    if name not in SUPPORTED:
-        return (f"{name} has no {strategy} recipe here: use one of {', '.join(SUPPORTED)} "
-                "with --strategy")
+    choices = SUPPORTED + (FSDP2_FP8 if strategy == "fsdp2" else ())
+    if name not in choices:
+        return (f"{name} has no {strategy} recipe here: use one of {', '.join(choices)} "
+                f"with --strategy {strategy}")
     grad = dtype_name(recipe(name).weight_dtype)
     if reduce and grad != "fp32" and reduce != grad:
         return f"{name} gradients are {grad}: they can only be reduced in {grad}"
@@ -89,7 +100,10 @@ def dist_recipe(label: str, strategy: str) -> DistRecipe:
     policy = None
     if param_dtype != base.weight_dtype or reduce_dtype != grad_dtype:
         policy = (param_dtype if param_dtype != base.weight_dtype else None, reduce_dtype)
+    gathered = dtype_name(param_dtype)
+    if base.fsdp_float8_all_gather:
+        gathered = f"fp8 Linear weights + {gathered} rest, one uint8 buffer per unit"
     return DistRecipe(
         label, strategy, base, None, param_dtype, reduce_dtype, None, policy, base.use_scaler,
         "parameters, gradients and optimizer state (each block and the root a unit)",
-        {"all_gather": dtype_name(param_dtype), "reduce_scatter": dtype_name(reduce_dtype)})
+        {"all_gather": gathered, "reduce_scatter": dtype_name(reduce_dtype)})

@@ -10,6 +10,14 @@ def _mib(value) -> str:
     return "n/a" if value is None else format_bytes(value)
 
 
+def wire_dtype(collective: str, dtype: str, collectives: dict) -> str:
+    """A collective's dtype as the byte table shows it: a uint8 buffer says what it packs
+    (FSDP2 gathers a unit of mixed dtypes, float8 weights and bf16 rest, as raw bytes)."""
+    if dtype == "uint8" and collective in collectives:
+        return f"uint8: {collectives[collective]}"
+    return dtype
+
+
 def distributed_lines(record: RunRecord) -> list[str]:
     """Per distributed trial: rank spread, per-rank memory and bytes per collective."""
     lines = []
@@ -39,6 +47,7 @@ def distributed_lines(record: RunRecord) -> list[str]:
                 f"({err})")
         for c in d.comm:
             expected = "n/a" if c.expected_bytes is None else format_bytes(c.expected_bytes)
-            lines.append(f"  {c.collective} {c.dtype}: {_mib(c.measured_bytes)} per step "
+            dtype = wire_dtype(c.collective, c.dtype, d.collectives)
+            lines.append(f"  {c.collective} {dtype}: {_mib(c.measured_bytes)} per step "
                          f"(expected {expected})")
     return lines

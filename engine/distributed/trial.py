@@ -411,6 +411,7 @@ def _result(config: RunConfig, rec, info: DeviceInfo, label: str, follower: _Fol
         comm_time_reason="not measured: collectives overlap backward, and the dispatch "
                          "count sees their launch, not their completion",
         failed_rank=failed_rank, comm_hook=_hook_text(rec.hook, info))
+    verdict = info.verdict(rec.base.precision)
     return TrialResult(
         precision=label, status=status, reason=reason, recipe=rec.description,
         device=f"{world} x {info.describe()}" if info.kind == "cuda" else
@@ -418,7 +419,10 @@ def _result(config: RunConfig, rec, info: DeviceInfo, label: str, follower: _Fol
         param_count=first.get("param_count", 0), trainable_params=first.get("trainable_params", 0),
         memory=_breakdown(biggest), predicted_memory=_predicted(biggest), steps=steps,
         summary=_summary(steps, biggest, tokens) if steps or status == "ok" else None,
-        started_s=started, finished_s=time.time(), ranks=rank_results, distributed=summary)
+        started_s=started, finished_s=time.time(), ranks=rank_results, distributed=summary,
+        # the device's gating verdict for the recipe the ranks train in (emulated fp8 on CPUs)
+        support=verdict.support if verdict else None,
+        support_reason=verdict.reason if verdict else None)
 
 
 def _breakdown(r: RankResult | None) -> MemoryBreakdown | None:

@@ -26,6 +26,7 @@ from engine.compare import (
     trained_text,
 )
 from engine.config import BF16_EMULATED
+from engine.distributed.summary_text import wire_dtype
 from engine.events import TrialResult
 from engine.record import SCHEMA_VERSION, RunRecord
 from engine.report.atomic import atomic_write
@@ -555,7 +556,8 @@ def _ranks(trial: TrialResult) -> str:
                     "activations", "buckets", "total", "predicted", "error", "median step ms"],
                    rows, numeric=set(range(2, 12)))
     comm = _table(["collective", "dtype", "measured per step", "expected", "calls per step"],
-                  [[_e(c.collective), _e(c.dtype), _bytes(c.measured_bytes),
+                  [[_e(c.collective), _e(wire_dtype(c.collective, c.dtype, d.collectives)),
+                    _bytes(c.measured_bytes),
                     _bytes(c.expected_bytes), f"{c.calls_per_step:g}"] for c in d.comm],
                   numeric={2, 3, 4}) if d else ""
     spread = NA if d is None or d.step_spread_pct is None else f"{d.step_spread_pct:.1f}%"

@@ -171,6 +171,31 @@ def test_fsdp2_shards_parameters_and_gathers_in_the_policy_dtype(tmp_path, tiny_
     assert "Ranks (fsdp2, 2 ranks, gloo" in render_html(record)
 
 
+def test_fp8_all_gather_on_two_gloo_ranks_gathers_float8_weights(tmp_path, tiny_model):
+    report = _profile(tmp_path, "fp8ag", "--strategy", "fsdp2", "--nproc-per-node", "2",
+                      "--batch-size", "2", "--precision", "fp8,fp8-fsdp-ag")
+    plain, ag = _trial(report, "fp8"), _trial(report, "fp8-fsdp-ag")
+    assert plain["status"] == ag["status"] == "ok", (plain["reason"], ag["reason"])
+    assert ag["support"] == "emulated"  # the CPU has no fp8 matrix unit, said so
+    # counted here from the model: the blocks' matmul weights (2-D, float8) at 1 byte, the
+    # rest of each block at 2 (bf16), each block gathered twice; the root once, in bf16
+    blocks = tiny_model.transformer.h
+    f8 = sum(p.numel() for b in blocks for p in b.parameters() if p.dim() == 2)
+    rest = sum(p.numel() for b in blocks for p in b.parameters()) - f8
+    root = _unique_params(tiny_model) - f8 - rest
+    comm = {(c["collective"], c["dtype"]): c["measured_bytes"]
+            for c in ag["distributed"]["comm"]}
+    assert comm[("all_gather", "uint8")] == 2 * (f8 + 2 * rest)
+    assert comm[("all_gather", "bfloat16")] == 2 * root
+    layers = sum(1 for b in blocks for p in b.parameters() if p.dim() == 2)
+    assert comm[("all_reduce", "float32")] == 4 * layers  # the scale precompute
+    assert _comm(plain, "all_gather")["measured_bytes"] == 2 * (2 * (f8 + rest) + root)
+    assert "precompute_float8_dynamic_scale_for_fsdp" in ag["recipe"]
+    from engine.report.html import render_html
+
+    assert "uint8: fp8 Linear weights + bf16 rest" in render_html(RunRecord.from_dict(report))
+
+
 def _rank_processes(root: psutil.Process) -> dict[int, psutil.Process]:
     found = {}
     for proc in root.children(recursive=True):
@@ -223,6 +248,8 @@ def test_a_killed_rank_ends_its_trial_and_leaves_no_process(tmp_path):
     (["--strategy", "ddp", "--isolation", "inline"], "drop --isolation inline"),
     (["--strategy", "ddp", "--device", "cuda:1"], "use --device cuda or cpu"),
     (["--strategy", "ddp", "--interleave", "on"], "not interleaved"),
+    (["--precision", "fp8-fsdp-ag"], "run it with --strategy fsdp2"),
+    (["--strategy", "ddp", "--precision", "fp32,fp8-fsdp-ag"], "run it with --strategy fsdp2"),
 ])
 def test_bad_distributed_input_is_one_line_and_exit_2(args, fragment, tmp_path, capsys):
     from engine.cli import main

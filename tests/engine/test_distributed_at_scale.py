@@ -54,6 +54,7 @@ def tiny_units():
     ("bf16-amp", "bfloat16", "float32", 2, False),  # MixedPrecisionPolicy(bf16, fp32)
     ("bf16-amp@bf16", "bfloat16", "bfloat16", 1, False),  # gradients reduced in bf16
     ("fp16-amp", "float16", "float32", 1, True),  # the sharded GradScaler
+    ("fp8", "bfloat16", "float32", 1, False),  # float8 Linears: weights gathered in bf16
 ])
 def test_fsdp2_collective_bytes_at_world_size_8(precision, gathered, reduced, accum, scaler,
                                                 fake_world, tiny_units, tmp_path, sync_guard,
@@ -128,3 +129,82 @@ def test_fused_sgd_has_no_dtensor_rule_so_fsdp2_ranks_keep_it_unfused(fake_world
     layer = sharded()
     with pytest.raises(NotImplementedError, match="_fused_sgd_"):
         torch.optim.SGD(layer.parameters(), lr=0.1, fused=True).step()
+
+
+def _llama_folder(path):
+    """A tiny Llama config in a folder (a model source without weights): a second family,
+    bias-free Linears and RMSNorm, untied LM head."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                max_position_embeddings=64).save_pretrained(path)
+    return str(path)
+
+
+def _family_model(source: str):
+    from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config
+
+    if source == "tiny":
+        cfg = dict(json.loads((ROOT / "resources" / "presets.json").read_text())
+                   ["presets"][0]["config"])
+        cfg.pop("model_type")
+        return AutoModelForCausalLM.from_config(GPT2Config(**cfg))
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+
+
+def _comm_of(precision: str, source: str, accum: int, tmp_path) -> dict:
+    config = RunConfig(model=source, batch_size=1, seq_len=16, steps=1, warmup=0,
+                       device="cpu", grad_accum=accum, strategy="fsdp2",
+                       nproc_per_node=WORLD)
+    journal = tmp_path / f"{precision}.jsonl"
+    rank_main._train(config, dist_recipe(precision, "fsdp2"), torch.device("cpu"), 0, WORLD,
+                     rank_main._Journal(journal))
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    return {(c["collective"], c["dtype"]): c
+            for c in next(x for x in lines if x["type"] == "result")["comm"]}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_fp8_all_gather_puts_float8_weights_on_the_wire_at_world_size_8(family, fake_world,
+                                                                        tmp_path):
+    source = "tiny" if family == "gpt2" else _llama_folder(tmp_path / "llama")
+    model = _family_model(source)
+    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
+    # in each block the matmul weights are its 2-D parameters, all float8-shaped (both dims
+    # divisible by 16); the rest (biases, norms) and everything outside the blocks (the
+    # embeddings, the final norm, the LM head, kept out of float8) stay high precision
+    weights = [[p.numel() for p in block.parameters() if p.dim() == 2] for block in blocks]
+    assert all(d % 16 == 0 for block in blocks for p in block.parameters() if p.dim() == 2
+               for d in p.shape)
+    others = [sum(p.numel() for p in block.parameters()) - sum(w)
+              for block, w in zip(blocks, weights)]
+    total = _unique_params(model)
+    root = total - sum(sum(w) for w in weights) - sum(others)
+    assert all(p.shape[0] % WORLD == 0 for p in model.parameters())  # no shard padding
+    accum = 2
+    plain = _comm_of("fp8", source, accum, tmp_path)
+    ag = _comm_of("fp8-fsdp-ag", source, accum, tmp_path)
+    # plain fp8: FSDP2 gathers bf16 weights (cast to float8 after), each block twice per
+    # micro-batch (forward, and backward after the reshard), the root once
+    bf16_blocks = sum(sum(w) + o for w, o in zip(weights, others))
+    assert plain[("all_gather", "bfloat16")]["measured_bytes"] == (
+        (2 * bf16_blocks + root) * 2 * accum)
+    assert not any(dtype == "uint8" for _, dtype in plain)
+    # float8 all-gather: 1 byte per float8 weight element, 2 (bf16) for the rest of a
+    # block, gathered as one uint8 buffer; the root has no float8 weight and stays bf16
+    fp8_blocks = sum(sum(w) * 1 + o * 2 for w, o in zip(weights, others))
+    expected = {("all_gather", "uint8"): (2 * fp8_blocks * accum, 2 * len(blocks) * accum),
+                ("all_gather", "bfloat16"): (root * 2 * accum, accum),
+                # the scale precompute: one all-reduce of every float8 weight's fp32 amax
+                ("all_reduce", "float32"): (4 * sum(len(w) for w in weights), 1),
+                ("reduce_scatter", "float32"): (total * 4, len(blocks) + 1)}
+    assert set(ag) == set(expected)
+    for key, (payload, calls) in expected.items():
+        assert ag[key]["measured_bytes"] == payload, key
+        assert ag[key]["expected_bytes"] == payload, key
+        assert ag[key]["calls_per_step"] == calls, key
+    # the weights' share of the wire halves
+    saved = plain[("all_gather", "bfloat16")]["measured_bytes"] - sum(
+        ag[("all_gather", d)]["measured_bytes"] for d in ("uint8", "bfloat16"))
+    assert saved == 2 * sum(sum(w) for w in weights) * accum

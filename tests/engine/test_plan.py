@@ -196,6 +196,8 @@ def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
     (("--grad-accum", "0"), "--grad-accum"),
     (("--nproc-per-node", "4"), "--strategy ddp or fsdp2"),
     (("--strategy", "fsdp2", "--precision", "nf4"), "nf4 has no fsdp2 recipe"),
+    (("--strategy", "fsdp2", "--nproc-per-node", "8", "--precision", "fp8-fsdp-ag"),
+     "measure fp8-fsdp-ag with `profile --strategy fsdp2`"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args, needle):
     run = _cli(*args, timeout=120)

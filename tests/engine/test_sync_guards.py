@@ -71,7 +71,8 @@ def test_the_trial_reads_each_step_one_step_late(precision, sync_guard):
     _check_lag_by_one(steps, values)
 
 
-@pytest.mark.parametrize(("strategy", "precision"), [("ddp", "fp32"), ("fsdp2", "bf16-amp")])
+@pytest.mark.parametrize(("strategy", "precision"), [("ddp", "fp32"), ("fsdp2", "bf16-amp"),
+                                                   ("fsdp2", "fp8-fsdp-ag")])
 def test_the_rank_loop_reads_each_step_one_step_late(strategy, precision, sync_guard,
                                                      one_rank_group, tmp_path):
     sync_guard.mark_calls(StepTimer, "start", "start")
