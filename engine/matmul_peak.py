@@ -32,9 +32,12 @@ CACHE_DIR_ENV = "AMPSCOPE_CACHE_DIR"
 CACHE_FILE = "matmul_peak.json"
 LABEL = "MFU vs measured matmul peak"
 DATASHEET_LABEL = "MFU vs datasheet peak"
-# square size per device kind: big enough to reach the kernel's plateau on a GPU; on a
-# CPU without bf16 units (torch emulates bf16/fp16 at ~1 GFLOP/s) 256 keeps it short
+# square sizes per device kind: a GPU's kernels reach their plateau near 8192; on a CPU
+# without bf16 units (torch emulates bf16/fp16 at ~1 GFLOP/s) 256 keeps it short. The size
+# doubles from SMALLEST while one call takes under a tenth of the budget, so a slow dtype
+# (or a slow device) stops at the size it can time in its budget
 SIZE = {"cuda": 8192, "cpu": 256}
+SMALLEST = 256
 BUDGET_S = {"cuda": 0.2, "cpu": 0.1}  # timed loop per dtype, after one warm-up call
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")  # the peak-table columns timed here
 
@@ -46,7 +49,7 @@ class MeasuredPeak:
     key: str
     device: str
     torch_version: str
-    size: int
+    sizes: dict  # column -> the square size its best call multiplied
     measured_at_s: float
     tflops: dict = field(default_factory=dict)  # column -> TFLOP/s
     reasons: dict = field(default_factory=dict)  # column -> why it was not measured
@@ -58,8 +61,8 @@ class MeasuredPeak:
         if rate:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at_s))
             return PeakLookup(rate * 1e12, (
-                f"measured matmul peak: {rate:.4g} TFLOP/s {dtype}, best {self.size}x"
-                f"{self.size} matmul on {self.device} (torch {self.torch_version}, "
+                f"measured matmul peak: {rate:.4g} TFLOP/s {dtype}, best {self.sizes[dtype]}x"
+                f"{self.sizes[dtype]} matmul on {self.device} (torch {self.torch_version}, "
                 f"measured {when}; main.py profile --measure-peak measures again)"), None)
         why = self.reasons.get(dtype) or f"the matmul benchmark does not time {dtype}"
         return PeakLookup(None, None, f"no measured {dtype} matmul peak: {why}")
@@ -152,6 +155,32 @@ def _matmul(info, dtype: str, n: int, device: torch.device) -> Callable[[], obje
     return lambda: torch.mm(a, w.t())
 
 
+def _sized(info, dtype: str, device: torch.device, budget_s: float
+           ) -> tuple[int, Callable[[], object] | str]:
+    """The dtype's call at the largest size up to ``SIZE`` whose single call (after a
+    warm-up one) takes under a tenth of the budget, with that size."""
+    n = min(SMALLEST, SIZE[info.kind])
+    while True:
+        call = _matmul(info, dtype, n, device)
+        if isinstance(call, str) or n >= SIZE[info.kind]:
+            return n, call
+        call()  # warm-up: the first call of a shape picks its kernel
+        if _synced_s(call, device) * 10 > budget_s:
+            return n, call
+        n *= 2
+
+
+def _synced_s(call: Callable[[], object], device: torch.device) -> float:
+    """One call's seconds on the host clock, the device's queue drained on both sides."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def _best_call_s(call: Callable[[], object], device: torch.device, budget_s: float) -> float:
     """The fastest call's seconds in a loop of ``budget_s`` after one warm-up call."""
     call()
@@ -176,8 +205,8 @@ def _best_call_s(call: Callable[[], object], device: torch.device, budget_s: flo
 def measure(info) -> MeasuredPeak:
     """Time square matmuls in each of ``DTYPES`` on ``info``'s device (a second or two)."""
     device = info.torch_device
-    n, budget = SIZE[info.kind], BUDGET_S[info.kind]
-    tflops, reasons, failed = {}, {}, []
+    budget = BUDGET_S[info.kind]
+    tflops, reasons, failed, sizes = {}, {}, [], {}
     cublas = torch.backends.cuda.matmul
     with info.device_context():
         for dtype in DTYPES:
@@ -185,12 +214,12 @@ def measure(info) -> MeasuredPeak:
             if info.kind == "cuda":  # cuBLAS's fp32 mode: TF32 for the tf32 column only
                 cublas.fp32_precision = "tf32" if dtype == "tf32" else "ieee"
             try:
-                call = _matmul(info, dtype, n, device)
+                n, call = _sized(info, dtype, device, budget)
                 if isinstance(call, str):
                     reasons[dtype] = call
                     continue
                 seconds = _best_call_s(call, device, budget)
-                tflops[dtype] = 2 * n**3 / seconds / 1e12
+                tflops[dtype], sizes[dtype] = 2 * n**3 / seconds / 1e12, n
             except Exception as exc:  # out of memory, a dtype the build lacks
                 reasons[dtype] = f"the {dtype} matmul failed: {type(exc).__name__}: {exc}"
                 failed.append(dtype)
@@ -199,7 +228,7 @@ def measure(info) -> MeasuredPeak:
         if info.kind == "cuda":
             torch.cuda.empty_cache()  # the trial's memory starts without the benchmark's
     return MeasuredPeak(key=cache_key(info.name, info.kind), device=info.name,
-                        torch_version=torch.__version__, size=n, measured_at_s=time.time(),
+                        torch_version=torch.__version__, sizes=sizes, measured_at_s=time.time(),
                         tflops=tflops, reasons=reasons, failed=failed)
 
 

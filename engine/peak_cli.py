@@ -43,8 +43,9 @@ def _text(info, measured, cached: bool, rows: list[dict]) -> str:
 
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(measured.measured_at_s))
     how = "cached; --rerun measures again" if cached else "measured now"
-    lines = [f"Matmul peak of {info.describe()}: best {measured.size}x{measured.size} "
-             f"matmul per dtype, torch {measured.torch_version}, {when} ({how})",
+    sizes = ", ".join(f"{d} {n}x{n}" for d, n in measured.sizes.items())
+    lines = [f"Matmul peak of {info.describe()}: best square matmul per dtype ({sizes}), "
+             f"torch {measured.torch_version}, {when} ({how})",
              f"cache: {matmul_peak.cache_path()}"]
     table = [("dtype", "measured TFLOP/s", "datasheet TFLOP/s", "measured / datasheet")]
     for r in rows:
@@ -72,7 +73,7 @@ def run_peak(args: argparse.Namespace) -> int:
     rows = _rows(info, measured)
     if args.json:
         print(json.dumps({"device": info.name, "key": measured.key, "cached": cached is not None,
-                          "measured_at_s": measured.measured_at_s, "size": measured.size,
+                          "measured_at_s": measured.measured_at_s, "sizes": measured.sizes,
                           "rows": rows}, indent=1))
     else:
         print(_text(info, measured, cached is not None, rows))

@@ -73,7 +73,9 @@ def test_mfu_vs_measured_peak_is_model_flops_over_step_time_over_the_measured_ra
     assert s.mfu is None and "no datasheet peak for CPUs" in s.mfu_reason
     assert s.mfu_measured_reason is None
     assert "measured matmul peak" in s.measured_peak_source
-    assert f"{entry['size']}x{entry['size']}" in s.measured_peak_source
+    dtype = max(by_dtype, key=by_dtype.get)  # the source names the dominant dtype's size
+    assert f"{dtype}, best {entry['sizes'][dtype]}x{entry['sizes'][dtype]}" \
+        in s.measured_peak_source
     assert "datasheet" not in s.measured_peak_source
 
 
@@ -182,7 +184,7 @@ def test_the_peak_command_sets_a_gpus_datasheet_row_beside_the_measured_one():
     h100 = dataclasses.replace(CPU, kind="cuda", index=0, name="NVIDIA H100 80GB HBM3",
                                sm_count=132)
     measured = matmul_peak.MeasuredPeak(key="k", device=h100.name, torch_version="t",
-                                        size=8192, measured_at_s=0.0,
+                                        sizes={"bf16": 8192}, measured_at_s=0.0,
                                         tflops={"bf16": 700.0}, reasons={})
     rows = {r["dtype"]: r for r in _rows(h100, measured)}
     row = next(g for g in table()["gpus"] if g["name"] == "NVIDIA H100 SXM5")
@@ -205,3 +207,14 @@ def test_a_matmul_that_ran_out_of_memory_is_not_cached(cache, monkeypatch):
     assert "fp32" in peak.tflops and not cache.exists()
     monkeypatch.setattr(torch, "mm", real_mm)
     assert matmul_peak.for_device(CPU).failed == [] and matmul_peak.cached(CPU) is not None
+
+
+def test_a_slow_dtype_stops_growing_at_the_size_its_budget_can_time(cache, monkeypatch):
+    """The ladder doubles the size only while one call takes under a tenth of the budget: a
+    16384-wide matmul would take minutes on this CPU (hours in emulated bf16), so reaching
+    the end of this measurement at all says the ladder stopped."""
+    monkeypatch.setitem(matmul_peak.SIZE, "cpu", 16384)
+    measured = matmul_peak.measure(CPU)
+    assert measured.tflops and set(measured.sizes) == set(measured.tflops)
+    for dtype, n in measured.sizes.items():
+        assert n < 16384 and n >= matmul_peak.SMALLEST and n & (n - 1) == 0, (dtype, n)
