@@ -19,15 +19,17 @@ its message naming the field).
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from array import array
 from collections.abc import Sequence
 from operator import itemgetter, le
 
-import numpy as np
-
 from engine.events import _hints
 from engine.report.validate import MAX_NAME, MAX_TEXT, NAME_FIELDS, number_limits
+
+if typing.TYPE_CHECKING:
+    import numpy as np
 
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -80,7 +82,7 @@ class _Layout:
 def _limits(name: str, kind: type) -> tuple[float, float]:
     if kind is str:
         return 0, MAX_NAME if name in NAME_FIELDS else MAX_TEXT
-    low, high = -np.inf, np.inf
+    low, high = -math.inf, math.inf
     for lo, hi, _ in number_limits(name):
         low, high = max(low, lo), min(high, hi)
     if kind is int:
@@ -320,6 +322,8 @@ class Columns(Sequence):
     def column(self, name: str) -> np.ndarray:
         """One field of every row as float64 (``NaN`` where ``None``); a text field as the
         ids of ``texts(name)``, -1 where ``None``."""
+        import numpy as np  # not at import: the window's start-up reads journals without it
+
         f = self._layout.by_name[name]
         n_float, n_int = self._layout.width
         n = self._n

@@ -40,7 +40,7 @@ def test_a_precision_typo_is_refused_before_torch_is_imported(command, tmp_path)
     said = [line for line in run.stderr.splitlines() if not line.startswith("import time:")]
     assert said == ["ampscope: error: unknown precision 'fp33': choose from fp32, tf32, "
                     "fp16-amp, bf16-amp, fp16, bf16, int8, nf4, fp8, fp8-rowwise, "
-                    "fp8-rowwise-gw-hp, mxfp8, nvfp4"]
+                    "fp8-rowwise-gw-hp, mxfp8, nvfp4, fp8-fsdp-ag"]
 
 
 def test_presets_says_each_preset_before_the_table(tmp_path):

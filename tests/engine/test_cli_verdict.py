@@ -55,7 +55,7 @@ def test_help_and_presets_describe_every_precision():
     texts = json.loads((ROOT / "resources" / "precisions.json").read_text())
     assert list(texts) == ["fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", "int8",
                            "nf4", "fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8", "nvfp4",
-                           "+adamw", "+sgd",
+                           "fp8-fsdp-ag", "+adamw", "+sgd",
                            "+adamw8bit", "+adamw8bit-ao", "+adamw4bit", "+adamw-fp8",
                            "+adamw-bf16-sr", ":keep-ends", ":keep-attn"]
     width = max(map(len, texts))

@@ -29,6 +29,8 @@ def _charts_fit(view, plots) -> None:
     assert _fully_visible(view.viewport())
     bounds = QRectF(view.viewport().rect())
     for key, plot in plots.items():
+        if not plot.isVisible():  # a user run's charts, hidden for a profile run
+            continue
         rect = plot.sceneBoundingRect()
         assert bounds.contains(rect), (key, rect, bounds)
         assert rect.width() >= MIN_CHART[0] and rect.height() >= MIN_CHART[1], (key, rect)

@@ -8,6 +8,7 @@ from pathlib import Path
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QMainWindow
 
+from gui.chart_specs import USER_RUN_CHARTS
 from gui.main_window import MainWindow
 from tests.gui.clicks import click_tab
 
@@ -39,7 +40,9 @@ def test_chart_views_are_built_after_the_first_paint(qtbot):
     titles = [window.tabs.tabText(i) for i in range(window.tabs.count())]
     assert window.tabs.widget(titles.index("Compare")) is window.compare_view
     assert window.tabs.widget(titles.index("Numerics")) is window.numerics_view
-    assert window.charts.isVisible() and len(window.charts.plots) == 10
+    assert window.charts.isVisible() and len(window.charts.plots) == 10 + len(USER_RUN_CHARTS)
+    # a user's own run's charts (lr, grad norm, time split, scalars) wait hidden
+    assert not any(window.charts.plots[key].isVisible() for key in USER_RUN_CHARTS)
 
 
 def test_a_tab_clicked_before_its_view_is_built_shows_the_view(qtbot):
