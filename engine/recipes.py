@@ -179,17 +179,7 @@ def mx_training_recipe(native: bool) -> str:
 def mx_shape_reason(rec: Recipe, tokens_per_micro_batch: int, hidden: int) -> str | None:
     """Why MXFP8/NVFP4 training cannot run these shapes (the weight-gradient GEMM blocks
     the tokens of a micro-batch), or ``None``."""
-    multiple = MX_MULTIPLE[rec.mx]
-    bad = []
-    if tokens_per_micro_batch % multiple:
-        bad.append(f"tokens per micro-batch (batch x sequence = {tokens_per_micro_batch})")
-    if hidden % multiple:
-        bad.append(f"the model width ({hidden})")
-    if not bad:
-        return None
-    return (f"{rec.mx} GEMMs need every dimension to be a multiple of {multiple}, and "
-            f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not: pick a batch size "
-            f"and sequence length whose product is a multiple of {multiple}")
+    return _shape_reason(rec.mx, MX_MULTIPLE[rec.mx], tokens_per_micro_batch, hidden)
 
 
 FP8_MULTIPLE = 16  # float8 GEMMs (torch._scaled_mm) need every dimension divisible by 16
@@ -201,16 +191,20 @@ def fp8_shape_reason(tokens_per_micro_batch: int, hidden: int) -> str | None:
     The tokens of a micro-batch are the inner dimension of the weight-gradient GEMM;
     the model width is a dimension of every converted Linear layer.
     """
+    return _shape_reason("float8", FP8_MULTIPLE, tokens_per_micro_batch, hidden)
+
+
+def _shape_reason(name: str, multiple: int, tokens: int, hidden: int) -> str | None:
     bad = []
-    if tokens_per_micro_batch % FP8_MULTIPLE:
-        bad.append(f"tokens per micro-batch (batch x sequence = {tokens_per_micro_batch})")
-    if hidden % FP8_MULTIPLE:
+    if tokens % multiple:
+        bad.append(f"tokens per micro-batch (batch x sequence = {tokens})")
+    if hidden % multiple:
         bad.append(f"the model width ({hidden})")
     if not bad:
         return None
-    return (f"float8 GEMMs need dimensions divisible by {FP8_MULTIPLE}, and "
+    return (f"{name} GEMMs need every dimension to be a multiple of {multiple}, and "
             f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not: pick a batch size "
-            f"and sequence length whose product is a multiple of {FP8_MULTIPLE}")
+            f"and sequence length whose product is a multiple of {multiple}")
 
 
 # torchao 0.18 torchao/optim/adam.py: state tensors under 4096 elements (or not a whole

@@ -26,7 +26,7 @@ def _profile(tmp_path, name: str, *args: str) -> dict:
     out = tmp_path / f"{name}.json"
     proc = subprocess.run([sys.executable, "main.py", "profile", *TINY, *args, "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     return json.loads(out.read_text())
 
 
