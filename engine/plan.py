@@ -40,6 +40,7 @@ from engine.config import (
 from engine.events import MemoryBreakdown
 from engine.peaks import _entry as peak_entry
 from engine.peaks import peak_flops, table
+from engine.plan_measured import MeasuredTrial, find_measured, read_report
 
 # What CUDA holds outside the allocator (context, loaded kernels, cuBLAS handles); a
 # stated allowance, not a measurement: `profile` on the card reports its context gap.
@@ -65,6 +66,9 @@ class PlanConfig:
     max_batch: int = MAX_BATCH  # 0: no search for the largest micro-batch
     strategy: str = "none"  # "fsdp2" or "ddp": the figure is one rank's at nproc_per_node
     nproc_per_node: int = 1
+    # reports or journals to look in for measured trials, before the run history
+    measured: tuple[str, ...] = ()
+    history: bool = True  # look in the journaled runs of this machine for measured trials
 
     def __post_init__(self) -> None:
         # float8 Linears under FSDP2 are measured by profile, not traced under fake tensors
@@ -152,6 +156,8 @@ class PlanTrial:
     trace_s: float | None = None
     cards: list = field(default_factory=list)  # CardVerdict per card
     optimizer: str = ""  # the label's '+OPTIM', else --optimizer
+    # a real trial of the same model, shape and recipe (engine.plan_measured), or None
+    measured: MeasuredTrial | None = None
 
 
 @dataclass(frozen=True)
@@ -425,6 +431,7 @@ def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict) -> CardVerd
 
 
 def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
+    reports = [(path, read_report(path)) for path in config.measured]  # bad files: say first
     trials = []
     for precision in config.precisions:
         reason = _traceable(precision)
@@ -480,11 +487,23 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
 
         cards = [_verdict(config, card, peak_at, by_dtype) for card in config.cards]
         trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards,
-                                trial_optimizer(config, precision)))
+                                trial_optimizer(config, precision),
+                                _measured(config, precision, reports)))
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum, strategy=config.strategy,
                       nproc_per_node=config.nproc_per_node)
+
+
+def _measured(config: PlanConfig, precision: str, reports: list) -> MeasuredTrial | None:
+    """A real trial of what this precision's plan traces, from --measured or the history."""
+    from functools import cache
+
+    @cache
+    def param_count() -> int:  # the model a trial of this label loads, built on meta
+        return meta_shape(config, precision).total_params
+
+    return find_measured(config, precision, param_count, reports)
 
 
 _DDP_NOTE = ("; DDP's gradient buckets computed, not traced: DDP cannot run on a fake "
@@ -511,6 +530,52 @@ def _gib(value: int | None) -> str:
     return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
 
 
+# the rows of traced vs measured: the peak, then its categories
+SIDE_BY_SIDE = (("peak", "total_bytes"), ("params", "params_bytes"),
+                ("buffers", "buffers_bytes"), ("grads", "grads_bytes"),
+                ("optimizer", "optimizer_bytes"), ("inputs", "inputs_bytes"),
+                ("weight copies", "weight_copies_bytes"), ("activations", "activations_bytes"),
+                ("temporaries", "temporaries_bytes"))
+
+
+def size_text(value: int | None) -> str:
+    """Bytes in GiB from 1 GiB up, else MiB: a tiny model's figures stay readable."""
+    if value is None:
+        return "n/a"
+    return _gib(value) if abs(value) >= 2**30 else f"{value / 2**20:.2f} MiB"
+
+
+def difference_text(traced: int | None, measured: int) -> str:
+    """Traced minus measured, as a share of the measured figure."""
+    if traced is None:
+        return "n/a"
+    if measured == 0:
+        return "equal" if traced == 0 else f"+{size_text(traced)}"
+    return f"{(traced - measured) / measured:+.1%}"
+
+
+def side_by_side(trial: PlanTrial) -> list[tuple[str, str, str, str]]:
+    """(row, traced, measured, difference) for a trial with a measured twin."""
+    rows = []
+    for label, name in SIDE_BY_SIDE:
+        traced = getattr(trial.memory, name) if trial.memory else None
+        measured = getattr(trial.measured.memory, name)
+        rows.append((label, size_text(traced), size_text(measured),
+                     difference_text(traced, measured)))
+    return rows
+
+
+def _measured_lines(trial: PlanTrial) -> list[str]:
+    m = trial.measured
+    if m is None:
+        return ["  measured: no real trial of this model, shape and recipe in the run history "
+                "(profile it to compare)"]
+    lines = [f"  traced vs measured: run {m.run_id} on {m.device}", f"    from {m.source}",
+             f"    {'':<14}{'traced':>12}{'measured':>12}{'traced vs measured':>20}"]
+    lines += [f"    {row:<14}{t:>12}{r:>12}{d:>20}" for row, t, r, d in side_by_side(trial)]
+    return lines
+
+
 def format_plan(result: PlanResult) -> str:
     accum = (f" x {result.grad_accum} micro-batches (gradients accumulated)"
              if result.grad_accum > 1 else "")
@@ -523,15 +588,18 @@ def format_plan(result: PlanResult) -> str:
              f"; CUDA context allowance {_gib(result.context_bytes)}"]
     for trial in result.trials:
         mem = trial.memory
-        head = f"{trial.precision}: peak {_gib(mem.total_bytes) if mem else 'n/a'} ({trial.method})"
+        head = f"{trial.precision}: peak {size_text(mem.total_bytes if mem else None)} " \
+               f"({trial.method})"
         if mem is not None:
-            head += (f"; params {_gib(mem.params_bytes)}, grads {_gib(mem.grads_bytes)}, "
-                     f"optimizer {_gib(mem.optimizer_bytes)}, weight copies "
-                     f"{_gib(mem.weight_copies_bytes)}, activations {_gib(mem.activations_bytes)}, "
-                     f"temporaries {_gib(mem.temporaries_bytes)}")
+            head += (f"; params {size_text(mem.params_bytes)}, grads "
+                     f"{size_text(mem.grads_bytes)}, optimizer {size_text(mem.optimizer_bytes)}, "
+                     f"weight copies {size_text(mem.weight_copies_bytes)}, activations "
+                     f"{size_text(mem.activations_bytes)}, temporaries "
+                     f"{size_text(mem.temporaries_bytes)}")
         lines.append(head)
         if trial.reason:
             lines.append(f"  note: {trial.reason}")
+        lines += _measured_lines(trial)
         for c in trial.cards:
             if c.fits is None:
                 lines.append(f"  {c.card}: n/a ({c.reason})")

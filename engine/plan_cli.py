@@ -35,6 +35,11 @@ def add_plan_parser(sub) -> None:
                    help="memory a card loses to the CUDA context and kernels (default 1GiB)")
     p.add_argument("--max-batch", type=int, default=64,
                    help="largest micro-batch to search for per card (0: no search)")
+    p.add_argument("--measured", action="append", default=[], metavar="REPORT",
+                   help="a JSON report or run journal of a real trial to show beside the "
+                        "traced figures (repeatable); the run history is searched as well")
+    p.add_argument("--no-history", action="store_true",
+                   help="do not look for measured trials in this machine's run history")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--out", help="report file: .json or .html")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -57,7 +62,8 @@ def run_plan(args: argparse.Namespace) -> int:
                         optimizer=args.optimizer, strategy=args.strategy,
                         nproc_per_node=args.nproc_per_node,
                         cards=cards, context_bytes=parse_bytes(args.cuda_context),
-                        max_batch=args.max_batch)
+                        max_batch=args.max_batch, measured=tuple(args.measured),
+                        history=not args.no_history)
     check_model(config.model, config.seq_len)  # bad input exits 2 before any tracing
 
     def log(msg: str) -> None:
@@ -80,6 +86,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def plan_html(result) -> str:
     """The answer first: recipe x card, fits or not, with headroom."""
+    from engine.plan import size_text
+
     cards = [c.card for c in result.trials[0].cards] if result.trials else []
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cards)
     rows = []
@@ -91,9 +99,10 @@ def plan_html(result) -> str:
             else:
                 word = "fits" if c.fits else "does not fit"
                 cells.append(f"<td>{word}, headroom {c.headroom_bytes / 2**30:.2f} GiB</td>")
-        peak = (f"{t.memory.total_bytes / 2**30:.2f} GiB ({t.method})" if t.memory
+        peak = (f"{size_text(t.memory.total_bytes)} ({t.method})" if t.memory
                 else f"n/a: {html.escape(t.reason or '')}")
-        rows.append(f"<tr><th>{html.escape(t.precision)}</th><td>{peak}</td>{''.join(cells)}</tr>")
+        rows.append(f"<tr><th>{html.escape(t.precision)}</th><td>{peak}</td>"
+                    f"<td>{_measured_cell(t)}</td>{''.join(cells)}</tr>")
     title = (f"Plan: {html.escape(result.model)}, batch {result.batch_size} x "
              f"{result.seq_len}")
     if result.grad_accum > 1:
@@ -101,7 +110,36 @@ def plan_html(result) -> str:
     if result.strategy != "none":
         title += f", {result.strategy.upper()} per rank of {result.nproc_per_node}"
     return (f"<!doctype html><meta charset='utf-8'><title>{title}</title><h1>{title}</h1>"
-            f"<table border='1'><tr><th>recipe</th><th>traced peak</th>{head}</tr>"
-            f"{''.join(rows)}</table><p>Usable memory is the card's memory as the driver reports "
+            f"<table border='1'><tr><th>recipe</th><th>traced peak</th><th>measured peak</th>"
+            f"{head}</tr>{''.join(rows)}</table>{_side_by_side_html(result)}"
+            "<p>Usable memory is the card's memory as the driver reports "
             f"it minus a CUDA context allowance of {result.context_bytes / 2**30:.2f} GiB. "
             "Step times are roofline predictions, not measurements.</p>")
+
+
+def _measured_cell(trial) -> str:
+    from engine.plan import size_text
+
+    m = trial.measured
+    if m is None:
+        return "none in the run history"
+    return html.escape(f"{size_text(m.memory.total_bytes)} (run {m.run_id}, {m.device})")
+
+
+def _side_by_side_html(result) -> str:
+    """Traced vs measured, category by category, for each recipe a real trial exists for."""
+    from engine.plan import side_by_side
+
+    parts = []
+    for t in result.trials:
+        if t.measured is None:
+            continue
+        rows = "".join(f"<tr><th>{html.escape(row)}</th><td>{traced}</td><td>{measured}</td>"
+                       f"<td>{diff}</td></tr>" for row, traced, measured, diff in side_by_side(t))
+        parts.append(f"<h2>{html.escape(t.precision)}: traced vs measured</h2>"
+                     f"<p>Run {html.escape(t.measured.run_id)} on "
+                     f"{html.escape(t.measured.device)}, from "
+                     f"{html.escape(t.measured.source)}</p><table border='1'><tr><th></th>"
+                     f"<th>traced</th><th>measured</th><th>traced vs measured</th></tr>{rows}"
+                     "</table>")
+    return "".join(parts)
