@@ -88,6 +88,20 @@ def card_text(card) -> tuple[str, str]:
     return text, tip
 
 
+def measured_text(trial) -> tuple[str, str]:
+    """The measured twin's peak, and a tooltip with every category beside the traced."""
+    from engine.plan import side_by_side, size_text
+
+    m = trial.measured
+    if m is None:
+        return "none", ("no real trial of this model, shape and recipe in the run history: "
+                        "profile it to compare")
+    rows = "\n".join(f"{row}: traced {traced}, measured {measured} ({diff})"
+                     for row, traced, measured, diff in side_by_side(trial))
+    return (f"{size_text(m.memory.total_bytes)} (run {m.run_id})",
+            f"run {m.run_id} on {m.device}, from {m.source}\n{rows}")
+
+
 class PlanView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -116,6 +130,8 @@ class PlanView(QWidget):
         self.max_batch = QSpinBox()
         self.max_batch.setRange(0, 4096)
         self.max_batch.setValue(0)
+        self.measured = QLineEdit()
+        self.measured.setPlaceholderText("optional: a JSON report or journal of a real run")
         self.plan_button = QPushButton("Plan")
         self.plan_button.clicked.connect(self.start_plan)
         self.error_label = plain_label()
@@ -139,6 +155,7 @@ class PlanView(QWidget):
         form.addRow("Ranks (--nproc-per-node)", self.nproc)
         form.addRow("Cards", self.cards)
         form.addRow("Largest batch to search (0: none)", self.max_batch)
+        form.addRow("Measured report (beside the run history)", self.measured)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.plan_button)
@@ -156,7 +173,9 @@ class PlanView(QWidget):
                           grad_accum=self.grad_accum.value(), cards=cards,
                           strategy=self.strategy.currentText(),
                           nproc_per_node=self.nproc.value(),
-                          max_batch=self.max_batch.value())
+                          max_batch=self.max_batch.value(),
+                          measured=(self.measured.text().strip(),)
+                          if self.measured.text().strip() else ())
 
     def start_plan(self) -> bool:
         if self.worker.is_running():
@@ -189,9 +208,11 @@ class PlanView(QWidget):
         self.show_result(result)
 
     def show_result(self, result) -> None:
+        from engine.plan import size_text
+
         self.last_result = result
         cards = [c.card for c in result.trials[0].cards] if result.trials else []
-        headers = ["Recipe", "Traced peak", *cards]
+        headers = ["Recipe", "Traced peak", "Measured peak", *cards]
         self.table.setColumnCount(len(headers))
         self.table.setHorizontalHeaderLabels(headers)
         self.table.setRowCount(len(result.trials))
@@ -199,10 +220,11 @@ class PlanView(QWidget):
             name = _cell(trial.precision)
             name.setForeground(precision_color(trial.precision))
             self.table.setItem(row, 0, name)
-            peak = (f"{trial.memory.total_bytes / 2**30:.2f} GiB ({trial.method})"
+            peak = (f"{size_text(trial.memory.total_bytes)} ({trial.method})"
                     if trial.memory else "n/a")
             self.table.setItem(row, 1, _cell(peak, trial.reason or trial.memory.total_method))
-            for col, card in enumerate(trial.cards, start=2):
+            self.table.setItem(row, 2, _cell(*measured_text(trial)))
+            for col, card in enumerate(trial.cards, start=3):
                 self.table.setItem(row, col, _cell(*card_text(card)))
         accum = f" x {result.grad_accum} micro-batches" if result.grad_accum > 1 else ""
         if result.strategy != "none":

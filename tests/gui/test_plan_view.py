@@ -51,7 +51,7 @@ def test_plan_tab_shows_recipe_by_card(qtbot, window):
     measured = run_trial(config, "fp32", probe("cpu"), lambda e: None, lambda: False)
     traced = view.last_result.trials[0].memory.total_bytes
     assert abs(traced - measured.memory.total_bytes) <= 0.02 * measured.memory.total_bytes
-    assert view.cell(0, "Traced peak") == f"{traced / 2**30:.2f} GiB (traced)"
+    assert view.cell(0, "Traced peak") == f"{traced / 2**20:.2f} MiB (traced)"
     usable = 24563 * 2**20 - 2**30  # the 4090 as CUDA reports it less the 1 GiB allowance
     assert view.cell(0, "NVIDIA GeForce RTX 4090") == (
         f"fits, {(usable - traced) / 2**30:.2f} GiB headroom")
@@ -106,3 +106,45 @@ def test_plan_tab_refuses_an_unknown_card_inline(qtbot, window):
     assert not view.error_label.isHidden()
     assert "unknown card 'RTX 9999'" in view.error_label.text()
     assert view.table.rowCount() == 0 and not view.worker.is_running()
+
+
+def test_plan_tab_shows_a_real_trial_beside_the_traced_one(qtbot, window, tmp_path,
+                                                           monkeypatch):
+    """A CPU profile of the same shape, run through the CLI into the window's data folder:
+    the Measured peak column shows its figure, and its tooltip every category; the named
+    report field finds the same trial in a report from elsewhere."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    report = tmp_path / "real.json"
+    run = subprocess.run([sys.executable, "main.py", "profile", "--model", "tiny",
+                          "--precision", "fp32", "--batch-size", "2", "--seq-len", "32",
+                          "--steps", "1", "--warmup", "1", "--device", "cpu", "--isolation",
+                          "inline", "--no-kernel-profile", "--quiet", "--out", str(report)],
+                         cwd=Path(__file__).resolve().parents[2], env=dict(os.environ),
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    real = json.loads(report.read_text(encoding="utf-8"))
+    memory = real["trials"][0]["memory"]
+    view = _open_plan_tab(window)
+    _fill(view, "fp32,bf16-amp", "RTX 4090")
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    assert view.cell(0, "Measured peak") == (
+        f"{memory['total_bytes'] / 2**20:.2f} MiB (run {real['run_id']})")
+    assert view.cell(1, "Measured peak") == "none"  # bf16-amp was not profiled
+    col = [view.table.horizontalHeaderItem(c).text()
+           for c in range(view.table.columnCount())].index("Measured peak")
+    tip = view.table.item(0, col).toolTip()
+    assert f"optimizer: traced {memory['optimizer_bytes'] / 2**20:.2f} MiB" in tip
+    assert f"measured {memory['optimizer_bytes'] / 2**20:.2f} MiB" in tip
+
+    # the same report named in the form, from a history that does not hold it
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "elsewhere"))
+    type_into(view.measured, str(report))
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    assert view.last_result.trials[0].measured.source == str(report)
