@@ -139,3 +139,25 @@ def _card_memory(name: str, row: dict) -> CardMemory:
     known = f" (nominal {nominal} GB: {row.get('memory_note')})" if nominal else ""
     return CardMemory(name, None, f"{name} has no memory size as CUDA reports it in "
                                   f"{_TABLE_NAME}{known}")
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    bytes_per_s: float | None  # the datasheet's peak DRAM bandwidth; None: not known
+    source: str  # where the figure comes from, or why there is none
+
+
+def memory_bandwidth(card: str) -> Bandwidth:
+    """A card's datasheet memory bandwidth; a GPU whose sizes differ in bandwidth needs the
+    size in the name, as for its memory."""
+    entry = _entry(card)
+    if entry is None:
+        return Bandwidth(None, f"'{card}' is not in {_TABLE_NAME}")
+    row = entry
+    if entry.get("memory_bandwidth_tbps") is None:
+        variants = entry.get("memory_variants") or []
+        row = next((v for v in variants if re.search(v["match"], card, re.IGNORECASE)), entry)
+    if row.get("memory_bandwidth_tbps") is None:
+        return Bandwidth(None, f"{entry['name']}: no memory bandwidth ("
+                               f"{row.get('memory_bandwidth_source', 'none in the table')})")
+    return Bandwidth(row["memory_bandwidth_tbps"] * 1e12, row["memory_bandwidth_source"])

@@ -16,6 +16,12 @@ What fake tensors cannot run (bitsandbytes' quantised layers, which quantise rea
 while loading; a custom op without a fake kernel) falls back to engine.memory_model, and
 says so in the trial. ``--strategy fsdp2`` traces rank 0 on torch's fake process group;
 DDP cannot run there, so its buckets are added to the one-process trace.
+
+Per card, the step time is a roofline prediction: the longer of the step's FLOPs by dtype
+at each dtype's datasheet peak and its bytes moved (engine.traffic, counted over the
+watched step) at the card's datasheet memory bandwidth, with the bound named. Where a real
+trial of the same model and shape exists (the run history, or ``--measured``), its
+figures stand beside the traced ones (engine.plan_measured).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import dataclasses
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -39,8 +46,10 @@ from engine.config import (
 )
 from engine.events import MemoryBreakdown
 from engine.peaks import _entry as peak_entry
-from engine.peaks import peak_flops, table
+from engine.peaks import memory_bandwidth, peak_flops, table
 from engine.plan_measured import MeasuredTrial, find_measured, read_report
+from engine.traffic import CONVENTION as TRAFFIC_CONVENTION
+from engine.traffic import ByteCounter
 
 # What CUDA holds outside the allocator (context, loaded kernels, cuBLAS handles); a
 # stated allowance, not a measurement: `profile` on the card reports its context gap.
@@ -144,6 +153,9 @@ class CardVerdict:
     predicted_step_ms: float | None  # roofline prediction, never a measurement
     prediction_model: str
     reason: str | None = None  # why fits/headroom are n/a
+    bound: str | None = None  # the roofline's bound: "compute" or "memory"
+    compute_ms: float | None = None  # FLOPs by dtype at each dtype's peak
+    memory_ms: float | None = None  # bytes moved at the card's memory bandwidth
 
 
 @dataclass(frozen=True)
@@ -158,6 +170,7 @@ class PlanTrial:
     optimizer: str = ""  # the label's '+OPTIM', else --optimizer
     # a real trial of the same model, shape and recipe (engine.plan_measured), or None
     measured: MeasuredTrial | None = None
+    bytes_moved: int | None = None  # engine.traffic's count of the traced step; None: not traced
 
 
 @dataclass(frozen=True)
@@ -272,9 +285,15 @@ def _optimizer_on_fake(name: str, params: list, lr: float, eps: float, mode):
         return make_optimizer(name, params, lr, eps)
 
 
-def trace_step(config: PlanConfig, precision: str, batch_size: int):
-    """(MeasuredPeak, FLOPs by peak dtype) of one steady-state training step, traced; under
-    FSDP2, rank 0's step in a fake world of ``nproc_per_node`` ranks."""
+class TracedStep(NamedTuple):
+    memory: object  # engine.memtrack.MeasuredPeak
+    flops_by_peak_dtype: dict  # one optimiser step's forwards and backwards
+    bytes_moved: int  # engine.traffic's count over the watched step, optimiser included
+
+
+def trace_step(config: PlanConfig, precision: str, batch_size: int) -> TracedStep:
+    """One steady-state training step, traced; under FSDP2, rank 0's step in a fake world
+    of ``nproc_per_node`` ranks."""
     with ExitStack() as stack:
         mesh = (stack.enter_context(_fake_world(config.nproc_per_node))
                 if config.strategy == "fsdp2" else None)
@@ -334,9 +353,12 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
             else:
                 optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        measured = tracked_step(run, step_rec, device, model, optimizer, scaler, batches)
+        with ByteCounter() as traffic:  # the watched step's bytes: no module hooks
+            measured = tracked_step(run, step_rec, device, model, optimizer, scaler, batches)
     # FLOPs of one optimiser step: every micro-batch's forward and backward
-    return measured, {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()}
+    return TracedStep(measured,
+                      {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()},
+                      traffic.bytes_moved)
 
 
 def meta_shape(config: PlanConfig, precision: str):
@@ -388,28 +410,48 @@ def card_memory(card: str) -> tuple[str, int | None, str]:
     return found.name, found.memory_bytes, found.source
 
 
-def roofline_ms(card: str, by_peak_dtype: dict) -> tuple[float | None, str]:
-    """Compute-bound step time: each dtype's FLOPs at that dtype's datasheet peak."""
-    if not by_peak_dtype:
-        return None, "n/a: the step's FLOPs were not counted"
+@dataclass(frozen=True)
+class Roofline:
+    step_ms: float | None  # the larger of the two bounds; None: either is unknown
+    compute_ms: float | None
+    memory_ms: float | None
+    bound: str | None  # "compute" or "memory"
+    model: str  # how it was predicted, or why it is n/a
+
+
+def roofline(card: str, by_peak_dtype: dict, bytes_moved: int | None) -> Roofline:
+    """A roofline prediction: the step takes the longer of its FLOPs at each dtype's
+    datasheet peak and its bytes moved at the card's datasheet memory bandwidth."""
+    if not by_peak_dtype or bytes_moved is None:
+        return Roofline(None, None, None, None, "n/a: the step was not traced")
     blend = flops_mod.blended_peak(by_peak_dtype, lambda key: peak_flops(card, key))
-    if blend.flops_per_s is None:
-        return None, f"n/a: {blend.reason}"
-    total = sum(by_peak_dtype.values())
-    return total / blend.flops_per_s * 1e3, (
-        "prediction (compute roofline: the traced step's FLOPs by dtype at the datasheet "
-        f"dense peak, {flops_mod.describe_blend(blend)}; a lower bound: memory traffic, "
-        "launch overhead and less than 100% utilisation are not modelled)")
+    bandwidth = memory_bandwidth(card)
+    if blend.flops_per_s is None or bandwidth.bytes_per_s is None:
+        why = blend.reason if blend.flops_per_s is None else bandwidth.source
+        return Roofline(None, None, None, None, f"n/a: {why}")
+    compute_ms = sum(by_peak_dtype.values()) / blend.flops_per_s * 1e3
+    memory_ms = bytes_moved / bandwidth.bytes_per_s * 1e3
+    bound = "compute" if compute_ms >= memory_ms else "memory"
+    return Roofline(max(compute_ms, memory_ms), compute_ms, memory_ms, bound, (
+        f"prediction (roofline, {bound}-bound: the larger of compute {compute_ms:.3g} ms, "
+        "the traced step's FLOPs by dtype at the datasheet dense peak "
+        f"({flops_mod.describe_blend(blend)}), and memory {memory_ms:.3g} ms, "
+        f"{bytes_moved:,} bytes moved ({TRAFFIC_CONVENTION}) at "
+        f"{bandwidth.bytes_per_s / 1e12:.3g} TB/s ({bandwidth.source}); a lower bound: "
+        "launch overhead, communication and less than full utilisation are not modelled)"))
 
 
-def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict) -> CardVerdict:
+def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict,
+             bytes_moved: int | None) -> CardVerdict:
     name, memory, source = card_memory(card)
-    step_ms, model = roofline_ms(name, by_dtype)
+    line = roofline(card, by_dtype, bytes_moved)  # as typed: it names a size variant
+    step_ms, model = line.step_ms, line.model
     total = peak_at(config.batch_size)
     if memory is None or total is None:
         reason = source if memory is None else "the step's memory is n/a"
         return CardVerdict(name, memory, source, None, None, None, None,
-                           f"n/a: {reason}", step_ms, model, reason)
+                           f"n/a: {reason}", step_ms, model, reason, line.bound,
+                           line.compute_ms, line.memory_ms)
     usable = memory - config.context_bytes
     fits = total <= usable
     best, note = None, "not searched (--max-batch 0)"
@@ -427,7 +469,7 @@ def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict) -> CardVerd
             best = search(fits_at, config.batch_size - 1) or 0
             note = f"searched over traced steps, batch 1..{config.batch_size - 1}"
     return CardVerdict(name, memory, source, usable, fits, usable - total, best, note,
-                       step_ms, model)
+                       step_ms, model, None, line.bound, line.compute_ms, line.memory_ms)
 
 
 def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
@@ -437,13 +479,15 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
         reason = _traceable(precision)
         peaks: dict[int, int | None] = {}
         by_dtype: dict = {}
+        bytes_moved = None
         memory, method, trace_s = None, "traced", None
         buckets = 0  # DDP's gradient buckets, held beside the traced step
         if reason is None:
             log(f"{precision}: tracing one step at batch {config.batch_size}")
             start = time.perf_counter()
             try:
-                measured, by_dtype = trace_step(config, precision, config.batch_size)
+                measured, by_dtype, bytes_moved = trace_step(config, precision,
+                                                             config.batch_size)
             except Exception as exc:  # a custom op without a fake kernel
                 reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
             else:
@@ -478,17 +522,19 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
             if batch not in peaks:
                 if method == "traced":
                     log(f"{precision}: tracing batch {batch}")
-                    peaks[batch] = trace_step(config, precision, batch)[0].peak_bytes + buckets
+                    peaks[batch] = trace_step(config, precision, batch).memory.peak_bytes \
+                        + buckets
                 elif method == "memory model":
                     peaks[batch] = _fallback(config, precision, batch).total_bytes
                 else:
                     peaks[batch] = None
             return peaks[batch]
 
-        cards = [_verdict(config, card, peak_at, by_dtype) for card in config.cards]
+        cards = [_verdict(config, card, peak_at, by_dtype, bytes_moved)
+                 for card in config.cards]
         trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards,
                                 trial_optimizer(config, precision),
-                                _measured(config, precision, reports)))
+                                _measured(config, precision, reports), bytes_moved))
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum, strategy=config.strategy,
@@ -610,5 +656,5 @@ def format_plan(result: PlanResult) -> str:
             step = "n/a" if c.predicted_step_ms is None else f"{c.predicted_step_ms:.1f} ms"
             lines.append(f"  {c.card}: {verdict} in {_gib(c.usable_bytes)} usable, {room} "
                          f"{_gib(abs(c.headroom_bytes))}; largest micro-batch {batch}; "
-                         f"predicted step {step} (roofline)")
+                         f"predicted step {step} ({c.bound}-bound roofline)")
     return "\n".join(lines)

@@ -87,6 +87,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def plan_html(result) -> str:
     """The answer first: recipe x card, fits or not, with headroom."""
     from engine.plan import size_text
+    from engine.traffic import CONVENTION as TRAFFIC_CONVENTION
 
     cards = [c.card for c in result.trials[0].cards] if result.trials else []
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cards)
@@ -98,7 +99,10 @@ def plan_html(result) -> str:
                 cells.append(f"<td>n/a: {html.escape(c.reason or '')}</td>")
             else:
                 word = "fits" if c.fits else "does not fit"
-                cells.append(f"<td>{word}, headroom {c.headroom_bytes / 2**30:.2f} GiB</td>")
+                step = ("" if c.predicted_step_ms is None else
+                        f"; step {c.predicted_step_ms:.3g} ms predicted ({c.bound}-bound)")
+                cells.append(f"<td>{word}, headroom {c.headroom_bytes / 2**30:.2f} GiB"
+                             f"{step}</td>")
         peak = (f"{size_text(t.memory.total_bytes)} ({t.method})" if t.memory
                 else f"n/a: {html.escape(t.reason or '')}")
         rows.append(f"<tr><th>{html.escape(t.precision)}</th><td>{peak}</td>"
@@ -114,7 +118,9 @@ def plan_html(result) -> str:
             f"{head}</tr>{''.join(rows)}</table>{_side_by_side_html(result)}"
             "<p>Usable memory is the card's memory as the driver reports "
             f"it minus a CUDA context allowance of {result.context_bytes / 2**30:.2f} GiB. "
-            "Step times are roofline predictions, not measurements.</p>")
+            "Step times are roofline predictions, not measurements: the longer of the "
+            "traced step's FLOPs by dtype at the datasheet peak and its bytes moved at the "
+            f"datasheet memory bandwidth ({html.escape(TRAFFIC_CONVENTION)}).</p>")
 
 
 def _measured_cell(trial) -> str:

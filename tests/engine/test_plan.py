@@ -121,7 +121,7 @@ def test_8b_widths_match_memtracker_and_hand_counted_bytes(tmp_path):
     cfg.save_pretrained(tmp_path / "l8b2")
     config = PlanConfig(model=str(tmp_path / "l8b2"), precisions=("bf16-amp",), batch_size=1,
                         seq_len=64, max_batch=0)
-    measured, _ = trace_step(config, "bf16-amp", 1)
+    measured = trace_step(config, "bf16-amp", 1).memory
 
     n = _llama_params(h, f, layers, heads, kv, vocab)
     tensors = 3 + 9 * layers  # embeddings, final norm, head; 9 per layer
