@@ -80,12 +80,6 @@ class PlanConfig:
     history: bool = True  # look in the journaled runs of this machine for measured trials
 
     def __post_init__(self) -> None:
-        # float8 Linears under FSDP2 are measured by profile, not traced under fake tensors
-        for label in parse_precisions(self.precisions):
-            name = split_label(label)[0]
-            if name in FSDP2_ONLY or (name == "fp8" and self.strategy != "none"):
-                raise ValueError(f"plan does not trace float8 training under FSDP2: measure "
-                                 f"{name} with `profile --strategy fsdp2`")
         # RunConfig validates the shared fields and says how to fix them
         self.run_config(self.batch_size)
         object.__setattr__(self, "precisions", parse_precisions(self.precisions))
@@ -100,6 +94,11 @@ class PlanConfig:
             if any(split_label(p)[2] for p in self.precisions):
                 raise ValueError("a gradient-reduction dtype ('@bf16') needs a distributed "
                                  "run: set --strategy ddp or fsdp2, or drop the '@' suffix")
+            fsdp_only = [p for p in self.precisions if base_precision(p) in FSDP2_ONLY]
+            if fsdp_only:
+                raise ValueError(f"{fsdp_only[0]} all-gathers FSDP2's sharded parameters in "
+                                 "float8: plan it with --strategy fsdp2 (and "
+                                 "--nproc-per-node), or choose fp8")
         else:
             if any(split_label(p)[1] for p in self.precisions):
                 raise ValueError("a per-trial optimizer ('+adamw8bit') runs in one process "
@@ -131,9 +130,11 @@ class PlanConfig:
             raise ValueError("--max-batch must be 0 (no search) or more")
 
     def run_config(self, batch_size: int) -> RunConfig:
-        # the traced step is one process: an '@dtype' reduction is FSDP2's policy, not its
-        one_process = tuple(dict.fromkeys(p.partition("@")[0]
-                                          for p in parse_precisions(self.precisions)))
+        # the traced step is one process: an '@dtype' reduction is FSDP2's policy, not its;
+        # fp8-fsdp-ag's float8 all-gather is FSDP2's too: one process trains it as fp8
+        one_process = tuple(dict.fromkeys(
+            "fp8" if base_precision(p) in FSDP2_ONLY else p.partition("@")[0]
+            for p in parse_precisions(self.precisions)))
         return RunConfig(model=self.model, precisions=one_process, batch_size=batch_size,
                          seq_len=self.seq_len, optimizer=self.optimizer, device="cpu",
                          grad_checkpointing=self.grad_checkpointing,
@@ -498,6 +499,8 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
                     **breakdown_fields(measured, TRACE_METHOD),
                     notes="traced on the CPU device: CPU autocast op lists; CUDA's "
                           "allocator rounding and kernels' scratch are not in this figure")
+                if base_precision(precision) in FSDP2_ONLY:
+                    memory = dataclasses.replace(memory, notes=f"{memory.notes}; {_PRECOMPUTE}")
                 if config.strategy == "ddp":
                     buckets = measured.at_phase_start["optimizer"]["grads"]
                     memory = _with_ddp_buckets(memory, buckets, config.nproc_per_node)
@@ -552,6 +555,13 @@ def _measured(config: PlanConfig, precision: str, reports: list) -> MeasuredTria
     return find_measured(config, precision, param_count, reports)
 
 
+_PRECOMPUTE = (
+    "torchao's per-step float8 scale precompute (precompute_float8_dynamic_scale_for_fsdp, "
+    "which a rank runs after each optimizer step) is not traced: torchao 0.18's "
+    "WeightWithDynamicFloat8CastTensor.__tensor_flatten__ tests the precomputed scale's "
+    "truth value, which a fake tensor does not have; each all-gather computes its weight's "
+    "scale instead, which differs by a few scalars, not in the float8 bytes gathered")
+
 _DDP_NOTE = ("; DDP's gradient buckets computed, not traced: DDP cannot run on a fake "
              "process group")
 
@@ -591,9 +601,9 @@ def size_text(value: int | None) -> str:
     return _gib(value) if abs(value) >= 2**30 else f"{value / 2**20:.2f} MiB"
 
 
-def difference_text(traced: int | None, measured: int) -> str:
+def difference_text(traced: int | None, measured: int | None) -> str:
     """Traced minus measured, as a share of the measured figure."""
-    if traced is None:
+    if traced is None or measured is None:  # a distributed trial keeps fewer categories
         return "n/a"
     if measured == 0:
         return "equal" if traced == 0 else f"+{size_text(traced)}"

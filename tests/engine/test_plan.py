@@ -196,8 +196,7 @@ def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
     (("--grad-accum", "0"), "--grad-accum"),
     (("--nproc-per-node", "4"), "--strategy ddp or fsdp2"),
     (("--strategy", "fsdp2", "--precision", "nf4"), "nf4 has no fsdp2 recipe"),
-    (("--strategy", "fsdp2", "--nproc-per-node", "8", "--precision", "fp8-fsdp-ag"),
-     "measure fp8-fsdp-ag with `profile --strategy fsdp2`"),
+    (("--precision", "fp8-fsdp-ag"), "plan it with --strategy fsdp2"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args, needle):
     run = _cli(*args, timeout=120)
@@ -387,3 +386,33 @@ def test_cli_fsdp2_and_ddp_per_rank_bytes_equal_hand_counts(tmp_path, family):
         assert "computed, not traced" in mem["total_method"]
         card = trial["cards"][0]
         assert card["headroom_bytes"] == card["usable_bytes"] - mem["total_bytes"]
+
+
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+def test_cli_float8_under_fsdp2_per_rank_bytes_equal_hand_counts(tmp_path, family):
+    """fp8 and fp8-fsdp-ag traced as rank 0 of 4 on the fake process group: fp32 master
+    shards, their gradients and AdamW's state, counted here; the float8 all-gather holds
+    1-byte unsharded weights where fp8 gathers them in fp32, so its peak is no higher; the
+    untraced scale precompute is said."""
+    if family == "tiny":
+        source, config = "tiny", GPT2_TINY
+    else:
+        source, config = _folder(tmp_path, family), FAMILIES[family]()
+    shapes = _shapes(config)
+    world = 4
+    shard = sum(-(-s[0] // world) * (torch.Size(s[1:]).numel()) for s in shapes)
+    run = _cli("--model", source, "--precision", "fp8,fp8-fsdp-ag", "--batch-size", "1",
+               "--seq-len", "16", "--card", "H100 SXM", "--max-batch", "0", "--json",
+               "--quiet", "--no-history", "--strategy", "fsdp2", "--nproc-per-node", str(world))
+    assert run.returncode == 0, run.stderr
+    trials = {t["precision"]: t for t in json.loads(run.stdout)["trials"]}
+    for trial in trials.values():
+        assert trial["method"] == "traced", trial["reason"]
+        mem = trial["memory"]
+        assert mem["params_bytes"] == 4 * shard, trial["precision"]
+        assert mem["at_phase_start_bytes"]["optimizer"]["grads"] == 4 * shard
+        assert mem["optimizer_bytes"] == 8 * shard + 4 * len(shapes)
+        assert set(trial["flops_by_peak_dtype"]) >= {"fp8"}  # the float8 GEMMs were traced
+    ag = trials["fp8-fsdp-ag"]["memory"]
+    assert ag["total_bytes"] <= trials["fp8"]["memory"]["total_bytes"]
+    assert "scale precompute" in ag["notes"] and "is not traced" in ag["notes"]
