@@ -1,9 +1,9 @@
 """How long a plan takes, and how much host memory it needs, per recipe.
 
 Spawns ``python3 main.py plan`` once per recipe (each in a fresh process, so its peak
-resident memory is its own) and reads the wall-clock time and the child's peak RSS
-(``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` after it ends, Linux: KiB). The time
-includes the interpreter's start-up and imports.
+resident memory is its own, with no look into the run history) and reads the wall-clock
+time and the child's peak RSS (``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` after it
+ends, Linux: KiB). The time includes the interpreter's start-up and imports.
 
     python3 benchmarks/plan_speed.py [--model llama-3-8b] [--seq-len 2048] \
         [--precision fp32,bf16-amp]
@@ -32,8 +32,8 @@ def run_one(model: str, precision: str, seq_len: int) -> tuple[float, int, int]:
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "main.py", "plan", "--model", model, "--precision",
                            precision, "--batch-size", "1", "--seq-len", str(seq_len),
-                           "--max-batch", "0", "--quiet"], cwd=ROOT, capture_output=True,
-                          text=True)
+                           "--max-batch", "0", "--no-history", "--quiet"], cwd=ROOT,
+                          capture_output=True, text=True)
     seconds = time.perf_counter() - start
     # ru_maxrss of children is the largest of any child so far: each run must beat the last
     # to show, so the figure is an upper bound for a later, smaller run
