@@ -663,7 +663,7 @@ def format_plan(result: PlanResult) -> str:
             verdict = "fits" if c.fits else "does not fit"
             room = "headroom" if c.fits else "short by"
             batch = "n/a" if c.max_batch is None else str(c.max_batch)
-            step = "n/a" if c.predicted_step_ms is None else f"{c.predicted_step_ms:.1f} ms"
+            step = "n/a" if c.predicted_step_ms is None else f"{c.predicted_step_ms:.3g} ms"
             lines.append(f"  {c.card}: {verdict} in {_gib(c.usable_bytes)} usable, {room} "
                          f"{_gib(abs(c.headroom_bytes))}; largest micro-batch {batch}; "
                          f"predicted step {step} ({c.bound}-bound roofline)")

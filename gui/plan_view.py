@@ -81,7 +81,7 @@ def card_text(card) -> tuple[str, str]:
             else f"does not fit, short {gib:.2f} GiB")
     batch = "n/a" if card.max_batch is None else str(card.max_batch)
     step = ("n/a" if card.predicted_step_ms is None
-            else f"{card.predicted_step_ms:.1f} ms")
+            else f"{card.predicted_step_ms:.3g} ms ({card.bound}-bound)")
     tip = (f"usable {card.usable_bytes / 2**30:.2f} GiB ({card.memory_source}); largest "
            f"micro-batch {batch} ({card.max_batch_note}); step {step}: "
            f"{card.prediction_model}")

@@ -56,6 +56,12 @@ def test_plan_tab_shows_recipe_by_card(qtbot, window):
     assert view.cell(0, "NVIDIA GeForce RTX 4090") == (
         f"fits, {(usable - traced) / 2**30:.2f} GiB headroom")
     assert view.cell(1, "NVIDIA T4") == "n/a"  # no memory size in the table
+    # the roofline's bound, in the card cell's tooltip, as the engine chose it
+    card = view.last_result.trials[0].cards[0]
+    assert card.bound in ("compute", "memory")
+    tip = view.table.item(0, 3).toolTip()
+    assert f"{card.predicted_step_ms:.3g} ms ({card.bound}-bound)" in tip
+    assert "prediction (roofline" in tip
     assert view.plan_button.isEnabled()
 
 
