@@ -142,3 +142,38 @@ def test_recipes_that_round_nothing_say_why():
     result = run_trial(config, "fp32", CPU, lambda e: None, lambda: False)
     assert result.quant_error is None
     assert result.quant_error_reason == "nothing is quantised: fp32 weights and inputs"
+
+
+E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)
+
+
+def nvfp4(x):
+    """NVFP4: one fp32 scale amax/(448 x 6) per tensor, an E4M3 scale per 16 elements
+    (block amax / 6 over the tensor scale), elements rounded to the nearest E2M1 value."""
+    x = x.double()
+    tensor_scale = x.abs().max() / (E4M3_MAX * 6)
+    blocks = x.reshape(-1, 16)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    scale = (amax / 6 / tensor_scale).float().to(torch.float8_e4m3fn).double() * tensor_scale
+    y = (blocks / scale).clamp(-6, 6)
+    nearest = E2M1[(y.abs().unsqueeze(-1) - E2M1).abs().argmin(dim=-1)]
+    return (nearest * y.sign() * scale).reshape(x.shape)
+
+
+def test_nvfp4_layers_are_rounded_as_nvfp4():
+    """NVFP4 trials run on Blackwell only (n/a on the CPU): the layer torchao's own
+    NVFP4TrainingConfig converts is quantised here as a trial's SQNR forward would."""
+    from torchao.prototype.moe_training.nvfp4_training.nvfp4_training import (
+        NVFP4TrainingConfig,
+    )
+    from torchao.quantization import quantize_
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256))
+    quantize_(model, NVFP4TrainingConfig())
+    layer = model[0]
+    fmt, q_weight, q_input = quant_error._layer(layer, torch.bfloat16)
+    assert fmt == "nvfp4 e2m1, e4m3 scale per 16, fp32 tensor scale"
+    w, x = layer.weight.detach(), torch.randn(32, 128)
+    assert quant_error.sqnr_db(w, q_weight(w)) == pytest.approx(sqnr(w, nvfp4(w)), abs=0.02)
+    assert quant_error.sqnr_db(x, q_input(x)) == pytest.approx(sqnr(x, nvfp4(x)), abs=0.02)
