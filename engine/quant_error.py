@@ -143,7 +143,7 @@ def measure(model: nn.Module, rec: Recipe, batch: dict, device: torch.device) ->
 
     for name, module in model.named_modules():
         spec = _layer(module, autocast)
-        if spec is not None and name not in rows:
+        if spec is not None:
             hooks.append(module.register_forward_pre_hook(hook_for(name, module, spec)))
     try:
         with torch.no_grad(), autocast_for(rec, device):
