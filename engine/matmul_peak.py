@@ -63,7 +63,8 @@ class MeasuredPeak:
             return PeakLookup(rate * 1e12, (
                 f"measured matmul peak: {rate:.4g} TFLOP/s {dtype}, best {self.sizes[dtype]}x"
                 f"{self.sizes[dtype]} matmul on {self.device} (torch {self.torch_version}, "
-                f"measured {when}; main.py profile --measure-peak measures again)"), None)
+                f"measured {when}; main.py profile --measure-peak, or Measure again in the "
+                "window's status bar, measures again)"), None)
         why = self.reasons.get(dtype) or f"the matmul benchmark does not time {dtype}"
         return PeakLookup(None, None, f"no measured {dtype} matmul peak: {why}")
 
