@@ -273,14 +273,20 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
     """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
     from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
     from engine.matmul_peak import format_mfu
+    from engine.quant_error_text import format_quant_error
     from engine.verdict import verdict as recommend
 
     _say(_verdict_text(recommend(record)))
     verdict = speed_verdict(record.trials)
-    _say(format_table(comparison_rows(record, verdict), wide=wide))
+    rows = comparison_rows(record, verdict)
+    _say(format_table(rows, wide=wide))
     mfu = format_mfu(record.trials)
     if mfu:
         _say(mfu)
+    quant = format_quant_error(record.trials,
+                               {r.precision: r.final_loss_diff_vs_fp32 for r in rows})
+    if quant:
+        _say(quant)
     if record.config.get("strategy", "none") != "none":
         from engine.distributed.summary_text import distributed_lines
 

@@ -228,6 +228,31 @@ class ParamInfo:
 
 
 @dataclass(frozen=True)
+class LayerSqnr:
+    """One matmul layer's quantisation error as its trial's recipe rounds it: the
+    signal-to-quantisation-noise ratio 10 log10(sum x^2 / sum (x - q(x))^2) of its weight
+    and of its input on one batch. None: nothing was rounded (already in the format)."""
+
+    name: str
+    format: str  # how the recipe rounds this layer's operands, e.g. "fp8 e4m3 tensorwise"
+    weight_db: float | None
+    input_db: float | None
+
+
+@dataclass(frozen=True)
+class QuantError:
+    """The per-layer SQNR of a trial, with the median and the worst layer of each operand
+    (over the layers that round it; None when none does)."""
+
+    method: str
+    layers: list[LayerSqnr] = field(default_factory=list)
+    weight_median_db: float | None = None
+    weight_min_db: float | None = None
+    input_median_db: float | None = None
+    input_min_db: float | None = None
+
+
+@dataclass(frozen=True)
 class ModuleInfo:
     """One node of the module tree, with the bytes of its own and its children's params."""
 
@@ -564,6 +589,10 @@ class TrialResult:
     # the reason; None in older reports and user runs
     support: str | None = None
     support_reason: str | None = None
+    # the SQNR of each matmul layer's weight and input as the recipe quantises them;
+    # None with ``quant_error_reason`` where the recipe rounds nothing or it was not measured
+    quant_error: QuantError | None = None
+    quant_error_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,8 @@ class MeasuredPeak:
             return PeakLookup(rate * 1e12, (
                 f"measured matmul peak: {rate:.4g} TFLOP/s {dtype}, best {self.sizes[dtype]}x"
                 f"{self.sizes[dtype]} matmul on {self.device} (torch {self.torch_version}, "
-                f"measured {when}; main.py profile --measure-peak measures again)"), None)
+                f"measured {when}; main.py profile --measure-peak, or Measure again in the "
+                "window's status bar, measures again)"), None)
         why = self.reasons.get(dtype) or f"the matmul benchmark does not time {dtype}"
         return PeakLookup(None, None, f"no measured {dtype} matmul peak: {why}")
 
@@ -110,12 +111,14 @@ def forget(info) -> bool:
     return True
 
 
-def for_device(info, rerun: bool = False) -> MeasuredPeak:
-    """The device's measured peak: the cached one, else (or with ``rerun``) measured now."""
+def for_device(info, rerun: bool = False,
+               on_dtype: Callable[[str], None] | None = None) -> MeasuredPeak:
+    """The device's measured peak: the cached one, else (or with ``rerun``) measured now;
+    ``on_dtype`` hears each dtype as its timing starts (the window's progress)."""
     found = None if rerun else cached(info)
     if found is not None:
         return found
-    measured = measure(info)
+    measured = measure(info, on_dtype)
     if not measured.failed:  # a failure may pass (memory another process held): not kept
         entries = _read()
         entries[measured.key] = asdict(measured)
@@ -202,7 +205,7 @@ def _best_call_s(call: Callable[[], object], device: torch.device, budget_s: flo
     return best
 
 
-def measure(info) -> MeasuredPeak:
+def measure(info, on_dtype: Callable[[str], None] | None = None) -> MeasuredPeak:
     """Time square matmuls in each of ``DTYPES`` on ``info``'s device (a second or two)."""
     device = info.torch_device
     budget = BUDGET_S[info.kind]
@@ -210,6 +213,8 @@ def measure(info) -> MeasuredPeak:
     cublas = torch.backends.cuda.matmul
     with info.device_context():
         for dtype in DTYPES:
+            if on_dtype is not None:
+                on_dtype(dtype)
             before = cublas.fp32_precision
             if info.kind == "cuda":  # cuBLAS's fp32 mode: TF32 for the tf32 column only
                 cublas.fp32_precision = "tf32" if dtype == "tf32" else "ieee"

@@ -67,6 +67,10 @@ _MEASURED = {
 }
 
 
+# torchao's training layers: their forward casts the weight per call and saves the fp32 one
+CONVERTED_LAYERS = ("Float8Linear", "MXFP8Linear", "NVFP4Linear")
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the memory model needs to know of a loaded model."""
@@ -90,6 +94,9 @@ class ModelShape:
     # heads' cross-entropy runs in the logits' dtype
     loss_in_fp32: bool = True
     lora_in_features: int = 0  # summed input width of the LoRA-adapted layers
+    # weights of the layers converted to float8 / MX training layers: torchao saves their
+    # high-precision weight for backward and casts it again there, so no copy is kept
+    converted_matmul_params: int = 0
 
 
 def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
@@ -118,6 +125,8 @@ def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
         loss_in_fp32=task_of(config) == "causal-lm",
         lora_in_features=sum(m.in_features for m in model.modules()
                              if hasattr(m, "lora_A") and hasattr(m, "in_features")),
+        converted_matmul_params=sum(m.weight.numel() for m in model.modules()
+                                    if type(m).__name__ in CONVERTED_LAYERS),
     )
 
 
@@ -405,7 +414,9 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
     # autocast copies the weights it casts; a quantised base is dequantised per call
     # instead (freed at once), so only its adapters and the other frozen weights count.
     # Checkpointed layers save nothing, their copies included: the head's copy remains.
-    copies_of = shape.matmul_params - shape.quantized_params
+    # Layers converted to float8/MX keep no copy: only the rest (the LM head, shapes the
+    # formats cannot take, a ":keep-..." recipe's kept layers) are autocast's to copy.
+    copies_of = shape.matmul_params - shape.quantized_params - shape.converted_matmul_params
     if grad_checkpointing:
         copies_of = shape.dims["vocab"] * shape.dims["hidden"]
     full_weights = recipe.weight_dtype.itemsize == FP32 or recipe.quant
@@ -439,7 +450,10 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
         f"params {params:,} B + buffers {shape.buffers_bytes:,} B + quantisation state "
         f"{quant_state:,} B; grads {grads:,} B; optimizer {opt_text}",
         f"activations ({act.method}): {act.formula}",
-        f"weight copies: 2 B x {copies_of:,} matmul weights = {copies:,} B" if copies
+        f"weight copies: 2 B x {copies_of:,} matmul weights = {copies:,} B"
+        + (f" ({shape.converted_matmul_params:,} weights of float8/MX layers keep none: "
+           "torchao saves the fp32 weight and casts it again in backward)"
+           if shape.converted_matmul_params and not grad_checkpointing else "") if copies
         else "weight copies: none (no autocast over fp32 weights)",
         "peak: the largest phase of the step: " + ", ".join(
             f"{name} {b:,} B" for name, b in phases.items())

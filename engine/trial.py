@@ -18,7 +18,7 @@ import torch
 from torch.profiler import record_function
 
 from engine import flops as flops_mod
-from engine import inventory, matmul_peak, memtrack, nvml
+from engine import inventory, matmul_peak, memtrack, nvml, quant_error
 from engine.config import TORCHAO_STEP, RunConfig, base_precision
 from engine.device import DeviceInfo
 from engine.events import (
@@ -31,6 +31,7 @@ from engine.events import (
     PhaseChanged,
     PredictedMemory,
     ProfiledStep,
+    QuantError,
     StepSample,
     TrialResult,
     TrialSummary,
@@ -210,6 +211,8 @@ class _State:
     step_offset: int = 0
     distinct_batches: int | None = None
     lora: dict | None = None
+    quant_error: QuantError | None = None
+    quant_error_reason: str | None = "not measured: the trial ended before its first step"
 
     def phase(self, emit, phase: str) -> None:
         emit(PhaseChanged(self.rec.precision, phase, time.time(), self.round_index))
@@ -249,6 +252,8 @@ class _State:
                 self.profiled_reason or "the trial ended before its measured steps finished"),
             support=verdict.support if verdict else None,
             support_reason=verdict.reason if verdict else None,
+            quant_error=self.quant_error,
+            quant_error_reason=None if self.quant_error else self.quant_error_reason,
         )
 
     def _summary(self) -> TrialSummary:
@@ -450,6 +455,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     if verdict is not None and verdict.support == "emulated":
         state.notes.append(f"emulated: {verdict.reason}")
     _probe(state, loaded, batches[0])
+    _quant_error(state, model, batches[0], device)
     state.peak = _peak(info, rec, state.flops.by_peak_dtype)
     state.measured_peak = _measured_peak(rates, rec, state.flops.by_peak_dtype)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, state.optimizer,
@@ -596,6 +602,19 @@ def _probe(state: _State, loaded, batch: dict) -> None:
         model_convention=flops_mod.MODEL_FLOPS_CONVENTION,
         hardware_convention=flops_mod.HARDWARE_FLOPS_CONVENTION,
     )
+
+
+def _quant_error(state: _State, model, batch: dict, device: torch.device) -> None:
+    """Each matmul layer's SQNR on one uncounted forward; a failure costs only this figure."""
+    reason = quant_error.reason_none(state.rec)
+    if reason is not None:
+        state.quant_error_reason = reason
+        return
+    try:
+        state.quant_error = quant_error.measure(model, state.rec, batch, device)
+    except Exception as exc:
+        state.quant_error_reason = f"the SQNR forward failed: {type(exc).__name__}: {exc}"
+    _release(device)
 
 
 def _eager_oom_of_compiled(state: _State, exc: Exception) -> bool:

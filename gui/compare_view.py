@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSplitter,
     QTableView,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -44,6 +45,7 @@ from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_ts
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
 from gui.plain_text import as_html, plain_label
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
+from gui.quant_error_view import QuantErrorView
 from gui.rank_view import RankView
 
 BAR = 0.36  # bar width; measured and predicted memory bars sit side by side
@@ -135,7 +137,11 @@ class CompareView(QWidget):
         splitter.addWidget(self.charts)
         self.ranks = RankView()  # distributed trials only
         splitter.addWidget(self.ranks)
-        splitter.addWidget(table_box)
+        self.quant_error = QuantErrorView()
+        self.tables = QTabWidget()  # the comparison table, and each trial's SQNR beside it
+        self.tables.addTab(table_box, "Comparison table")
+        self.tables.addTab(self.quant_error, "Quantisation error (SQNR)")
+        splitter.addWidget(self.tables)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(2, 1)
         splitter.setSizes([480, 300, 380])  # room for the speed note and every row at 768 px
@@ -152,6 +158,7 @@ class CompareView(QWidget):
         verdict = speed_verdict(record.trials)
         rows = comparison_rows(record, verdict)
         self.model.set_rows(rows)
+        self.quant_error.show_record(record, {r.precision: r.final_loss_diff_vs_fp32 for r in rows})
         reasons = [note, baseline_reason(record)]
         self.note.setText("  ".join(r for r in reasons if r))
         suggestion = f" Suggestion: {verdict.suggestion}." if verdict.suggestion else ""

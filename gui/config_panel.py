@@ -42,6 +42,7 @@ from engine.config import (
     STATE_OPTIMIZERS,
     STRATEGIES,
     RunConfig,
+    split_keep,
     split_label,
 )
 from engine.model_check import check_model
@@ -57,6 +58,9 @@ if TYPE_CHECKING:
 
 MODEL_SOURCES = ("Preset", "Local folder", "Hub id")
 REDUCE_AS_COMPUTED = "as computed"
+# the per-layer variants resources/precisions.json describes, listed under their base recipe
+KEEP_VARIANTS = {"fp8": ("fp8:keep-ends", "fp8:keep-attn")}
+FORM_PRECISIONS = tuple(n for base in PRECISIONS for n in (base, *KEEP_VARIANTS.get(base, ())))
 SOURCE_KINDS = ("preset", "folder", "hub")  # engine.model_check's names for the sources
 # the engine's messages name CLI flags; the form names its fields
 FIELD_OF_FLAG = {
@@ -86,6 +90,14 @@ DEVICES = ("auto", "cpu", "cuda")
 RUN_WHILE_PROBING = ("auto", "cpu")
 RUN_OPTIMIZER = "(the run's optimizer)"
 PROBE_FALLBACK_MS = 1500
+
+
+def describe(name: str) -> str:
+    """"name: what it trains", one line; a ":keep-..." variant's line is its suffix's
+    (written "FP8:keep-ends: ..." in the resource, which names the recipe itself)."""
+    keep = split_keep(name)[1]
+    text = precision_descriptions()[f":{keep}" if keep else name]
+    return f"{name}: {text.partition(': ')[2] if keep else text}"
 
 
 def _swatch(color: QColor) -> QIcon:
@@ -150,10 +162,10 @@ class ConfigPanel(QWidget):
         self.trust_remote_code.setToolTip("Run Python code shipped with a hub or folder model")
 
         self.precisions = QListWidget()
-        for name in PRECISIONS:
+        for name in FORM_PRECISIONS:
             item = QListWidgetItem(_swatch(precision_color(name)), name)
             item.setData(Qt.ItemDataRole.UserRole, name)
-            item.setToolTip(f"{name}: {precision_descriptions()[name]}")
+            item.setToolTip(describe(name))
             item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
             item.setCheckState(
                 Qt.CheckState.Checked if name in defaults.precisions else Qt.CheckState.Unchecked
@@ -474,7 +486,7 @@ class ConfigPanel(QWidget):
         for i in range(self.precisions.count()):
             item = self.precisions.item(i)
             name = item.data(Qt.ItemDataRole.UserRole)
-            what = f"{name}: {precision_descriptions()[name]}"
+            what = describe(name)
             verdict = self.device_info.verdict(name) if self.device_info else None
             # the device's own list also holds what is not installed (bitsandbytes, torchao)
             reason = self.device_info.unsupported_reason(name) if self.device_info else None

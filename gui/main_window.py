@@ -54,6 +54,7 @@ from gui.history_view import HistoryView
 from gui.journal_watcher import JournalWatcher
 from gui.kernel_view import KernelView
 from gui.model_view import ModelView
+from gui.peak_status import PeakStatus
 from gui.plain_text import as_html
 from gui.plan_view import PlanView
 from gui.trial_table import TrialTable
@@ -219,8 +220,12 @@ class MainWindow(QMainWindow):
         self.run_progress.setFormat("run %p%")
         self.device_status = DeviceStatus()
         # permanent widgets: showMessage() would hide ordinary ones while it shows
+        self.peak_status = PeakStatus()  # the measured matmul peak, and "Measure again"
         self.statusBar().addPermanentWidget(self.device_status)
+        self.statusBar().addPermanentWidget(self.peak_status)
         self.statusBar().addPermanentWidget(self.run_progress)
+        self.config_panel.device_changed.connect(self.peak_status.show_device)
+        self.peak_status.busy_changed.connect(self._update_buttons)
         self.config_panel.engine_loaded.connect(self._freeze_startup_objects)
         self.config_panel.device_changed.connect(
             lambda info: self.device_status.show_device(info, self.config_panel.device_error))
@@ -341,7 +346,11 @@ class MainWindow(QMainWindow):
         stop.triggered.connect(self.stop_run)
         traced = QAction("Run with &kernel traces…", self)
         traced.triggered.connect(self._ask_traced_run)
+        peak = QAction("&Measure matmul peak again", self)
+        peak.triggered.connect(self.peak_status.measure)
         run_menu.addActions([start, stop, traced])
+        run_menu.addSeparator()
+        run_menu.addAction(peak)
 
     # --- running -----------------------------------------------------------------------
 
@@ -349,8 +358,13 @@ class MainWindow(QMainWindow):
         running = self.worker.is_running()
         # the lab's GPU work would skew a trial's timings: one at a time, either way round
         lab = self.lab_worker.is_running()
-        self.run_button.setEnabled(not running and not lab and self.config_panel.error() is None)
-        self.run_button.setToolTip("Waiting for the numerics lab to finish" if lab else "")
+        peak = self.peak_status.is_busy()  # the matmul benchmark, likewise
+        self.run_button.setEnabled(not running and not lab and not peak
+                                   and self.config_panel.error() is None)
+        self.run_button.setToolTip("Waiting for the numerics lab to finish" if lab else
+                                   "Waiting for the matmul peak benchmark to finish" if peak
+                                   else "")
+        self.peak_status.set_blocked(running or lab)
         self.stop_button.setEnabled(running)
         if not lab and "numerics_view" in self._built:  # a new one starts as it should
             self.numerics_view.set_busy(running)
@@ -365,7 +379,7 @@ class MainWindow(QMainWindow):
 
     def start_run(self, config: RunConfig | None = None) -> bool:
         """Start a run of ``config`` (the form's when None); False if it cannot start."""
-        if self.worker.is_running() or self.lab_worker.is_running():
+        if self.worker.is_running() or self.lab_worker.is_running() or self.peak_status.is_busy():
             return False
         self.watcher.stop()
         self._watching = False
@@ -589,7 +603,7 @@ class MainWindow(QMainWindow):
 
     def start_lab(self, precision: str) -> bool:
         """Run the numerics lab with the Run tab's model, device, batch and sequence length."""
-        if self.lab_worker.is_running() or self.worker.is_running():
+        if self.lab_worker.is_running() or self.worker.is_running() or self.peak_status.is_busy():
             return False
         values = self.config_panel.form_values()
         trials = None

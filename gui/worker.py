@@ -276,3 +276,47 @@ class ReportWriter(QObject):
         if self._thread is not None:
             self._thread.join(timeout_s)
         return not self.is_running()
+
+
+class PeakBenchmark(QObject):
+    """Measures the device's matmul peak again (``engine.matmul_peak``) in a thread: a
+    second or two of matmuls per dtype, which the window must not wait for. The new
+    figure replaces the cached one, so the runs that follow divide by it."""
+
+    progress = Signal(str, int, int)  # the dtype being timed, its number (from 1), how many
+    measured = Signal(object, object)  # the DeviceInfo, its MeasuredPeak
+    failed = Signal(str)  # why
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread: threading.Thread | None = None
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, info) -> None:
+        if self.is_running():
+            raise RuntimeError("the matmul peak is already being measured")
+        self._thread = threading.Thread(target=self._run, args=(info,),
+                                        name="ampscope-matmul-peak", daemon=True)
+        self._thread.start()
+
+    def _run(self, info) -> None:
+        from engine import matmul_peak
+
+        dtypes = matmul_peak.DTYPES
+
+        def on_dtype(dtype: str) -> None:
+            _tell(self.progress, dtype, dtypes.index(dtype) + 1, len(dtypes))
+
+        try:
+            result = matmul_peak.for_device(info, rerun=True, on_dtype=on_dtype)
+        except Exception as exc:  # an unwritable cache folder, a broken driver: said, not fatal
+            _tell(self.failed, f"{type(exc).__name__}: {exc}")
+            return
+        _tell(self.measured, info, result)
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return not self.is_running()

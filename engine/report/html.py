@@ -28,6 +28,10 @@ from engine.compare import (
 from engine.config import BF16_EMULATED
 from engine.distributed.summary_text import wire_dtype
 from engine.events import TrialResult
+from engine.quant_error_text import EXACT as QUANT_EXACT
+from engine.quant_error_text import HEADERS as QUANT_HEADERS
+from engine.quant_error_text import TITLE as QUANT_TITLE
+from engine.quant_error_text import quant_rows
 from engine.record import SCHEMA_VERSION, RunRecord
 from engine.report.atomic import atomic_write
 from engine.report.charts import Chart, report_charts
@@ -238,7 +242,33 @@ def _comparison(record: RunRecord) -> str:
                 "the fp32 trial.</p>")
     return (_columns_table(rows, PRIMARY_COLUMNS) + baseline + _speed_note(record, verdict)
             + "<details><summary>More columns: throughput, spread, MFU/HFU, energy, trained "
-            f"parameters, reasons</summary>{_columns_table(rows, secondary)}</details>")
+            f"parameters, reasons</summary>{_columns_table(rows, secondary)}</details>"
+            + _quant_error(record, {r.precision: r.final_loss_diff_vs_fp32 for r in rows}))
+
+
+def _quant_error(record: RunRecord, loss_diffs: dict) -> str:
+    """Each trial's SQNR (median / worst layer) beside its loss difference vs fp32."""
+    rows = quant_rows(record.trials, loss_diffs)
+    if not rows:
+        return ""
+    body = [[_swatch(r[0]), *(_e(v) for v in r[1:])] if len(r) == len(QUANT_HEADERS) else
+            [_swatch(r[0]), f'<span class="na">{_e(r[1])}</span>', "", "", ""] for r in rows]
+    return (f'<h3 id="quant-error">Quantisation error</h3><p class="note">{_e(QUANT_TITLE)}. '
+            "Each trial's layers are listed in its section.</p>"
+            + _table(list(QUANT_HEADERS), body, numeric={1, 2, 3, 4}))
+
+
+def _layer_sqnr(trial: TrialResult) -> str:
+    q = trial.quant_error
+
+    def db(v) -> str:
+        return QUANT_EXACT if v is None else f"{v:.2f}"
+
+    rows = [[_e(r.name), _e(r.format), db(r.weight_db), db(r.input_db)] for r in q.layers]
+    return (f"<details><summary>Quantisation error per layer (SQNR, dB)</summary>"
+            f'<p class="note">{_e(q.method)}</p>'
+            f"{_table(['layer', 'rounded as', 'weight dB', 'input dB'], rows, numeric={2, 3})}"
+            "</details>")
 
 
 def _chart(chart: Chart) -> str:
@@ -532,6 +562,8 @@ def _trial(trial: TrialResult) -> str:
         parts.append(_dtype_map(trial))
     if trial.module_tree:
         parts.append(_module_tree(trial))
+    if trial.quant_error is not None:
+        parts.append(_layer_sqnr(trial))
     if trial.numerics is not None:
         parts.append(f"<h4>Numerics</h4>{render_value(trial.numerics)}")
     parts.append("</section>")

@@ -82,7 +82,8 @@ def test_mfu_vs_measured_peak_is_model_flops_over_step_time_over_the_measured_ra
 def test_the_cache_is_reused_and_measured_again_on_request(tmp_path, cache, monkeypatch):
     measured = []
     real = matmul_peak.measure
-    monkeypatch.setattr(matmul_peak, "measure", lambda info: measured.append(1) or real(info))
+    monkeypatch.setattr(matmul_peak, "measure",
+                        lambda info, *rest: measured.append(1) or real(info, *rest))
     config = RunConfig(model="tiny", batch_size=1, seq_len=16, steps=1, warmup=0,
                        device="cpu", isolation="inline", profile_step=False)
     first = run_trial(config, "fp32", CPU, lambda e: None, lambda: False)

@@ -93,8 +93,11 @@ def test_each_precision_in_the_picker_says_what_it_trains(qtbot, window):
         listed.scrollToItem(item)
         QTest.mouseMove(listed.viewport(), listed.visualItemRect(item).center())
         qtbot.waitUntil(lambda n=name: panel.precision_help.text().startswith(f"{n}: "))
-        assert panel.precision_help.text().split("\n")[0] == f"{name}: {texts[name]}"
-        assert item.toolTip().split("\n")[0] == f"{name}: {texts[name]}"
+        # a per-layer variant ("fp8:keep-ends") has its suffix's line, "FP8:keep-ends: ..."
+        keep = name.partition(":")[2]
+        text = texts[f":{keep}"].partition(": ")[2] if keep else texts[name]
+        assert panel.precision_help.text().split("\n")[0] == f"{name}: {text}"
+        assert item.toolTip().split("\n")[0] == f"{name}: {text}"
     # the int8 and nf4 lines say they train LoRA adapters, not the whole model
     assert "LoRA adapters" in texts["int8"] and "LoRA adapters" in texts["nf4"]
     # greyed out with the reason, as before, under the description (tf32 on a CPU)
