@@ -31,6 +31,16 @@ import ampscope  # noqa: E402
 SKIP = 2  # first steps of each block: warm-up (and the Recorder's FLOP-counting step)
 
 
+def make_run(device):
+    """The model, its optimizer and one batch, the same on every call."""
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8192,
+                                       n_positions=128)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 8192, (4, 128), device=device)
+    return model, opt, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
 def block(model, opt, batch, steps: int, device, recorder: bool) -> list[float]:
     times = []
     gc.collect()  # the previous block's garbage (a finished Recorder's) is not this block's
@@ -62,12 +72,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8192,
-                                       n_positions=128)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, 8192, (4, 128), device=device)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    model, opt, batch = make_run(device)
     plain, recorded = [], []
     for i in range(args.blocks):  # ABBA: each order equally often, so drift cancels
         for recorder in ((False, True) if i % 2 == 0 else (True, False)):
