@@ -2,8 +2,9 @@
 
 Trains the same GPT-2-shaped model (4 layers, 256 wide, batch 4 x 128 tokens) in
 alternating blocks with and without a Recorder (ABBA, so drift in the machine's
-speed hits both), drops each block's first steps (the Recorder's step 1 counts FLOPs), and
-prints the ratio of the median step times. Goal: <= 1.02.
+speed hits both), collects garbage before each block, drops each block's first steps on
+both sides (the Recorder's step 1 counts FLOPs and watches memory), and prints the ratio of
+the median step times, with the load average (measure on an idle machine). Goal: <= 1.02.
 
     python benchmarks/recorder_overhead.py [--device cuda] [--blocks 12] [--steps 20]
 """
@@ -11,6 +12,7 @@ prints the ratio of the median step times. Goal: <= 1.02.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -29,8 +31,19 @@ import ampscope  # noqa: E402
 SKIP = 2  # first steps of each block: warm-up (and the Recorder's FLOP-counting step)
 
 
+def make_run(device):
+    """The model, its optimizer and one batch, the same on every call."""
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8192,
+                                       n_positions=128)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 8192, (4, 128), device=device)
+    return model, opt, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
 def block(model, opt, batch, steps: int, device, recorder: bool) -> list[float]:
     times = []
+    gc.collect()  # the previous block's garbage (a finished Recorder's) is not this block's
     rec = ampscope.Recorder(model, opt) if recorder else None
     if rec:
         rec.start()
@@ -59,12 +72,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8192,
-                                       n_positions=128)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, 8192, (4, 128), device=device)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    model, opt, batch = make_run(device)
     plain, recorded = [], []
     for i in range(args.blocks):  # ABBA: each order equally often, so drift cancels
         for recorder in ((False, True) if i % 2 == 0 else (True, False)):
@@ -74,6 +82,9 @@ def main() -> None:
     print(f"device {device}, {len(plain)} steps each, median step: without {a * 1e3:.2f} ms, "
           f"with Recorder {b * 1e3:.2f} ms")
     print(f"step-time ratio (with / without): {b / a:.3f}  (goal <= 1.02)")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    if load is not None:  # other programs' load makes the ratio meaningless: say it
+        print(f"1-minute load average at the end: {load:.2f} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

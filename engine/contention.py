@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from engine.events import HostLoad, MonitorSample, TrialResult
+from engine.process_tree import descendant_pids
 
 OTHER_CPU_LIMIT_PCT = 25.0  # other processes above this share of all cores: busy host
 LOAD_CHANGE_LIMIT_PCT = 15.0  # other processes' share moving more between trials: drift
@@ -69,22 +70,30 @@ class LoadSampler:
         self._psutil = psutil
         self._loadavg = loadavg
         self._me = psutil.Process()
+        self._procs: dict[int, object] = {}
         self._cores = cpu_count()
         self._last: tuple[float, float, dict[int, float]] | None = None
 
     def _tree_busy_s(self) -> dict[int, float]:
-        procs = [self._me]
         try:
-            procs += self._me.children(recursive=True)
+            pids = descendant_pids(self._me)
         except self._psutil.Error:
-            pass
+            pids = []
+        # one Process object per pid, kept between polls: making one reads its stat file
+        procs = {self._me.pid: self._me}
+        for pid in pids:
+            try:
+                procs[pid] = self._procs.get(pid) or self._psutil.Process(pid)
+            except self._psutil.Error:  # it ended since the walk
+                continue
+        self._procs = procs
         busy = {}
-        for proc in procs:
+        for pid, proc in procs.items():
             try:
                 t = proc.cpu_times()
             except self._psutil.Error:
                 continue
-            busy[proc.pid] = t.user + t.system
+            busy[pid] = t.user + t.system
         return busy
 
     def _other_cpu_pct(self) -> float | None:

@@ -118,7 +118,9 @@ def encode(event, journaled_steps: list[StepSample] | None = None) -> dict:
         if journaled_steps is not None and list(event.result.steps) == journaled_steps:
             result["steps"] = STEPS_JOURNALED
         return {"e": kind, "time_s": event.time_s, "result": result}
-    return {"e": kind, **_strip_none(dataclasses.asdict(event))}
+    # to_dict, not dataclasses.asdict: the same dict without deep-copying every field (a
+    # user's loop writes a step line per step, and asdict was most of rec.step()'s time)
+    return {"e": kind, **_strip_none(to_dict(event))}
 
 
 def _with_nones(cls, data: dict) -> dict:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import amd_smi, nvml
+from engine.process_tree import descendant_pids
 
 
 @dataclass
@@ -195,9 +196,10 @@ class HostTracker:
     """CPU use and resident memory of this process and its descendants (trial children,
     data-loader workers), from psutil: not the machine's, which other work would fill.
 
-    Walking the process table for descendants is the costly part of a poll (tens of ms
-    with many processes), so it is redone every ``CHILDREN_REFRESH_S`` only; each poll
-    reads the known processes' counters alone.
+    Finding the descendants (engine.process_tree) is the costly part of a poll where the
+    whole process table must be walked (not Linux: tens of ms with many processes), so it
+    is redone every ``CHILDREN_REFRESH_S`` only; each poll reads the known processes'
+    counters alone.
     """
 
     source = "host"
@@ -217,17 +219,20 @@ class HostTracker:
 
     def _walk(self) -> None:
         try:
-            found = self._proc.children(recursive=True)
+            found = descendant_pids(self._proc)
         except self._psutil.Error:
             found = []
         # one Process object per pid, kept, so cpu_percent has a previous reading
-        known = {child.pid: self._children.get(child.pid, child) for child in found}
-        for pid, proc in known.items():
-            if pid not in self._children:
+        known = {}
+        for pid in found:
+            proc = self._children.get(pid)
+            if proc is None:
                 try:
+                    proc = self._psutil.Process(pid)
                     proc.cpu_percent(None)
-                except self._psutil.Error:
-                    pass
+                except self._psutil.Error:  # it ended since the walk
+                    continue
+            known[pid] = proc
         self._children = known
         self._walked_s = time.monotonic()
 
