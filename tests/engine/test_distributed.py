@@ -61,6 +61,14 @@ def single_report(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def fsdp2_report(tmp_path_factory):
+    """One FSDP2 run for the FSDP2 tests: each trial is its own torchrun all the same."""
+    return _profile(tmp_path_factory.mktemp("fsdp"), "fsdp", "--strategy", "fsdp2",
+                    "--nproc-per-node", "2", "--batch-size", "2",
+                    "--precision", "fp32,bf16-amp,fp8,fp8-fsdp-ag")
+
+
+@pytest.fixture(scope="module")
 def ddp_report(tmp_path_factory):
     return _profile(tmp_path_factory.mktemp("ddp"), "ddp", "--strategy", "ddp",
                     "--nproc-per-node", "2", "--batch-size", "2",
@@ -131,10 +139,9 @@ def test_ddp_losses_equal_one_process_on_the_same_global_batch(ddp_report, singl
     assert [(a + b) / 2 for a, b in zip(*own)] == pytest.approx(got, rel=1e-5)
 
 
-def test_fsdp2_shards_parameters_and_gathers_in_the_policy_dtype(tmp_path, tiny_model,
+def test_fsdp2_shards_parameters_and_gathers_in_the_policy_dtype(fsdp2_report, tiny_model,
                                                                 single_report):
-    report = _profile(tmp_path, "fsdp", "--strategy", "fsdp2", "--nproc-per-node", "2",
-                      "--batch-size", "2", "--precision", "fp32,bf16-amp")
+    report = fsdp2_report
     fp32, amp = _trial(report, "fp32"), _trial(report, "bf16-amp")
     assert fp32["status"] == amp["status"] == "ok", (fp32["reason"], amp["reason"])
     # the global batch of one process: the same losses, and the norm of the whole model
@@ -171,9 +178,8 @@ def test_fsdp2_shards_parameters_and_gathers_in_the_policy_dtype(tmp_path, tiny_
     assert "Ranks (fsdp2, 2 ranks, gloo" in render_html(record)
 
 
-def test_fp8_all_gather_on_two_gloo_ranks_gathers_float8_weights(tmp_path, tiny_model):
-    report = _profile(tmp_path, "fp8ag", "--strategy", "fsdp2", "--nproc-per-node", "2",
-                      "--batch-size", "2", "--precision", "fp8,fp8-fsdp-ag")
+def test_fp8_all_gather_on_two_gloo_ranks_gathers_float8_weights(fsdp2_report, tiny_model):
+    report = fsdp2_report
     plain, ag = _trial(report, "fp8"), _trial(report, "fp8-fsdp-ag")
     assert plain["status"] == ag["status"] == "ok", (plain["reason"], ag["reason"])
     assert ag["support"] == "emulated"  # the CPU has no fp8 matrix unit, said so

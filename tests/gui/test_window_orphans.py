@@ -36,7 +36,10 @@ app = QApplication(["main.py"])
 def press_run():
     window = next((w for w in app.topLevelWidgets() if type(w).__name__ == "MainWindow"
                    and w.isVisible()), None)
-    if window is None:
+    # as the other window tests (tests/gui/conftest.py) and a person do: the form is filled
+    # once the window says what the device is (filled while the first probe was still out,
+    # on a loaded machine, Run was once found disabled when clicked)
+    if window is None or window.config_panel.device_pending():
         QTimer.singleShot(50, press_run)
         return
     fill_form(window, CONFIG)
