@@ -10,7 +10,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from engine.report.validate import MAX_STEPS
+# any step index or step count: the config's limit, which the journal reader also holds
+# events to (here, below the reader, so the two cannot import each other)
+MAX_STEPS = 10_000_000
 
 PRECISIONS: tuple[str, ...] = (
     "fp32",

@@ -1,4 +1,4 @@
-"""transformers' AutoConfig, imported by one thread at a time.
+"""transformers' AutoConfig, imported by one thread at a time, and the model class of a task.
 
 The window loads transformers in its device-probe thread while a run may start in
 another; two threads importing transformers' lazy module at once can see it half
@@ -25,3 +25,12 @@ def auto_config():
     with _IMPORT_LOCK:
         from transformers import AutoConfig
     return AutoConfig
+
+
+def model_class(task: str):
+    """The transformers Auto class that builds a task's training head (presets size their
+    models with it, so it lives below both the presets and the model loader)."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+    return {"masked-lm": AutoModelForMaskedLM, "seq2seq-lm": AutoModelForSeq2SeqLM}.get(
+        task, AutoModelForCausalLM)

@@ -14,8 +14,13 @@ import json
 import re
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from engine.device import DeviceInfo, probe
 from engine.models import ModelSource, load_config, max_positions, model_class, resolve_source
+
+if TYPE_CHECKING:
+    from engine.config import RunConfig
 
 _UPGRADE = re.compile(r"[^.]*(pip install|upgrade|--upgrade|install from source)[^.]*\.?",
                       re.IGNORECASE)
@@ -151,3 +156,11 @@ def check_model(model: str, seq_len: int, trust_remote_code: bool = False):
     if source.kind == "folder":
         _check_weights(source, config, task, trust_remote_code)
     return config, task
+
+
+def preflight(config: RunConfig) -> DeviceInfo:
+    """Check what can be checked before loading anything; raises ``ValueError``. Here, below
+    the runner and the numerics lab, so both reach it going down."""
+    info = probe(config.device)
+    check_model(config.model, config.seq_len, config.trust_remote_code)
+    return info

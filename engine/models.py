@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.hf import model_class
 from engine.per_layer import kept_high
 from engine.presets import get_preset, presets
 from engine.recipes import MX_BLOCK, MX_MULTIPLE, Recipe, float8_config, mx_training_recipe
@@ -74,13 +75,6 @@ SUPPORTED_LINE = (
     "e.g. GPT-2, Llama), encoder-only (masked LM, e.g. BERT) and encoder-decoder "
     "(seq2seq LM, e.g. T5, BART)"
 )
-
-
-def model_class(task: str):
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
-
-    return {"masked-lm": AutoModelForMaskedLM, "seq2seq-lm": AutoModelForSeq2SeqLM}.get(
-        task, AutoModelForCausalLM)
 
 
 def task_of(config) -> str:

@@ -38,7 +38,7 @@ def param_count(name: str) -> int:
     """Exact parameter count, from a model built on the meta device (no memory, no init)."""
     import torch
 
-    from engine.models import model_class
+    from engine.hf import model_class
 
     preset = get_preset(name)
     config = preset.build_config()

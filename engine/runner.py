@@ -22,7 +22,7 @@ from collections.abc import Callable
 from engine.child import StderrFile, become_child, describe_exit, oom_kill_count, sigint_blocked
 from engine.config import BF16_COMPUTE, BF16_EMULATED, RunConfig, recipe_name
 from engine.contention import cpu_count, summarise
-from engine.device import DeviceInfo, probe
+from engine.device import DeviceInfo
 from engine.environment import collect
 from engine.events import (
     ErrorEvent,
@@ -36,7 +36,7 @@ from engine.events import (
     TrialStarted,
 )
 from engine.journal import JournalWriter, journal_path, summary_from_steps
-from engine.model_health import check_model
+from engine.model_health import preflight
 from engine.monitor import Monitor
 from engine.quiet import quiet_libraries
 from engine.record import RunRecord
@@ -44,13 +44,6 @@ from engine.rounds import RoundBook, TrialRound, choose_rounds, schedule
 
 TERMINATE_GRACE_S = 5.0  # then killed
 DRAIN_S = 1.0  # events still in the pipe when a child has exited
-
-
-def preflight(config: RunConfig) -> DeviceInfo:
-    """Check what can be checked before loading anything; raises ``ValueError``."""
-    info = probe(config.device)
-    check_model(config.model, config.seq_len, config.trust_remote_code)
-    return info
 
 
 def _child_main(config_dict: dict, precision: str, info: DeviceInfo, out, cancel,

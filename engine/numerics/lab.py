@@ -14,6 +14,7 @@ import torch
 
 from engine.config import RunConfig
 from engine.flops import blended_peak
+from engine.model_health import preflight
 from engine.models import dims, load_model, make_batch
 from engine.numerics.advisor import advise
 from engine.numerics.demos import run_demos
@@ -22,7 +23,6 @@ from engine.numerics.gradients import activation_stats, gradient_stats
 from engine.numerics.optrace import trace_ops
 from engine.peaks import PeakLookup, peak_flops, table
 from engine.recipes import recipe as get_recipe
-from engine.runner import preflight
 
 
 def _json_safe(value):

@@ -18,6 +18,7 @@ import types
 import typing
 from functools import cache
 
+from engine.config import MAX_STEPS  # any step index or step count
 from engine.events import _hints
 from engine.record import SCHEMA_VERSION, RunRecord
 
@@ -36,7 +37,6 @@ FP32_RANGE_FIELDS = frozenset({"loss", "final_loss", "grad_norm", "loss_scale",
                                "final_loss_scale", "init_scale"})
 # counts, indices and depths that cannot be negative
 NON_NEGATIVE = frozenset({"depth", "rank", "local_rank", "world_size", "round"})
-MAX_STEPS = 10_000_000  # any step index or step count
 MAX_EPOCH_S = 1e11  # absolute times are epoch seconds (year ~5000); relative ones are small
 MAX_BYTES = 2**60
 MAX_INT = 2**63
