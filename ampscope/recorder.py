@@ -18,7 +18,7 @@ Conventions (docs/report-schema.md, "User runs"):
   since the last step (``attention_mask.sum()`` when the model gets a mask, else the
   input ids' size), read by a forward pre-hook on the model;
 - model FLOPs (the MFU numerator, DESIGN.md convention 13) are the analytic formula of
-  engine/flops.py over those tokens at the batch's sequence length; a model without a
+  engine/measure/flops.py over those tokens at the batch's sequence length; a model without a
   transformers config has none (n/a, with the reason);
 - a skipped step is one where the GradScaler's scale went down;
 - lr: the one the optimizer step used (an optimizer step pre-hook, before a scheduler
@@ -27,12 +27,12 @@ Conventions (docs/report-schema.md, "User runs"):
 - evaluation forwards (``model.eval()`` or ``no_grad``) count neither tokens nor FLOPs;
 - a step's time is split at the model's training forwards and the optimizer step into
   data, forward, backward and optimizer milliseconds (CUDA events on a GPU);
-- memory: step 1 (untimed by the summary) is also watched by engine.memtrack, as a profile
+- memory: step 1 (untimed by the summary) is also watched by engine.measure.memtrack, as a profile
   trial's memory step is: every storage from allocation to release, so the report has the
   real peak of a step and what held it (parameters, gradients, optimizer state,
   activations, temporaries), on the CPU too;
 - a step's scalars (loss, grad norm, loss scale, tokens, lr) are copied to pinned host memory
-  and read one step later through engine.trackers.ScalarReadback, so ``step()`` never
+  and read one step later through engine.measure.trackers.ScalarReadback, so ``step()`` never
   waits for the GPU's current work; the journal is one step behind, on every device (the
   CPU runs the same path the GPU does).
 """
@@ -58,12 +58,8 @@ from pathlib import Path
 
 import torch
 
-from engine import flops as flops_mod
-from engine import inventory, memtrack
-from engine.config import PRECISIONS
-from engine.device import probe
-from engine.environment import collect
-from engine.events import (
+from engine.core.config import PRECISIONS
+from engine.core.events import (
     ErrorEvent,
     FlopsInfo,
     MemoryBreakdown,
@@ -76,15 +72,19 @@ from engine.events import (
     TrialStarted,
     TrialSummary,
 )
-from engine.journal import JournalWriter, journal_path
-from engine.monitor import Monitor
-from engine.peaks import mfu as mfu_of
-from engine.peaks import peak_flops
-from engine.rank_journals import rank_journal_path
-from engine.recipes import recipe as recipe_of
-from engine.record import RunRecord
-from engine.spread import step_spread
-from engine.trackers import AllocatorTracker, ScalarReadback, StepTimer
+from engine.core.recipes import recipe as recipe_of
+from engine.measure import flops as flops_mod
+from engine.measure import inventory, memtrack
+from engine.measure.device import probe
+from engine.measure.environment import collect
+from engine.measure.monitor import Monitor
+from engine.measure.peaks import mfu as mfu_of
+from engine.measure.peaks import peak_flops
+from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
+from engine.record.journal import JournalWriter, journal_path
+from engine.record.rank_journals import rank_journal_path
+from engine.record.run_record import RunRecord
+from engine.record.spread import step_spread
 
 SOURCE_LOOP = "user-loop"
 SOURCE_TRAINER = "user-trainer"
@@ -401,7 +401,7 @@ class Recorder:
             "the process exited without finishing the Recorder (no finish(), no with block)"))
 
     def _model_dims(self) -> dict | None:
-        from engine.models import dims
+        from engine.models.load import dims
 
         config = getattr(self.model, "config", None)
         if config is None:  # DDP keeps the model in .module
@@ -933,8 +933,8 @@ class Recorder:
         loop that records on rank 0 alone) is not waited for."""
         if self.world_size == 1:
             return self.record
-        from engine.journal import journal_entry, read_run
-        from engine.rank_journals import rank_journals
+        from engine.record.journal import journal_entry, read_run
+        from engine.record.rank_journals import rank_journals
 
         deadline = time.monotonic() + RANKS_WAIT_S
         while time.monotonic() < deadline:
@@ -1070,10 +1070,10 @@ class Recorder:
 
     def _watched_memory(self, peak_alloc, peak_res, covers) -> MemoryBreakdown:
         """The watched step's peak and who held it, as a profile trial's memory step."""
-        from engine.trial import breakdown_fields
+        from engine.run.trial import breakdown_fields
 
         fields = breakdown_fields(self._measured, (
-            f"engine.memtrack over the user's step {COUNT_STEP} (untimed by the summary): "
+            f"engine.measure.memtrack over the user's step {COUNT_STEP} (untimed by the summary): "
             "every storage from allocation to release; the largest sum of live bytes"))
         notes = ("categories are what was held at the peak of the watched step; the batch "
                  "made by the loop's data loading counts as temporaries, weight copies are "

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from engine.events import StepSample  # noqa: E402
+from engine.core.events import StepSample  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16-amp", "fp16-amp")
 REPEATS = 15

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 READ = """
 import resource, sys, time
 t = time.perf_counter()
-from engine.journal import read_journal
+from engine.record.journal import read_journal
 record = read_journal(sys.argv[1])
 seconds = time.perf_counter() - t
 steps = sum(len(record.steps(p)) for p in record.live_steps)
@@ -51,14 +51,14 @@ sys.exit(code)
 def write_journal(path: Path, megabytes: float) -> int:
     """A journal of about ``megabytes`` MB: 20 monitor samples per step, as a 5 Hz poll
     over 4 s steps gives. Returns the number of steps written."""
-    from engine.events import (
+    from engine.core.events import (
         MonitorSample,
         RunFinished,
         RunStarted,
         StepSample,
         TrialStarted,
     )
-    from engine.journal import JournalWriter
+    from engine.record.journal import JournalWriter
 
     writer = JournalWriter(path)
     now = time.time()

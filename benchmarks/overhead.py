@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from engine.config import RunConfig  # noqa: E402
-from engine.device import probe  # noqa: E402
-from engine.models import load_model, make_batches  # noqa: E402
-from engine.quiet import quiet_libraries  # noqa: E402
-from engine.recipes import autocast_for, recipe  # noqa: E402
-from engine.trial import BATCH_POOL, adam_eps, make_optimizer, make_scaler, run_trial  # noqa: E402
+from engine.core.config import RunConfig  # noqa: E402
+from engine.core.quiet import quiet_libraries  # noqa: E402
+from engine.core.recipes import autocast_for, recipe  # noqa: E402
+from engine.measure.device import probe  # noqa: E402
+from engine.models.load import load_model, make_batches  # noqa: E402
+from engine.run.trial import BATCH_POOL, adam_eps, make_optimizer, make_scaler, run_trial  # noqa: E402
 
 
 def bare_loop(config: RunConfig, device: torch.device) -> float:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine import VERSION
-from engine.config import (
+from engine.core.config import (
     INTERLEAVE,
     OPTIMIZERS,
     PRECISIONS,
@@ -39,7 +39,7 @@ class _Parser(argparse.ArgumentParser):
 
 def precision_lines() -> str:
     """Each precision and what it trains, one line each (``--help`` and ``presets``)."""
-    from engine.resources import precision_descriptions
+    from engine.core.resources import precision_descriptions
 
     texts = precision_descriptions()
     width = max(map(len, texts))
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.quiet import quiet_libraries
+    from engine.core.quiet import quiet_libraries
 
     quiet_libraries()
     parser = build_parser()
@@ -197,11 +197,11 @@ def _profile(args) -> int:
     )
     out = _check_out(args.out) if args.out else None
     if args.measure_peak:  # the first trial finds no cached peak and measures it
-        from engine import matmul_peak
-        from engine.device import probe
+        from engine.measure import matmul_peak
+        from engine.measure.device import probe
 
         matmul_peak.forget(probe(config.device))
-    from engine.runner import Runner
+    from engine.run.runner import Runner
 
     progress = _Progress(config, enabled=not args.quiet)
     runner = Runner(config, progress)
@@ -230,7 +230,7 @@ def _verdict_text(v) -> str:
 
 def _journaled_record(runner):
     """The run as its journal holds it (the record in memory may stop mid-event)."""
-    from engine.journal import read_journal
+    from engine.record.journal import read_journal
 
     if runner.journal is not None:
         runner.journal.close()
@@ -245,8 +245,8 @@ def _journaled_record(runner):
 
 def _add_numerics(runner, record, config: RunConfig, signals) -> None:
     """The numerics lab in a child process: a stop or a failure there keeps the trials."""
-    from engine.events import to_dict
-    from engine.runner import run_lab_in_child
+    from engine.core.events import to_dict
+    from engine.run.runner import run_lab_in_child
 
     lab_args = dict(model=config.model, precision=recipe_name(config.precisions[0]),
                     device=config.device,
@@ -271,10 +271,10 @@ def _add_numerics(runner, record, config: RunConfig, signals) -> None:
 
 def _finish(record, runner, out, signals, trace: str | None = None, wide: bool = False) -> int:
     """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
-    from engine.compare import baseline_reason, comparison_rows, format_table, speed_verdict
-    from engine.matmul_peak import format_mfu
-    from engine.quant_error_text import format_quant_error
-    from engine.verdict import verdict as recommend
+    from engine.measure.matmul_peak import format_mfu
+    from engine.measure.quant_error_text import format_quant_error
+    from engine.record.compare import baseline_reason, comparison_rows, format_table, speed_verdict
+    from engine.record.verdict import verdict as recommend
 
     _say(_verdict_text(recommend(record)))
     verdict = speed_verdict(record.trials)
@@ -296,7 +296,7 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
         _say(f"note: {reason}")
     _say(f"speed: {verdict.text}" + (f"\n  suggestion: {verdict.suggestion}"
                                       if verdict.suggestion else ""))
-    from engine.flops_text import flops_by_dtype_lines
+    from engine.measure.flops_text import flops_by_dtype_lines
 
     lines = flops_by_dtype_lines(record.trials)
     if lines:
@@ -325,8 +325,8 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
 
 def _say_kernels(record, trace: str | None) -> None:
     """The profiled step's kernel table, GPM figures, and where the traces went."""
-    from engine.gpm import format_gpm
-    from engine.kernels import format_profiled
+    from engine.measure.gpm import format_gpm
+    from engine.measure.kernels import format_profiled
 
     for text in (format_profiled(record.trials), format_gpm(record.trials)):
         if text:
@@ -433,7 +433,13 @@ class _Progress:
         self.index = 0
 
     def __call__(self, event) -> None:
-        from engine.events import LogEvent, PhaseChanged, StepSample, TrialFinished, TrialStarted
+        from engine.core.events import (
+            LogEvent,
+            PhaseChanged,
+            StepSample,
+            TrialFinished,
+            TrialStarted,
+        )
 
         if not self.enabled:
             return
@@ -484,10 +490,10 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
     """Load footprint of each precision, as transformers' get_memory_footprint counts it."""
     from collections import Counter
 
-    from engine.inventory import count_params, dtype_map
-    from engine.memtrack import quant_state_parts, quant_state_tensors, unique_bytes
-    from engine.models import load_model
-    from engine.runner import preflight
+    from engine.measure.inventory import count_params, dtype_map
+    from engine.measure.memtrack import quant_state_parts, quant_state_tensors, unique_bytes
+    from engine.models.load import load_model
+    from engine.run.runner import preflight
 
     info = preflight(RunConfig(model=model, precisions=precisions, device=device, seq_len=1))
     rows = []
@@ -502,7 +508,7 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
             loaded = load_model(model, precision, info.torch_device, seed, trust_remote_code,
                                 train=False)
         except Exception as exc:  # a model folder that passed the checks and still fails
-            from engine.model_health import one_line
+            from engine.models.model_health import one_line
 
             raise ValueError(f"{model} could not be loaded as {precision}: "
                              f"{one_line(exc)}") from None
@@ -553,7 +559,7 @@ def _footprint(args) -> int:
 
 
 def _presets(args) -> int:
-    from engine.presets import param_count, presets
+    from engine.models.presets import param_count, presets
 
     _say("counting each preset's parameters (built on the meta device, no weights)...",
          err=True)
@@ -589,10 +595,10 @@ def _numerics(args) -> int:
                              "and the numerics lab runs none (use profile --out x.csv)")
         out = _check_out(args.out)
     _say("loading torch and transformers...", err=True)
-    from engine.device import probe
-    from engine.environment import collect
+    from engine.measure.device import probe
+    from engine.measure.environment import collect
     from engine.numerics.lab import format_lab_text, run_lab
-    from engine.record import RunRecord
+    from engine.record.run_record import RunRecord
 
     result = run_lab(args.model, precisions[0], args.device, args.batch_size, args.seq_len,
                      args.seed, trust_remote_code=args.trust_remote_code,
@@ -640,7 +646,7 @@ def _report(args) -> int:
     from engine.report.writer import check_writable
 
     out = check_writable(args.out)
-    from engine.journal import read_run
+    from engine.record.journal import read_run
 
     record = read_run(args.source)
     if not _write_report(record, out):
@@ -655,7 +661,7 @@ def _report(args) -> int:
 def _fit(args) -> int:
     import dataclasses
 
-    from engine.fit import (
+    from engine.run.fit import (
         FitCancelled,
         FitConfig,
         format_fit,
@@ -707,7 +713,7 @@ def _plan(args) -> int:
 
 def _watch(args) -> int:
     """A live view of a journal; Ctrl-C ends the view, never the run it watches."""
-    from engine.watch import watch
+    from engine.record.watch import watch
 
     if not 0 < args.interval <= 3600:
         raise ValueError(f"--interval must be above 0 and at most 3600 seconds "

@@ -16,8 +16,8 @@ def add_peak_parser(sub) -> None:
 
 
 def _rows(info, measured) -> list[dict]:
-    from engine import matmul_peak
-    from engine.peaks import peak_flops
+    from engine.measure import matmul_peak
+    from engine.measure.peaks import peak_flops
 
     rows = []
     for dtype in matmul_peak.DTYPES:
@@ -36,7 +36,7 @@ def _rows(info, measured) -> list[dict]:
 
 
 def _text(info, measured, cached: bool, rows: list[dict]) -> str:
-    from engine import matmul_peak
+    from engine.measure import matmul_peak
 
     def number(v) -> str:
         return "n/a" if v is None else f"{v:.4g}"
@@ -64,8 +64,8 @@ def _text(info, measured, cached: bool, rows: list[dict]) -> str:
 
 
 def run_peak(args: argparse.Namespace) -> int:
-    from engine import matmul_peak
-    from engine.device import probe
+    from engine.measure import matmul_peak
+    from engine.measure.device import probe
 
     info = probe(args.device)
     cached = None if args.rerun else matmul_peak.cached(info)

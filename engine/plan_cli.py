@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.config import OPTIMIZERS, PRECISIONS, STRATEGIES
+from engine.core.config import OPTIMIZERS, PRECISIONS, STRATEGIES
 
 
 def add_plan_parser(sub) -> None:
@@ -46,9 +46,9 @@ def add_plan_parser(sub) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from engine.fit import parse_bytes
-    from engine.model_health import check_model
-    from engine.plan import PlanConfig, format_plan, plan
+    from engine.models.model_health import check_model
+    from engine.run.fit import parse_bytes
+    from engine.run.plan import PlanConfig, format_plan, plan
 
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix.lower() not in (".json", ".html"):
@@ -86,8 +86,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def plan_html(result) -> str:
     """The answer first: recipe x card, fits or not, with headroom."""
-    from engine.plan import size_text
-    from engine.traffic import CONVENTION as TRAFFIC_CONVENTION
+    from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
+    from engine.run.plan import size_text
 
     cards = [c.card for c in result.trials[0].cards] if result.trials else []
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cards)
@@ -124,7 +124,7 @@ def plan_html(result) -> str:
 
 
 def _measured_cell(trial) -> str:
-    from engine.plan import size_text
+    from engine.run.plan import size_text
 
     m = trial.measured
     if m is None:
@@ -134,7 +134,7 @@ def _measured_cell(trial) -> str:
 
 def _side_by_side_html(result) -> str:
     """Traced vs measured, category by category, for each recipe a real trial exists for."""
-    from engine.plan import side_by_side
+    from engine.run.plan import side_by_side
 
     parts = []
     for t in result.trials:

@@ -1,10 +1,10 @@
 """Side-by-side comparison of the trials of a run (or of trials picked from several).
 
-At the top, the verdict (``engine.verdict``): which precision to train in, or why none.
+At the top, the verdict (``engine.record.verdict``): which precision to train in, or why none.
 Bars: memory by category per precision with the predicted total beside the measured
 one, throughput with the speed-up vs fp32 written above it, MFU and peak memory. A
 value the engine could not give is written as "n/a" where its bar would stand, never
-drawn as a zero. Below, the comparison table from ``engine.compare``, sortable and
+drawn as a zero. Below, the comparison table from ``engine.record.compare``, sortable and
 copyable as TSV.
 """
 
@@ -27,8 +27,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import spread
-from engine.compare import (
+from engine.core.events import TrialResult
+from engine.record import spread
+from engine.record.compare import (
     NOISY_RULE,
     baseline_reason,
     comparison_rows,
@@ -36,10 +37,9 @@ from engine.compare import (
     format_cell,
     speed_verdict,
 )
-from engine.events import TrialResult
-from engine.record import RunRecord
-from engine.verdict import figure_text
-from engine.verdict import verdict as recommend
+from engine.record.run_record import RunRecord
+from engine.record.verdict import figure_text
+from engine.record.verdict import verdict as recommend
 from gui.chart_specs import COMPARE_CHARTS, MFU_TITLES
 from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color

@@ -1,4 +1,4 @@
-"""The comparison table model: ``engine.compare`` rows with its columns and formats.
+"""The comparison table model: ``engine.record.compare`` rows with its columns and formats.
 
 Sorting uses the raw values (n/a sorts last), display uses ``format_cell``, so the
 window, the CLI and the reports show the same text.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt
 from PySide6.QtGui import QColor
 
-from engine.compare import COLUMNS, ComparisonRow, format_cell
+from engine.record.compare import COLUMNS, ComparisonRow, format_cell
 from gui.palette import precision_color
 from gui.plain_text import as_html
 

@@ -3,7 +3,7 @@
 It holds form values only; ``RunConfig`` decides what is valid. Every edit rebuilds the
 config, and its ``ValueError`` message is shown inline in red while Run stays disabled.
 Precisions the device cannot run are greyed out, with the engine's reason as tooltip,
-and those it would run emulated (engine/gating.py) are marked "(emulated)" in italics,
+and those it would run emulated (engine/measure/gating.py) are marked "(emulated)" in italics,
 once the device probe (in a thread: it imports torch) has answered; until then the form
 says "probing device…" and Run waits.
 """
@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import (
+from engine.core.config import (
     ISOLATIONS,
     OPTIMIZERS,
     PRECISIONS,
@@ -45,23 +45,23 @@ from engine.config import (
     split_keep,
     split_label,
 )
-from engine.model_check import check_model
-from engine.presets import presets
-from engine.resources import precision_descriptions
-from engine.rounds import CHEAP_RULE
+from engine.core.resources import precision_descriptions
+from engine.models.model_check import check_model
+from engine.models.presets import presets
+from engine.run.rounds import CHEAP_RULE
 from gui.device_status import PROBING
 from gui.palette import precision_color
 from gui.worker import DeviceProbe
 
 if TYPE_CHECKING:
-    from engine.device import DeviceInfo
+    from engine.measure.device import DeviceInfo
 
 MODEL_SOURCES = ("Preset", "Local folder", "Hub id")
 REDUCE_AS_COMPUTED = "as computed"
 # the per-layer variants resources/precisions.json describes, listed under their base recipe
 KEEP_VARIANTS = {"fp8": ("fp8:keep-ends", "fp8:keep-attn")}
 FORM_PRECISIONS = tuple(n for base in PRECISIONS for n in (base, *KEEP_VARIANTS.get(base, ())))
-SOURCE_KINDS = ("preset", "folder", "hub")  # engine.model_check's names for the sources
+SOURCE_KINDS = ("preset", "folder", "hub")  # engine.models.model_check's names for the sources
 # the engine's messages name CLI flags; the form names its fields
 FIELD_OF_FLAG = {
     "--model": "Model", "--batch-size": "Batch size", "--seq-len": "Sequence length",

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QLabel, QWidget
 
-from engine import nvml
+from engine.measure import nvml
 
-if TYPE_CHECKING:  # engine.device imports torch: the probe runs in a thread instead
-    from engine.device import DeviceInfo
+if TYPE_CHECKING:  # engine.measure.device imports torch: the probe runs in a thread instead
+    from engine.measure.device import DeviceInfo
 
 PROBING = "probing device…"
 
@@ -21,7 +21,7 @@ def _yes_no(flag: bool) -> str:
 def _fp8(info: DeviceInfo) -> str:
     verdict = info.verdict("fp8")
     if verdict is not None and verdict.support == "emulated":
-        return "emulated"  # it runs, but not on fp8 hardware (engine/gating.py)
+        return "emulated"  # it runs, but not on fp8 hardware (engine/measure/gating.py)
     return _yes_no(info.fp8_supported)
 
 

@@ -2,7 +2,7 @@
 
 The model, precisions, sequence length, device and isolation come from the Run tab's
 form; the budget and the search bound are asked for here. ``FitWorker`` runs
-``engine.fit.run_fit`` in a thread (each probe a real trial in a child process) and
+``engine.run.fit.run_fit`` in a thread (each probe a real trial in a child process) and
 hands probes and results back as Qt signals; the view only shows them.
 """
 
@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.fit import CARDS, FitConfig, FitProbe, FitResult, budget_text, parse_bytes
+from engine.run.fit import CARDS, FitConfig, FitProbe, FitResult, budget_text, parse_bytes
 from gui.palette import precision_color
 from gui.plain_text import plain_label
 
@@ -61,7 +61,7 @@ class FitWorker(QObject):
         self._thread.start()
 
     def _run(self, config: FitConfig) -> None:
-        from engine.fit import FitCancelled, run_fit
+        from engine.run.fit import FitCancelled, run_fit
 
         try:
             budget, results = run_fit(config, self.probe.emit, self._stop.is_set,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import platformdirs
 
-from engine.record import RunRecord
+from engine.record.run_record import RunRecord
 from engine.report.json_io import parse_report
 
 DATA_DIR_ENV = "AMPSCOPE_DATA_DIR"

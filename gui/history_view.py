@@ -22,9 +22,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.journal import journal_entries, journal_path, read_run
-from engine.rank_journals import rank_journals, rank_of
-from engine.record import RunRecord
+from engine.record.journal import journal_entries, journal_path, read_run
+from engine.record.rank_journals import rank_journals, rank_of
+from engine.record.run_record import RunRecord
 from gui.history import (
     HistoryEntry,
     HistoryError,

@@ -1,7 +1,7 @@
 """File > Watch run: follows a run journal in a thread and re-emits its events as signals.
 
 Like ``RunWorker`` for a run the window started: a Python thread polls an
-``engine.follow.JournalFollower`` (a few reads a second, each reading only what was
+``engine.record.follow.JournalFollower`` (a few reads a second, each reading only what was
 added) and emits each event; Qt queues the signals to the GUI thread, which folds them
 into the same views as a live run. The GUI thread never reads the file.
 """
@@ -36,7 +36,7 @@ class JournalWatcher(QObject):
         """Follow ``path``; raises ``ValueError`` (with the fix) for a missing file or a
         folder. What the file holds is read in the thread: a file that turns out not to
         be a journal is reported through ``errored``."""
-        from engine.follow import JournalFollower
+        from engine.record.follow import JournalFollower
 
         self.stop()
         follower = JournalFollower(path)

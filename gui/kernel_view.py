@@ -20,8 +20,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.events import TrialResult
-from engine.record import RunRecord
+from engine.core.events import TrialResult
+from engine.record.run_record import RunRecord
 from gui.palette import precision_color
 from gui.plain_text import plain_label
 

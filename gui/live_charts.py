@@ -26,9 +26,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
-from engine.columns import Columns
-from engine.events import MonitorSample, ScalarLog, StepSample, TrialResult
-from engine.record import RunRecord
+from engine.core.events import MonitorSample, ScalarLog, StepSample, TrialResult
+from engine.record.columns import Columns
+from engine.record.run_record import RunRecord
 from gui.chart_specs import LIVE_CHARTS, MFU_TITLES, USER_RUN_CHARTS, device_kind
 from gui.palette import precision_color
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot

@@ -28,9 +28,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.compare import record_precisions
-from engine.config import RunConfig
-from engine.events import (
+from engine.core.config import RunConfig
+from engine.core.events import (
     ErrorEvent,
     LogEvent,
     MonitorSample,
@@ -43,7 +42,8 @@ from engine.events import (
     TrialStarted,
     to_dict,
 )
-from engine.record import RunRecord
+from engine.record.compare import record_precisions
+from engine.record.run_record import RunRecord
 from gui import settings
 from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS, device_kind
 from gui.config_panel import ConfigPanel
@@ -69,7 +69,7 @@ def documents_dir() -> str:
 
     return platformdirs.user_documents_dir()
 
-# what the trial table and status bar say in each engine phase (engine.events.PHASES)
+# what the trial table and status bar say in each engine phase (engine.core.events.PHASES)
 PHASE_TEXT = {"loading": LOADING, "warm-up": "warm-up", "measuring": "measuring",
               "memory step": "memory step (untimed)", "profiled step": "profiled step (untimed)",
               "between rounds": "between rounds"}
@@ -627,7 +627,7 @@ class MainWindow(QMainWindow):
             # the run's report and history entry carry the lab from now on
             record.numerics = numerics
             self._keep_in_history(record)
-            from engine.journal import append_numerics, journal_path
+            from engine.record.journal import append_numerics, journal_path
 
             if journal_path(record.run_id).is_file():
                 append_numerics(journal_path(record.run_id), numerics)
@@ -777,7 +777,7 @@ class MainWindow(QMainWindow):
         """Start opening a JSON report or a run journal (.jsonl): it is read off the GUI
         thread, with progress in the status bar; ``record_shown`` or ``open_failed``
         follows. False if it cannot start now."""
-        from engine.journal import read_run
+        from engine.record.journal import read_run
 
         if self.report_loader.is_running() or self.worker.is_running():
             self.statusBar().showMessage("Wait for the current run or report to finish first.")
@@ -854,7 +854,7 @@ class MainWindow(QMainWindow):
             self.open_report(path)
 
     def _ask_watch_run(self) -> None:
-        from engine.journal import runs_dir
+        from engine.record.journal import runs_dir
 
         path, _ = QFileDialog.getOpenFileName(self, "Watch run", str(runs_dir()),
                                               "Run journals (*.jsonl);;All files (*)")

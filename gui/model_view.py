@@ -22,9 +22,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.compare import format_bytes
-from engine.events import ModuleInfo, ParamInfo, TrialResult
-from engine.record import RunRecord
+from engine.core.events import ModuleInfo, ParamInfo, TrialResult
+from engine.record.compare import format_bytes
+from engine.record.run_record import RunRecord
 from gui.plain_text import as_html, plain_label
 
 QUANTIZED_DTYPES = ("int8", "uint8")  # how bitsandbytes stores quantised weights

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import PRECISIONS
+from engine.core.config import PRECISIONS
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.plain_text import as_html, plain_label
 

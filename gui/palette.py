@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtGui import QColor
 
-from engine.colors import color_of
+from engine.record.colors import color_of
 
 _UNKNOWN = "#444444"
 

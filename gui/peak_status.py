@@ -12,8 +12,8 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
 from gui.worker import PeakBenchmark
 
 if TYPE_CHECKING:  # both import torch: they are reached only once the device probe answered
-    from engine.device import DeviceInfo
-    from engine.matmul_peak import MeasuredPeak
+    from engine.measure.device import DeviceInfo
+    from engine.measure.matmul_peak import MeasuredPeak
 
 MEASURE = "Measure matmul peak"
 MEASURE_AGAIN = "Measure again"
@@ -62,7 +62,7 @@ class PeakStatus(QWidget):
             self.label.setText("matmul peak: n/a (no device)")
             self.label.setToolTip("")
         else:
-            from engine import matmul_peak
+            from engine.measure import matmul_peak
 
             self._show(matmul_peak.cached(info))
         self._update_button()
@@ -87,7 +87,7 @@ class PeakStatus(QWidget):
         if measured is None:
             self.label.setToolTip("")
         else:
-            from engine import matmul_peak
+            from engine.measure import matmul_peak
 
             self.label.setToolTip("\n".join(measured.lookup(d).source or measured.lookup(d).reason
                                             for d in matmul_peak.DTYPES))

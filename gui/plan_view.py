@@ -1,6 +1,6 @@
 """The Plan view: will a model train on a card this machine does not have?
 
-The form is the ``plan`` command's. ``PlanWorker`` runs ``engine.plan.plan`` in a thread
+The form is the ``plan`` command's. ``PlanWorker`` runs ``engine.run.plan.plan`` in a thread
 (one training step per recipe traced on fake tensors: nothing is allocated) and hands
 the result back as a signal; the view shows it as a recipe x card table.
 """
@@ -25,13 +25,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import STRATEGIES
+from engine.core.config import STRATEGIES
 from gui.palette import precision_color
 from gui.plain_text import plain_label
 
 
 class PlanWorker(QObject):
-    finished = Signal(object)  # engine.plan.PlanResult
+    finished = Signal(object)  # engine.run.plan.PlanResult
     errored = Signal(str)
 
     def __init__(self, parent: QObject | None = None) -> None:
@@ -47,7 +47,7 @@ class PlanWorker(QObject):
         self._thread.start()
 
     def _run(self, config) -> None:
-        from engine.plan import plan
+        from engine.run.plan import plan
 
         try:
             result = plan(config)
@@ -90,7 +90,7 @@ def card_text(card) -> tuple[str, str]:
 
 def measured_text(trial) -> tuple[str, str]:
     """The measured twin's peak, and a tooltip with every category beside the traced."""
-    from engine.plan import side_by_side, size_text
+    from engine.run.plan import side_by_side, size_text
 
     m = trial.measured
     if m is None:
@@ -164,7 +164,7 @@ class PlanView(QWidget):
         layout.addWidget(self.table, 1)
 
     def config(self):
-        from engine.plan import PlanConfig
+        from engine.run.plan import PlanConfig
 
         cards = tuple(c.strip() for c in self.cards.text().split(",") if c.strip())
         return PlanConfig(model=self.model.text().strip(), precisions=self.precisions.text(),
@@ -208,7 +208,7 @@ class PlanView(QWidget):
         self.show_result(result)
 
     def show_result(self, result) -> None:
-        from engine.plan import size_text
+        from engine.run.plan import size_text
 
         self.last_result = result
         cards = [c.card for c in result.trials[0].cards] if result.trials else []

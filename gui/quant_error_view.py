@@ -7,8 +7,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QIcon, QPixmap
 from PySide6.QtWidgets import QLabel, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
-from engine.quant_error_text import EXACT, HEADERS, TITLE, quant_rows
-from engine.record import RunRecord
+from engine.measure.quant_error_text import EXACT, HEADERS, TITLE, quant_rows
+from engine.record.run_record import RunRecord
 from gui.palette import precision_color
 
 COLUMNS = ("precision / layer", "layers / rounded as", *HEADERS[2:])

@@ -12,8 +12,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
-from engine.events import TrialResult
-from engine.record import RunRecord
+from engine.core.events import TrialResult
+from engine.record.run_record import RunRecord
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
 from gui.plain_text import plain_label

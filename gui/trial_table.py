@@ -10,8 +10,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QHeaderView, QProgressBar, QTableWidget, QTableWidgetItem
 
-from engine.compare import format_cell
-from engine.events import TRIAL_STATUSES, StepSample, TrialResult
+from engine.core.events import TRIAL_STATUSES, StepSample, TrialResult
+from engine.record.compare import format_cell
 from gui.palette import precision_color
 from gui.plain_text import as_html
 

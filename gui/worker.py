@@ -1,9 +1,9 @@
 """The one bridge between the engine and the window.
 
-``RunWorker`` runs ``engine.runner.Runner`` in a Python thread and re-emits every
+``RunWorker`` runs ``engine.run.runner.Runner`` in a Python thread and re-emits every
 engine event as a Qt signal; ``LabWorker`` runs the numerics lab in a child process
 and waits for it in a thread;
-``DeviceProbe`` asks ``engine.device.probe`` off the GUI thread (it imports torch and
+``DeviceProbe`` asks ``engine.measure.device.probe`` off the GUI thread (it imports torch and
 initialises CUDA and NVML, seconds on a multi-GPU server). The
 worker objects live in the GUI thread, so the signals they emit from their threads are
 queued to the widgets' thread by Qt. They never touch a widget, and widgets never call
@@ -18,7 +18,7 @@ import traceback
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 
 
 class RunWorker(QObject):
@@ -40,7 +40,7 @@ class RunWorker(QObject):
         if self.is_running():
             raise RuntimeError("a run is already in progress: stop it before starting another")
         # imported here so the window opens before torch and transformers have loaded
-        from engine.runner import Runner
+        from engine.run.runner import Runner
 
         with self._lock:
             self._runner = Runner(config, self.event.emit)
@@ -106,7 +106,7 @@ class LabWorker(QObject):
         self._thread.start()
 
     def _run(self, lab_args: dict) -> None:
-        from engine.runner import run_lab_in_child
+        from engine.run.runner import run_lab_in_child
 
         try:
             result = run_lab_in_child(lab_args, self._stop.is_set)
@@ -152,7 +152,9 @@ class DeviceProbe(QObject):
             self._thread.start()
 
     def _serve(self) -> None:
-        from engine.device import probe  # torch loads here, not on the window's start-up path
+        from engine.measure.device import (
+            probe,  # torch loads here, not on the window's start-up path
+        )
 
         warmed = False
         while True:
@@ -162,9 +164,9 @@ class DeviceProbe(QObject):
             if not _tell(self.answered, device, *_answer(probe, device)):
                 return
             if not warmed and self._requests.empty():
-                import engine.model_health  # noqa: F401 (the run's model check)
-                import engine.runner  # noqa: F401
-                from engine.hf import load_transformers
+                import engine.models.model_health  # noqa: F401 (the run's model check)
+                import engine.run.runner  # noqa: F401
+                from engine.models.hf import load_transformers
 
                 load_transformers()
                 warmed = True
@@ -215,7 +217,7 @@ class ReportLoader(QObject):
         self._thread.start()
 
     def _run(self, path, read) -> None:
-        from engine.compare import record_precisions
+        from engine.record.compare import record_precisions
         from gui.live_charts import record_series
 
         self.progress.emit("reading", 0)
@@ -279,7 +281,7 @@ class ReportWriter(QObject):
 
 
 class PeakBenchmark(QObject):
-    """Measures the device's matmul peak again (``engine.matmul_peak``) in a thread: a
+    """Measures the device's matmul peak again (``engine.measure.matmul_peak``) in a thread: a
     second or two of matmuls per dtype, which the window must not wait for. The new
     figure replaces the cached one, so the runs that follow divide by it."""
 
@@ -302,7 +304,7 @@ class PeakBenchmark(QObject):
         self._thread.start()
 
     def _run(self, info) -> None:
-        from engine import matmul_peak
+        from engine.measure import matmul_peak
 
         dtypes = matmul_peak.DTYPES
 

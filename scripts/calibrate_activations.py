@@ -1,8 +1,8 @@
-"""Calibrate the per-layer activation model (engine.memory_model) against the tracker.
+"""Calibrate the per-layer activation model (engine.models.memory_model) against the tracker.
 
 For each architecture family, activation mode (fp32; half autocast; pure half) and attention
 implementation (eager; sdpa), builds tiny models of several shapes, runs one forward
-under engine.memtrack and records the bytes the forward saved for backward (the
+under engine.measure.memtrack and records the bytes the forward saved for backward (the
 activations alive when backward begins). A least-squares fit over those shapes gives
 bytes per token for each piece of a layer (hidden, heads x head_dim, key/value width,
 MLP width, attention scores, per-head statistics) and of the outer model (embeddings,
@@ -28,9 +28,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.memory_model import LAYER_BASIS, OUTER_BASIS, basis_values  # noqa: E402
-from engine.memtrack import MemoryWatcher  # noqa: E402
-from engine.models import dims, make_batches, model_class, task_of  # noqa: E402
+from engine.measure.memtrack import MemoryWatcher  # noqa: E402
+from engine.models.load import dims, make_batches, model_class, task_of  # noqa: E402
+from engine.models.memory_model import LAYER_BASIS, OUTER_BASIS, basis_values  # noqa: E402
 
 OUT = ROOT / "resources" / "activation_calibration.json"
 FAMILIES = ("llama", "qwen2", "mistral", "bert", "gpt2", "opt", "gpt_neox", "t5", "bart")

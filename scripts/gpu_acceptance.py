@@ -61,8 +61,8 @@ def _in(value, band) -> bool:
 
 
 def _run(**kw):
-    from engine.config import RunConfig
-    from engine.runner import Runner
+    from engine.core.config import RunConfig
+    from engine.run.runner import Runner
 
     base = dict(model="gpt2", batch_size=8, seq_len=1024, steps=8, warmup=2, device="cuda",
                 isolation="process")
@@ -112,7 +112,7 @@ def sweep_checks(record) -> list[Check]:
 
 
 def tensor_core_check(trial) -> Check:
-    """The profiled step's Tensor-Core share of matmul kernel time (engine.kernels)."""
+    """The profiled step's Tensor-Core share of matmul kernel time (engine.measure.kernels)."""
     ps = trial.profiled_step if trial else None
     share = ps.tensor_core_share if ps else None
     if share is None:
@@ -150,8 +150,8 @@ def mm_check(info) -> Check:
     """One bf16 GEMM timed with the trial's own StepTimer against the table's peak."""
     import torch
 
-    from engine.peaks import peak_flops
-    from engine.trackers import StepTimer
+    from engine.measure.peaks import peak_flops
+    from engine.measure.trackers import StepTimer
 
     name = f"bf16 {MM_SIZE}x{MM_SIZE}x{MM_SIZE} torch.mm: achieved / table peak"
     expected = f"{MM_BAND[0]:.2f}-{MM_BAND[1]:.2f}"
@@ -185,7 +185,7 @@ def mig_check(info) -> Check:
                      f"not run: {info.name} is not a MIG slice ({info.sm_count} SMs)", None)
     import re as regex
 
-    from engine.peaks import table
+    from engine.measure.peaks import table
 
     row = next((g for g in table()["gpus"] if regex.search(g["match"], info.name,
                                                            regex.IGNORECASE)), None)
@@ -368,7 +368,7 @@ def _sweep_group(record) -> list[Check]:
 
 
 def environment_lines(info, started: str, seconds: float) -> list[str]:
-    from engine.environment import collect
+    from engine.measure.environment import collect
 
     env = collect(info)
     libs = ", ".join(f"{k} {v}" for k, v in env["libraries"].items() if v)
@@ -426,7 +426,7 @@ def write_report(out_dir: Path, info, checks: list[Check], env_lines: list[str])
               "Seconds are those of the group a check ran in (checks of one group share a "
               "run), against the group's stated share of the whole run's time.", ""]
     out_dir.mkdir(parents=True, exist_ok=True)
-    from engine.report.atomic import atomic_write
+    from engine.core.atomic import atomic_write
 
     text = "\n".join(lines)
     return atomic_write(path, lambda fh: fh.write(text))
@@ -440,13 +440,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        from engine.device import cuda_unavailable_reason
+        from engine.measure.device import cuda_unavailable_reason
 
         print(f"gpu_acceptance: no usable CUDA GPU ({cuda_unavailable_reason()}): nothing "
               "was run and no results file was written")
         return 0
-    from engine.device import probe
-    from engine.quiet import quiet_libraries
+    from engine.core.quiet import quiet_libraries
+    from engine.measure.device import probe
 
     quiet_libraries()
     started, t0 = time.strftime("%Y-%m-%d %H:%M", time.gmtime()), time.perf_counter()

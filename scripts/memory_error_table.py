@@ -2,14 +2,14 @@
 
 Runs inline trials of the ten test families (tests/engine/families.py) at every recipe
 the CPU runs, at two batch sizes and two sequence lengths, with gradient checkpointing
-off and on, and compares engine.memory_model's predicted peak with the peak engine.memtrack
-measured in the same trial.
+off and on, and compares engine.models.memory_model's predicted peak with the peak
+engine.measure.memtrack measured in the same trial.
 
     nice python3 scripts/memory_error_table.py --out /tmp/grid.json   # ~10 min on 1 core
     python3 scripts/memory_error_table.py --from /tmp/grid.json       # table only
 
 ``--out`` keeps each trial's measurement and the predictor's inputs, so ``--from``
-re-predicts with the current engine.memory_model without training again. Prints the
+re-predicts with the current engine.models.memory_model without training again. Prints the
 Markdown table of docs/memory-model.md.
 """
 
@@ -27,18 +27,18 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.config import RunConfig  # noqa: E402
-from engine.device import probe  # noqa: E402
-from engine.memory_model import (  # noqa: E402
+from engine.core.config import RunConfig  # noqa: E402
+from engine.core.recipes import recipe  # noqa: E402
+from engine.measure.device import probe  # noqa: E402
+from engine.models.load import dims, load_model  # noqa: E402
+from engine.models.memory_model import (  # noqa: E402
     CALIBRATION,
     _rerun_kind,
     calibration,
     predict_memory,
     shape_of,
 )
-from engine.models import dims, load_model  # noqa: E402
-from engine.recipes import recipe  # noqa: E402
-from engine.trial import run_trial  # noqa: E402
+from engine.run.trial import run_trial  # noqa: E402
 from tests.engine.families import FAMILIES  # noqa: E402
 
 PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "fp16", "bf16", "int8", "nf4")
@@ -131,7 +131,7 @@ def fit_lora(rows: list[dict], shapes: dict) -> dict:
 
 
 def fit_flow(rows: list[dict], shapes: dict) -> dict:
-    """Per family and rerun kind (engine.memory_model._rerun_kind), the rerun term (bytes
+    """Per family and rerun kind (engine.models.memory_model._rerun_kind), the rerun term (bytes
     per token per hidden unit) whose worst error over the checkpointed trials is least."""
     flows = calibration().setdefault("rerun_flow", {})
     groups: dict = {}

@@ -2,8 +2,8 @@
 
     python3 scripts/record_nvml.py [--out nvml-recording.json]
 
-It drives the app's own NVML code (engine/nvml.py, engine/device.py's probe,
-engine/gpm.py, the monitor's tracker, the trial's energy reads) through a proxy of
+It drives the app's own NVML code (engine/measure/nvml.py, engine/measure/device.py's probe,
+engine/measure/gpm.py, the monitor's tracker, the trial's energy reads) through a proxy of
 pynvml that writes down each call: the function, its arguments (a GPU handle as the
 UUID NVML gives it) and the result, or the NVML error code it raised. The tests replay
 such a file in place of NVML (tests/engine/nvml_replay.py); contributing one from real
@@ -121,9 +121,9 @@ def exercise(info, pid: int, wait=lambda: time.sleep(1.0)) -> dict:
     order: the device monitor (handle by UUID, baseline, a sample, a GPM poll), the
     trial's energy counter and GPM window around ``wait``, then the monitor again.
     ``pid`` is the process whose GPU memory is looked up. Returns what the app read."""
-    from engine import nvml
-    from engine.gpm import GpmWindow
-    from engine.monitor import Monitor
+    from engine.measure import nvml
+    from engine.measure.gpm import GpmWindow
+    from engine.measure.monitor import Monitor
 
     monitor = Monitor.for_device(info, lambda sample: None)
     tracker = monitor.tracker
@@ -206,8 +206,8 @@ def record(out: Path) -> str:
         out.write_text(json.dumps({"format": FORMAT, "nvml": "unavailable", "reason": reason,
                                    "machine": platform.node()}, indent=1))
         return f"NVML is not available here ({reason}); wrote {out} saying so"
-    from engine import gpm, nvml
-    from engine.device import DeviceInfo, probe
+    from engine.measure import gpm, nvml
+    from engine.measure.device import DeviceInfo, probe
 
     rec = Recorder(pynvml)
     nvml._state.update(tried=True, ok=True, error=None, lib=rec)

@@ -56,7 +56,7 @@ def main() -> int:
     QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(scratch))
 
     app = QApplication(sys.argv[:1])
-    from engine.config import RunConfig
+    from engine.core.config import RunConfig
     from gui.main_window import MainWindow
 
     window = MainWindow()

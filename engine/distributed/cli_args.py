@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.config import STRATEGIES, TORCHRUN_FLAGS
+from engine.core.config import STRATEGIES, TORCHRUN_FLAGS
 
 
 def add_distributed_args(p: argparse.ArgumentParser) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
+from engine.core.events import RankMemory
 from engine.distributed.recipes import DistRecipe
-from engine.events import RankMemory
-from engine.memory_model import optimizer_bytes_per_param
+from engine.models.memory_model import optimizer_bytes_per_param
 
 _CATEGORIES = ("sharded_params_bytes", "unsharded_params_bytes", "grads_bytes",
                "optimizer_bytes", "activations_bytes", "comm_buffers_bytes", "total_bytes")

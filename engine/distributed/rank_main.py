@@ -22,26 +22,26 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from engine.config import RunConfig
-from engine.device import nvml_handle_of
+from engine.core.config import RunConfig
+from engine.core.events import CommVolume, MonitorSample, RankMemory, StepSample, to_dict
+from engine.core.quiet import quiet_libraries
+from engine.core.recipes import set_fp32_precision
 from engine.distributed.comm import CommCounter, expected_bytes
 from engine.distributed.memory import errors_pct, predict_rank_memory
 from engine.distributed.recipes import DistRecipe, dist_recipe
-from engine.events import CommVolume, MonitorSample, RankMemory, StepSample, to_dict
-from engine.memory_model import predict_memory
-from engine.memory_model import shape_of as memory_shape
-from engine.models import dims, load_model, make_batches
-from engine.monitor import Monitor
-from engine.quiet import quiet_libraries
-from engine.recipes import set_fp32_precision
-from engine.trackers import (
+from engine.measure.device import nvml_handle_of
+from engine.measure.monitor import Monitor
+from engine.measure.trackers import (
     AllocatorTracker,
     HostTracker,
     NvmlTracker,
     ScalarReadback,
     StepTimer,
 )
-from engine.trial import BATCH_POOL, adam_eps, fp32_norm, make_optimizer
+from engine.models.load import dims, load_model, make_batches
+from engine.models.memory_model import predict_memory
+from engine.models.memory_model import shape_of as memory_shape
+from engine.run.trial import BATCH_POOL, adam_eps, fp32_norm, make_optimizer
 
 
 class _Journal:
@@ -135,7 +135,7 @@ class _Unsharded:
 
 def _wrap(model, rec: DistRecipe, device: torch.device, mesh=None):
     """DDP or FSDP2 around ``model``; returns (wrapped, unit sizes, unsharded tracker).
-    ``mesh``: FSDP2's device mesh, by default one over the whole world (engine.plan passes
+    ``mesh``: FSDP2's device mesh, by default one over the whole world (engine.run.plan passes
     its own: a mesh cannot be made under fake tensors)."""
     if rec.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -484,7 +484,7 @@ def _measured_memory(model, optimizer, grads_bytes: int, activations: int, unsha
 
 
 def main() -> int:
-    from engine.child import end_with_parent
+    from engine.run.child import end_with_parent
 
     end_with_parent()  # a rank never outlives torchrun's agent, even one killed outright
     quiet_libraries()

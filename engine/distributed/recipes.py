@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.recipes import Recipe, recipe
+from engine.core.recipes import Recipe, recipe
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # single-process recipes that have a distributed reading (quantised, fp8 and pure fp16

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.compare import format_bytes
-from engine.record import RunRecord
+from engine.record.compare import format_bytes
+from engine.record.run_record import RunRecord
 
 
 def _mib(value) -> str:

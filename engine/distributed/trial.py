@@ -25,11 +25,8 @@ from pathlib import Path
 
 import psutil
 
-from engine import nvml
-from engine.config import RunConfig
-from engine.device import DeviceInfo
-from engine.distributed.recipes import dist_recipe, unsupported_reason
-from engine.events import (
+from engine.core.config import RunConfig
+from engine.core.events import (
     CommVolume,
     DistributedSummary,
     LogEvent,
@@ -43,6 +40,9 @@ from engine.events import (
     TrialSummary,
     from_dict,
 )
+from engine.distributed.recipes import dist_recipe, unsupported_reason
+from engine.measure import nvml
+from engine.measure.device import DeviceInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 CANCEL_GRACE_S = 30.0
@@ -110,7 +110,7 @@ def nvml_baselines(config: RunConfig, info: DeviceInfo) -> dict[int, int | None]
     process memory; ``_rank_result`` subtracts this baseline instead."""
     if info.kind != "cuda":
         return {}
-    from engine.device import nvml_handle_of
+    from engine.measure.device import nvml_handle_of
 
     return {i: nvml.used_bytes(nvml_handle_of(i)) for i in range(config.nproc_per_node)}
 

@@ -4,7 +4,7 @@ Inputs are plain dicts (as the report JSON holds them), so a report from a serve
 advised again in the window. A reason whose figure was not measured says so (figure
 None) instead of borrowing a number from elsewhere.
 
-Measured speed is judged by ``engine.compare.speed_verdict``: a noisy run is never
+Measured speed is judged by ``engine.record.compare.speed_verdict``: a noisy run is never
 ranked, and a recommendation that goes against a significant measured ranking says
 why in its reasons (otherwise the advice follows the measurement).
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.compare import SpeedVerdict, speed_verdict
-from engine.events import TrialResult, from_dict
+from engine.core.events import TrialResult, from_dict
+from engine.record.compare import SpeedVerdict, speed_verdict
 
 MEMORY_PRESSURE = 0.9  # a peak above this share of device memory counts as the constraint
 QUANTISED = ("nf4", "int8")
@@ -90,7 +90,7 @@ def _verdict(trials: list[dict] | None, candidates: tuple[str, ...]) -> SpeedVer
 def _noisy_warning(verdict: SpeedVerdict) -> Reason:
     return Reason("measured speeds are too noisy to rank, so the advice does not rest on them"
                   + (f" ({verdict.suggestion})" if verdict.suggestion else ""),
-                  "; ".join(verdict.problems), "profile trials (engine/compare.py rule)")
+                  "; ".join(verdict.problems), "profile trials (engine/record/compare.py rule)")
 
 
 def _fp16_risk(ok: dict[str, dict], grads: dict | None) -> Reason | None:

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from engine.core.recipes import Recipe, fp32_precision
 from engine.numerics.formats import float_format
 from engine.numerics.step import forward_loss
-from engine.recipes import Recipe, fp32_precision
 
 RANGE_FORMATS = {
     "fp16": torch.float16,

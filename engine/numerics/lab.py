@@ -12,17 +12,17 @@ from collections.abc import Callable
 
 import torch
 
-from engine.config import RunConfig
-from engine.flops import blended_peak
-from engine.model_health import preflight
-from engine.models import dims, load_model, make_batch
+from engine.core.config import RunConfig
+from engine.core.recipes import recipe as get_recipe
+from engine.measure.flops import blended_peak
+from engine.measure.peaks import PeakLookup, peak_flops, table
+from engine.models.load import dims, load_model, make_batch
+from engine.models.model_health import preflight
 from engine.numerics.advisor import advise
 from engine.numerics.demos import run_demos
 from engine.numerics.formats import format_table
 from engine.numerics.gradients import activation_stats, gradient_stats
 from engine.numerics.optrace import trace_ops
-from engine.peaks import PeakLookup, peak_flops, table
-from engine.recipes import recipe as get_recipe
 
 
 def _json_safe(value):

@@ -2,9 +2,9 @@
 
 A ``TorchDispatchMode`` sees every aten op below autocast and autograd, forward and
 backward, with the tensors it got and returned. FLOPs come from torch's own formula
-registry (the one ``FlopCounterMode`` uses) plus engine.flops' CPU attention and
+registry (the one ``FlopCounterMode`` uses) plus engine.measure.flops' CPU attention and
 bitsandbytes formulas. From the FLOPs per compute dtype follows the peak a step can reach
-(``engine.flops.blended_peak``).
+(``engine.measure.flops.blended_peak``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from engine.flops import flop_formulas, peak_key
+from engine.core.recipes import Recipe, fp32_precision
+from engine.measure.flops import flop_formulas, peak_key
 from engine.numerics.step import forward_loss
-from engine.recipes import Recipe, fp32_precision
 
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm")
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -89,7 +89,7 @@ class _Tracer(TorchDispatchMode):
         self.by_peak: dict[str, int] = {}
         self.flags: dict[tuple, GemmFlag] = {}
         self.uncounted: set[str] = set()
-        self.formulas = flop_formulas()  # the ones engine.flops' FlopCounterMode uses
+        self.formulas = flop_formulas()  # the ones engine.measure.flops' FlopCounterMode uses
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

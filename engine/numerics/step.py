@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.recipes import Recipe, autocast_for
+from engine.core.recipes import Recipe, autocast_for
 
 
 def forward_loss(model: nn.Module, batch: dict, recipe: Recipe,

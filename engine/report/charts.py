@@ -2,7 +2,7 @@
 
 Only the object-oriented API (``Figure``) is used, never pyplot, so no GUI backend
 is chosen and charts can be drawn from any thread. Each precision has its colour from
-``engine.colors``. A chart whose data the run does not have is ``None`` with a note
+``engine.record.colors``. A chart whose data the run does not have is ``None`` with a note
 saying why, never an empty or zero-filled plot.
 """
 
@@ -17,9 +17,9 @@ import matplotlib as mpl
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from engine.colors import color_of
-from engine.compare import baseline_reason, comparison_rows, format_cell, record_precisions
-from engine.record import RunRecord
+from engine.record.colors import color_of
+from engine.record.compare import baseline_reason, comparison_rows, format_cell, record_precisions
+from engine.record.run_record import RunRecord
 
 _STYLE = {
     "font.size": 9,

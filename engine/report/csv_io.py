@@ -11,9 +11,9 @@ import csv
 import os
 from pathlib import Path
 
-from engine.compare import COLUMNS, comparison_rows, record_precisions, speed_verdict
-from engine.record import RunRecord
-from engine.report.atomic import atomic_write
+from engine.core.atomic import atomic_write
+from engine.record.compare import COLUMNS, comparison_rows, record_precisions, speed_verdict
+from engine.record.run_record import RunRecord
 
 STEP_COLUMNS = (
     "precision",

@@ -13,9 +13,18 @@ import os
 from pathlib import Path
 from string import Template
 
-from engine import spread
-from engine.colors import color_of
-from engine.compare import (
+from engine.core.atomic import atomic_write
+from engine.core.config import BF16_EMULATED
+from engine.core.events import TrialResult
+from engine.core.resources import RESOURCES
+from engine.distributed.summary_text import wire_dtype
+from engine.measure.quant_error_text import EXACT as QUANT_EXACT
+from engine.measure.quant_error_text import HEADERS as QUANT_HEADERS
+from engine.measure.quant_error_text import TITLE as QUANT_TITLE
+from engine.measure.quant_error_text import quant_rows
+from engine.record import spread
+from engine.record.colors import color_of
+from engine.record.compare import (
     COLUMNS,
     NOISY_RULE,
     baseline_reason,
@@ -25,18 +34,9 @@ from engine.compare import (
     speed_verdict,
     trained_text,
 )
-from engine.config import BF16_EMULATED
-from engine.distributed.summary_text import wire_dtype
-from engine.events import TrialResult
-from engine.quant_error_text import EXACT as QUANT_EXACT
-from engine.quant_error_text import HEADERS as QUANT_HEADERS
-from engine.quant_error_text import TITLE as QUANT_TITLE
-from engine.quant_error_text import quant_rows
-from engine.record import SCHEMA_VERSION, RunRecord
-from engine.report.atomic import atomic_write
+from engine.record.run_record import SCHEMA_VERSION, RunRecord
+from engine.record.verdict import Verdict, figure_text, verdict
 from engine.report.charts import Chart, report_charts
-from engine.resources import RESOURCES
-from engine.verdict import Verdict, figure_text, verdict
 
 TEMPLATE_PATH = RESOURCES / "report_template.html"
 NA = '<span class="na">n/a</span>'
@@ -537,7 +537,7 @@ def _trial(trial: TrialResult) -> str:
     parts.append(_kv([
         ("recipe", _e(trial.recipe) or NA),
         ("device", _e(trial.device) or NA),
-        # engine/gating.py: an emulated trial's speed is not the format's own hardware's
+        # engine/measure/gating.py: an emulated trial's speed is not the format's own hardware's
         ("hardware support", f"{_e(trial.support)}: {_e(trial.support_reason)}"
          if trial.support else f"{NA}: not recorded (an older report or a user run)"),
         ("parameters", f"{_number(trial.param_count)} ({_number(trial.trainable_params)} "

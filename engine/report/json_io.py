@@ -12,9 +12,9 @@ import json
 import os
 from pathlib import Path
 
-from engine.record import RunRecord
-from engine.report.atomic import atomic_write
-from engine.report.validate import validate_report
+from engine.core.atomic import atomic_write
+from engine.record.run_record import RunRecord
+from engine.record.validate import validate_report
 
 
 def comparison_dict(record: RunRecord) -> dict:
@@ -22,9 +22,9 @@ def comparison_dict(record: RunRecord) -> dict:
     the JSON file.
 
     Derived from the trials (readers of the report recompute it and ignore this key)."""
-    from engine import spread
-    from engine.compare import NOISY_RULE, comparison_rows, speed_verdict
-    from engine.verdict import verdict as recommend
+    from engine.record import spread
+    from engine.record.compare import NOISY_RULE, comparison_rows, speed_verdict
+    from engine.record.verdict import verdict as recommend
 
     verdict = speed_verdict(record.trials)
     return {

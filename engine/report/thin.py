@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.columns import Columns
-from engine.events import MonitorSample
-from engine.record import RunRecord
+from engine.core.events import MonitorSample
+from engine.record.columns import Columns
+from engine.record.run_record import RunRecord
 
 SAMPLING_NOTE = ("thinned for the report: per step window, the last poll and the polls "
                  "holding each field's minimum and maximum; every poll is in the run journal")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.record import RunRecord
-from engine.report.atomic import make_temp, remove_stale_temps, resolve_target
+from engine.core.atomic import make_temp, remove_stale_temps, resolve_target
+from engine.record.run_record import RunRecord
 from engine.report.csv_io import write_csv
 from engine.report.html import write_html
 from engine.report.json_io import write_json

@@ -1,6 +1,6 @@
 import pytest
 
-from engine.quiet import quiet_libraries
+from engine.core.quiet import quiet_libraries
 from tests.engine.sync_guard import sync_guard  # noqa: F401 - a fixture for every engine test
 
 quiet_libraries()

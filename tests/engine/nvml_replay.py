@@ -108,11 +108,11 @@ class NvmlReplay:
 
 def install(monkeypatch, name: str | Path) -> NvmlReplay:
     """Replay ``tests/data/nvml/<name>.json`` (or the recording at a path) as NVML for
-    engine.nvml and engine.gpm, and give torch the CUDA devices the recording saw
+    engine.measure.nvml and engine.measure.gpm, and give torch the CUDA devices the recording saw
     (properties only: nothing runs)."""
     import torch
 
-    from engine import gpm, nvml
+    from engine.measure import gpm, nvml
 
     replay = NvmlReplay(name if isinstance(name, Path) else DATA / f"{name}.json")
     monkeypatch.setattr(nvml, "_state", {"tried": True, "ok": True, "error": None,

@@ -6,7 +6,7 @@ a change to them breaks these tests rather than passing silently.
 
 from __future__ import annotations
 
-from engine.events import (
+from engine.core.events import (
     FlopsInfo,
     LogEvent,
     MemoryBreakdown,
@@ -18,7 +18,7 @@ from engine.events import (
     TrialResult,
     TrialSummary,
 )
-from engine.record import RunRecord
+from engine.record.run_record import RunRecord
 
 PARAMS = 124_439_808
 TOKENS = 8 * 512

@@ -2,11 +2,11 @@
 
 import pytest
 
-from engine.compare import comparison_rows, format_table
-from engine.config import RunConfig
-from engine.events import PhaseChanged
-from engine.journal import read_journal
-from engine.runner import Runner
+from engine.core.config import RunConfig
+from engine.core.events import PhaseChanged
+from engine.record.compare import comparison_rows, format_table
+from engine.record.journal import read_journal
+from engine.run.runner import Runner
 
 TINY = dict(model="tiny", batch_size=1, seq_len=16, device="cpu", isolation="inline")
 
@@ -50,7 +50,7 @@ def test_stopped_in_its_first_warm_up_step_has_no_peak(tmp_path):
 
 
 def _tiny_fp32_params():
-    from engine.models import load_model
+    from engine.models.load import load_model
 
     return list(load_model("tiny", "fp32", "cpu", 0, False).model.parameters())
 

@@ -99,7 +99,7 @@ def test_presets_and_version_through_main_py():
 
 
 def test_failed_trials_exit_1_with_the_table_and_a_summary(monkeypatch, capsys):
-    import engine.trial as trial_mod
+    import engine.run.trial as trial_mod
 
     real = trial_mod.load_model
 
@@ -118,8 +118,8 @@ def test_failed_trials_exit_1_with_the_table_and_a_summary(monkeypatch, capsys):
 
 def _model_folder(tmp_path, breakage: str) -> Path:
     """A model folder broken the way ``breakage`` says, saved by transformers first."""
-    from engine.models import model_class
-    from engine.presets import get_preset
+    from engine.models.load import model_class
+    from engine.models.presets import get_preset
 
     folder = tmp_path / breakage
     preset = get_preset("tiny")
@@ -216,7 +216,7 @@ def test_symlinked_out_is_written_through_and_stale_temps_are_removed(tmp_path, 
 
 
 def test_report_command_reads_journals_and_refuses_what_is_not_one(tmp_path, capsys):
-    from engine.journal import runs_dir
+    from engine.record.journal import runs_dir
 
     assert main(["profile", *TINY, "--precision", "fp32"]) == 0
     capsys.readouterr()

@@ -70,7 +70,7 @@ def test_footprint_progress_and_what_nf4_really_stores(tmp_path):
     rows = {line.split()[0]: line for line in lines[header + 1:] if line[:4] in ("fp32", "int8",
                                                                                    "nf4 ")}
     # what bitsandbytes hangs on the nf4 weights: absmax and the code book, no SCB
-    from engine.models import load_model
+    from engine.models.load import load_model
 
     net = load_model("tiny", "nf4", "cpu", 0, False, train=False).model
     states = [p.quant_state for p in net.parameters() if getattr(p, "quant_state", None)]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.compare import format_cell
+from engine.record.compare import format_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,7 @@ def test_json_and_csv_comparison_agree(profiled, tmp_path):
     # each round (1 warm-up + 5 steps) draws its batches from the same seeded pool of 8
     assert bf16["summary"]["distinct_batches"] == 6
     # the same run as CSV: steps with their round, and the comparison table beside them
-    from engine.record import RunRecord
+    from engine.record.run_record import RunRecord
     from engine.report.writer import write_report
 
     write_report(RunRecord.from_dict(report), tmp_path / "run.csv")

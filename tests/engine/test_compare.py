@@ -2,8 +2,9 @@ import dataclasses
 
 import pytest
 
-from engine.colors import PRECISION_COLORS
-from engine.compare import (
+from engine.core.config import PRECISIONS
+from engine.record.colors import PRECISION_COLORS
+from engine.record.compare import (
     COLUMNS,
     ComparisonRow,
     baseline_reason,
@@ -12,7 +13,6 @@ from engine.compare import (
     format_cell,
     format_table,
 )
-from engine.config import PRECISIONS
 from tests.engine.sample_record import make_record
 
 

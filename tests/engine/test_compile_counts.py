@@ -9,13 +9,13 @@ import dataclasses
 import torch
 from torch._dynamo.testing import CompileCounter
 
-import engine.trial as trial_mod
-from engine import gating
-from engine.config import RunConfig
-from engine.device import probe
-from engine.fit import FitConfig, fit_precision
-from engine.models import load_model, make_batches
-from engine.trial import run_trial
+import engine.run.trial as trial_mod
+from engine.core.config import RunConfig
+from engine.measure import gating
+from engine.measure.device import probe
+from engine.models.load import load_model, make_batches
+from engine.run.fit import FitConfig, fit_precision
+from engine.run.trial import run_trial
 
 CPU = probe("cpu")
 
@@ -74,7 +74,7 @@ def test_fit_probes_inline_start_from_a_reset_dynamo_each(monkeypatch):
 
 
 def test_interleaved_compiled_rounds_each_compile_afresh_and_say_how_much(monkeypatch):
-    from engine.runner import Runner
+    from engine.run.runner import Runner
 
     counter = _counting_compile(monkeypatch)
     notes = []  # each round's trial: its compile note, and the backend's count around it
@@ -93,7 +93,7 @@ def test_interleaved_compiled_rounds_each_compile_afresh_and_say_how_much(monkey
                        compile=True, device="cpu", isolation="inline", profile_step=False)
     record = Runner(config).run()
     assert [t.status for t in record.trials] == ["ok", "ok"]
-    # mirrored rounds (engine/rounds.py): A B, then B A
+    # mirrored rounds (engine/run/rounds.py): A B, then B A
     assert [p for p, _, _ in notes] == ["fp32", "bf16-amp", "bf16-amp", "fp32"]
     for precision in ("fp32", "bf16-amp"):
         rounds = [(note, frames) for p, note, frames in notes if p == precision]

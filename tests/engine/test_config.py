@@ -1,6 +1,6 @@
 import pytest
 
-from engine.config import RunConfig, parse_precisions
+from engine.core.config import RunConfig, parse_precisions
 
 
 def test_parse_precisions_keeps_order_and_normalises():

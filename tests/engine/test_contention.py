@@ -11,16 +11,16 @@ import threading
 
 import pytest
 
-from engine.compare import speed_verdict
-from engine.config import RunConfig
-from engine.contention import LoadSampler, parse_loadavg
-from engine.device import cpu_bf16_hardware
-from engine.events import TrialFinished
-from engine.journal import read_journal
-from engine.record import RunRecord
-from engine.report.validate import validate_report
-from engine.runner import Runner
-from engine.verdict import verdict
+from engine.core.config import RunConfig
+from engine.core.events import TrialFinished
+from engine.measure.contention import LoadSampler, parse_loadavg
+from engine.measure.device import cpu_bf16_hardware
+from engine.record.compare import speed_verdict
+from engine.record.journal import read_journal
+from engine.record.run_record import RunRecord
+from engine.record.validate import validate_report
+from engine.record.verdict import verdict
+from engine.run.runner import Runner
 
 IDLE = ("0.52 0.58 0.59 2/812 4242", 2.0)  # /proc/loadavg text, other processes' CPU %
 # oversubscribed on any machine the suite runs on: above twice the cores of a 64-core host
@@ -58,7 +58,7 @@ EPYC_FLAGS = ("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu vme d
 
 @pytest.fixture(scope="module")
 def busy_run():
-    import engine.device
+    import engine.measure.device
 
     load = PhasedLoad()
     config = RunConfig(model="tiny", precisions=("fp32", "bf16-amp"), batch_size=1, seq_len=16,
@@ -66,7 +66,7 @@ def busy_run():
                        profile_step=False, monitor_hz=20.0)
     runner = Runner(config, _busy_during_bf16(load), load=load)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine.device, "_cpuinfo", lambda: EPYC_FLAGS)
+        patch.setattr(engine.measure.device, "_cpuinfo", lambda: EPYC_FLAGS)
         return runner.run(), runner.journal_path
 
 

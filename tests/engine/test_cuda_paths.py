@@ -15,22 +15,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import engine.trial as trial_mod
-from engine import gating, memtrack, nvml
-from engine.config import RunConfig
-from engine.device import DeviceInfo, probe
-from engine.models import load_model, make_batches
-from engine.monitor import Monitor
-from engine.recipes import (
+import engine.run.trial as trial_mod
+from engine.core.config import RunConfig
+from engine.core.recipes import (
     RECIPES,
     fp8_shape_reason,
     fp32_precision,
     library_sync_notes,
     run_description,
 )
-from engine.runner import Runner
-from engine.trackers import AllocatorTracker, NvmlTracker, ScalarReadback, StepTimer
-from engine.trial import make_optimizer, run_trial
+from engine.measure import gating, memtrack, nvml
+from engine.measure.device import DeviceInfo, probe
+from engine.measure.monitor import Monitor
+from engine.measure.trackers import AllocatorTracker, NvmlTracker, ScalarReadback, StepTimer
+from engine.models.load import load_model, make_batches
+from engine.run.runner import Runner
+from engine.run.trial import make_optimizer, run_trial
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = probe("cpu")
@@ -549,7 +549,7 @@ def test_the_monitor_chart_says_what_the_power_reading_averages():
 
 
 def test_runs_with_fp8_are_not_interleaved_by_default_since_fp8_compiles():
-    from engine.rounds import choose_rounds
+    from engine.run.rounds import choose_rounds
 
     config = _config(precisions=("bf16-amp", "fp8"), steps=20, warmup=1, interleave="auto")
     rounds, why = choose_rounds(config, params=10_000_000)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from engine.record import RunRecord
+from engine.record.run_record import RunRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny", "--seq-len", "16", "--steps", "2", "--warmup", "0",
@@ -110,7 +110,7 @@ def test_unsupported_recipe_is_named_not_run(ddp_report):
 
 def test_what_the_cpu_cannot_run_alone_it_does_not_run_in_ranks(ddp_report):
     # tf32 on a CPU is fp32 arithmetic: run under DDP it was once ranked 1.41x "faster"
-    from engine.device import probe
+    from engine.measure.device import probe
 
     tf32 = _trial(ddp_report, "tf32")
     assert tf32["status"] == "unsupported" and not tf32["steps"]
@@ -322,7 +322,7 @@ def test_multi_node_options_reach_torchrun_unchanged():
     from torch.distributed.run import get_args_parser
 
     from engine.cli import build_parser
-    from engine.config import RunConfig
+    from engine.core.config import RunConfig
     from engine.distributed.cli_args import distributed_config
     from engine.distributed.launch import torchrun_argv
 
@@ -342,7 +342,7 @@ def test_multi_node_options_reach_torchrun_unchanged():
 
 
 def test_a_reduce_dtype_label_keeps_its_base_colour_lightened_and_distinct():
-    from engine.colors import PRECISION_COLORS, color_of
+    from engine.record.colors import PRECISION_COLORS, color_of
 
     def rgb(color):
         return [int(color[i:i + 2], 16) for i in (1, 3, 5)]
@@ -378,7 +378,7 @@ def test_nccl_fsdp2_on_two_gpus(tmp_path):
     ("adamw", "ddp", "cpu", False), ("sgd", "fsdp2", "cpu", False),
 ])
 def test_the_rank_optimizer_is_fused_on_cuda(optimizer, strategy, kind, fused):
-    from engine.config import RunConfig
+    from engine.core.config import RunConfig
     from engine.distributed.rank_main import rank_optimizer
     from engine.distributed.recipes import dist_recipe
 
@@ -391,9 +391,9 @@ def test_the_rank_optimizer_is_fused_on_cuda(optimizer, strategy, kind, fused):
 
 
 def test_a_followed_step_has_the_global_loss_only_when_every_rank_is_local():
-    from engine.config import RunConfig
+    from engine.core.config import RunConfig
+    from engine.core.events import StepSample
     from engine.distributed.trial import _combined
-    from engine.events import StepSample
 
     def sample(loss, ms):
         return StepSample("fp32", 0, False, loss, ms, 0.0, None, None, None, None, None, False,

@@ -17,10 +17,10 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from engine.distributed import rank_main
 from engine.distributed.recipes import dist_recipe
-from engine.trackers import StepTimer
+from engine.measure.trackers import StepTimer
 from tests.engine.test_distributed import ROOT, _unique_params
 
 WORLD = 8

@@ -1,6 +1,6 @@
 import dataclasses
 
-from engine.compare import comparison_rows, format_table
+from engine.record.compare import comparison_rows, format_table
 
 from .sample_record import make_record
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.fit import CARDS, FitProbe, linear_fit, parse_bytes, search
+from engine.run.fit import CARDS, FitProbe, linear_fit, parse_bytes, search
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,7 +92,7 @@ def test_fit_on_the_cpu_finds_the_boundary_batch():
     assert result["tokens_per_s"] > 0 and result["predicted_bytes"] > 0
     # independent floor: during the optimizer step, fp32 weights, gradients and AdamW's
     # m and v (4 bytes each) are all alive
-    from engine.presets import param_count
+    from engine.models.presets import param_count
 
     assert probes[best]["peak_bytes"] >= 16 * param_count("tiny")
     peaks = [probes[b]["peak_bytes"] for b in sorted(probes)]
@@ -166,7 +166,7 @@ def test_ctrl_c_stops_the_search_and_its_probe_process():
 
 
 def test_fit_text_names_the_prediction_and_the_method():
-    from engine.fit import FitResult, format_fit
+    from engine.run.fit import FitResult, format_fit
 
     probes = [FitProbe(b, fits, "ok", None if fits else "over", peak, "the method", 100.0 * b,
                        peak + 2**20) for b, fits, peak in

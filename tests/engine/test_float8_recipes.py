@@ -11,11 +11,11 @@ from torchao.float8.config import Float8LinearRecipeName
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.pytorch_utils import Conv1D
 
-from engine.config import RunConfig
-from engine.device import probe
-from engine.recipes import RECIPES
-from engine.resources import RESOURCES
-from engine.trial import run_trial
+from engine.core.config import RunConfig
+from engine.core.recipes import RECIPES
+from engine.core.resources import RESOURCES
+from engine.measure.device import probe
+from engine.run.trial import run_trial
 
 # torchao float8 runs on the CPU through torch._scaled_mm: emulated, uncompiled
 CPU = probe("cpu")

@@ -4,7 +4,8 @@ from peft import LoraConfig, get_peft_model
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, GPT2Config
 
-from engine.flops import (
+from engine.core.recipes import autocast_for, recipe
+from engine.measure.flops import (
     CPU_ATTENTION_FLOPS,
     attention_stacks,
     blended_peak,
@@ -12,9 +13,8 @@ from engine.flops import (
     matmul_param_counts,
     model_flops,
 )
-from engine.models import dims, load_model, make_batches, model_class, task_of
-from engine.peaks import PeakLookup
-from engine.recipes import autocast_for, recipe
+from engine.measure.peaks import PeakLookup
+from engine.models.load import dims, load_model, make_batches, model_class, task_of
 from tests.engine.families import FAMILIES
 
 LAYERS, HIDDEN, VOCAB = 2, 64, 256
@@ -225,8 +225,8 @@ def test_blended_peak_is_the_harmonic_mix():
 def test_trial_mfu_peak_is_blended_by_the_dtypes_the_step_ran():
     from types import SimpleNamespace
 
-    from engine.peaks import peak_flops
-    from engine.trial import _peak
+    from engine.measure.peaks import peak_flops
+    from engine.run.trial import _peak
 
     h100 = SimpleNamespace(kind="cuda", name="NVIDIA H100 80GB HBM3", sm_count=132, mig=False)
     int8, fp16 = (peak_flops(h100.name, k).flops_per_s for k in ("int8", "fp16"))
@@ -245,9 +245,9 @@ def test_trial_mfu_peak_is_blended_by_the_dtypes_the_step_ran():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("precision", ["int8", "nf4"])
 def test_quantised_cuda_trials_count_their_matmuls(precision):
-    from engine.config import RunConfig
-    from engine.device import probe
-    from engine.trial import run_trial
+    from engine.core.config import RunConfig
+    from engine.measure.device import probe
+    from engine.run.trial import run_trial
 
     config = RunConfig(model="gpt2", batch_size=2, seq_len=128, steps=1, warmup=1,
                        device="cuda", isolation="inline")

@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import engine.device as device_mod
-from engine import gating
-from engine.config import PRECISIONS, RunConfig
-from engine.device import probe
-from engine.record import RunRecord
+import engine.measure.device as device_mod
+from engine.core.config import PRECISIONS, RunConfig
+from engine.measure import gating
+from engine.measure.device import probe
+from engine.record.run_record import RunRecord
 from engine.report.html import render_html
 from engine.report.json_io import read_json, write_json
-from engine.trial import run_trial
+from engine.run.trial import run_trial
 
 FP8 = ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp")
 

@@ -5,10 +5,10 @@ import pynvml
 import pytest
 import torch
 
-from engine import gpm, nvml
-from engine.config import RunConfig
-from engine.device import DeviceInfo, probe
-from engine.trial import run_trial
+from engine.core.config import RunConfig
+from engine.measure import gpm, nvml
+from engine.measure.device import DeviceInfo, probe
+from engine.run.trial import run_trial
 
 FIELDS = ("tensor_any_util_pct", "tensor_hmma_util_pct", "tensor_imma_util_pct",
           "sm_util_pct", "sm_occupancy_pct", "dram_bw_util_pct")

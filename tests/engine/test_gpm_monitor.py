@@ -7,10 +7,10 @@ import types
 import pynvml
 import pytest
 
-from engine import gpm, monitor, nvml
-from engine.device import DeviceInfo, probe
-from engine.events import MonitorSample
-from engine.journal import decode, encode
+from engine.core.events import MonitorSample
+from engine.measure import gpm, monitor, nvml
+from engine.measure.device import DeviceInfo, probe
+from engine.record.journal import decode, encode
 
 GPM_FIELDS = ("gpm_tensor_any_util_pct", "gpm_tensor_hmma_util_pct", "gpm_tensor_imma_util_pct",
               "gpm_sm_util_pct", "gpm_sm_occupancy_pct", "gpm_dram_bw_util_pct")

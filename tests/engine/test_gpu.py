@@ -36,7 +36,7 @@ def _in_child(check: str, env: dict | None = None, **kwargs):
 
 
 def _config(**kw):
-    from engine.config import RunConfig
+    from engine.core.config import RunConfig
 
     base = dict(model="gpt2", batch_size=4, seq_len=256, steps=6, warmup=2, device="cuda",
                 isolation="inline")
@@ -45,8 +45,8 @@ def _config(**kw):
 
 
 def _trial(precision: str, **kw):
-    from engine.device import probe
-    from engine.trial import run_trial
+    from engine.measure.device import probe
+    from engine.run.trial import run_trial
 
     config = _config(**kw)
     info = probe(config.device)
@@ -101,7 +101,7 @@ def check_nvml_by_uuid() -> dict:
     import pynvml
     import torch
 
-    from engine.device import probe
+    from engine.measure.device import probe
 
     info = probe("cuda")
     h = info.nvml_handle()
@@ -111,8 +111,8 @@ def check_nvml_by_uuid() -> dict:
 
 
 def check_nvml_in_process_run() -> dict:
-    from engine import nvml
-    from engine.runner import Runner
+    from engine.measure import nvml
+    from engine.run.runner import Runner
 
     record = Runner(_config(model="tiny", precisions=("bf16-amp",), isolation="process")).run()
     samples = [m for m in record.monitor_samples if m.source == "nvml"]
@@ -141,7 +141,7 @@ def check_no_host_sync_in_steps() -> dict:
     """
     import torch
 
-    import engine.trial as trial_mod
+    import engine.run.trial as trial_mod
 
     real = trial_mod._train_steps
 
@@ -162,7 +162,7 @@ def check_no_host_sync_in_steps() -> dict:
 def check_same_start_on_gpu() -> dict:
     import torch
 
-    from engine.models import load_model
+    from engine.models.load import load_model
 
     cpu = load_model("tiny", "fp32", "cpu", seed=3).model
     gpu = load_model("tiny", "bf16", "cuda", seed=3).model
@@ -183,7 +183,7 @@ def check_fp8(warmup: int) -> dict:
 
 
 def check_sticky_error_then_ok(folder: str) -> dict:
-    from engine.runner import Runner
+    from engine.run.runner import Runner
 
     bad = Runner(_config(model=folder, precisions=("fp32",), isolation="process",
                          batch_size=2, seq_len=32, steps=2, warmup=1)).run()

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import engine.trial as trial_mod
-from engine import gating, nvml
-from engine.config import RunConfig
-from engine.device import DeviceInfo, probe
-from engine.models import load_model
-from engine.trial import run_trial
+import engine.run.trial as trial_mod
+from engine.core.config import RunConfig
+from engine.measure import gating, nvml
+from engine.measure.device import DeviceInfo, probe
+from engine.models.load import load_model
+from engine.run.trial import run_trial
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = probe("cpu")
@@ -72,7 +72,7 @@ def _table_row(name: str) -> dict:
 
 @pytest.fixture
 def mig_slice(monkeypatch):
-    """The DeviceInfo engine.device.probe builds inside a 1g slice (NVML saying it is a MIG
+    """The DeviceInfo engine.measure.device.probe builds inside a 1g slice (NVML saying it is a MIG
     handle), then run on the CPU: its torch device is the CPU, its drains are recorded."""
     with monkeypatch.context() as m:
         m.setattr(torch.cuda, "is_available", lambda: True)
@@ -167,9 +167,9 @@ def test_the_distributed_nvml_baseline_is_read_before_the_ranks_load_their_model
         monkeypatch):
     """In a container NVML lists host pids, so a rank's process memory is the GPU's used
     memory minus a baseline; a baseline read after the model loaded leaves the model out."""
-    import engine.device
     import engine.distributed.trial as dtrial
-    from engine.events import MonitorSample, RankMemory, to_dict
+    import engine.measure.device
+    from engine.core.events import MonitorSample, RankMemory, to_dict
 
     gpu = {"used": 1_500_000_000}  # another tenant and the driver, before our ranks start
     calls = []
@@ -200,7 +200,7 @@ def test_the_distributed_nvml_baseline_is_read_before_the_ranks_load_their_model
         return "ok"
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(engine.device, "nvml_handle_of", lambda index: f"cuda:{index}")
+    monkeypatch.setattr(engine.measure.device, "nvml_handle_of", lambda index: f"cuda:{index}")
     monkeypatch.setattr(nvml, "used_bytes", used_bytes)
     monkeypatch.setattr(dtrial, "_follow", fake_torchrun)
     info = dataclasses.replace(CPU, kind="cuda", index=0, name="NVIDIA H100 80GB HBM3")
@@ -219,8 +219,8 @@ def test_the_distributed_nvml_baseline_is_read_before_the_ranks_load_their_model
 def _eager_steps_run_out_of_memory(monkeypatch):
     """The two eager steps of a trial (FLOP counting, watching memory by category) raise
     what the CUDA caching allocator raises when they do not fit."""
-    from engine import flops as flops_mod
-    from engine import memtrack
+    from engine.measure import flops as flops_mod
+    from engine.measure import memtrack
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
@@ -231,7 +231,7 @@ def _eager_steps_run_out_of_memory(monkeypatch):
 
 
 def test_fit_does_not_read_an_eager_step_s_oom_as_a_compiled_probe_s(monkeypatch):
-    from engine.fit import FitConfig, fit_precision
+    from engine.run.fit import FitConfig, fit_precision
 
     _eager_steps_run_out_of_memory(monkeypatch)
     compiled = []  # compiling float8 for real takes minutes on the CPU
@@ -249,7 +249,7 @@ def test_fit_does_not_read_an_eager_step_s_oom_as_a_compiled_probe_s(monkeypatch
 
 
 def test_fit_still_reads_an_eager_probe_s_oom_as_not_fitting(monkeypatch):
-    from engine.fit import FitConfig, fit_precision
+    from engine.run.fit import FitConfig, fit_precision
 
     _eager_steps_run_out_of_memory(monkeypatch)
     config = FitConfig(model="tiny", precisions=("fp32",), seq_len=16, max_batch=2,
@@ -260,7 +260,7 @@ def test_fit_still_reads_an_eager_probe_s_oom_as_not_fitting(monkeypatch):
 
 
 def test_fit_cards_are_sized_as_cuda_reports_them_in_gib():
-    from engine.fit import CARDS, FitProbe, FitResult, format_fit, linear_fit
+    from engine.run.fit import CARDS, FitProbe, FitResult, format_fit, linear_fit
 
     h100 = next(c for c in CARDS if c.label == "H100 80GB")
     # the issue's figure: an "80 GB" H100 SXM reports about 85.0e9 bytes, 79.2 GiB
@@ -301,7 +301,7 @@ def _h100_with_context(monkeypatch, context_bytes: int | None):
 
 @pytest.mark.parametrize("context_mib", [None, 520])
 def test_fit_takes_the_cuda_context_off_the_allocator_s_budget(monkeypatch, context_mib):
-    from engine.fit import FitConfig, cuda_context, fit_precision, format_fit
+    from engine.run.fit import FitConfig, cuda_context, fit_precision, format_fit
 
     context = None if context_mib is None else context_mib * 2**20
     info, fractions = _h100_with_context(monkeypatch, context)
@@ -406,12 +406,12 @@ def test_acceptance_reports_each_group_s_seconds_against_its_stated_time(monkeyp
 @pytest.mark.parametrize(("isolation", "where"), [("process", "child"), ("inline", "here")])
 def test_fit_measures_the_context_where_its_probes_run(monkeypatch, isolation, where):
     """A context made in the parent would stay on the GPU through every probe child."""
-    import engine.fit as fit_mod
-    import engine.runner
+    import engine.run.fit as fit_mod
+    import engine.run.runner
 
     info = dataclasses.replace(CPU, kind="cuda", index=0, name="NVIDIA H100 80GB HBM3",
                                total_memory_bytes=81090 * 2**20, unsupported={})
-    monkeypatch.setattr(engine.runner, "preflight", lambda config: info)
+    monkeypatch.setattr(engine.run.runner, "preflight", lambda config: info)
     monkeypatch.setattr(fit_mod, "cuda_context", lambda i: (1, "here"))
     monkeypatch.setattr(fit_mod, "_context_in_child", lambda i: (2, "child"))
     seen = []
@@ -424,6 +424,6 @@ def test_fit_measures_the_context_where_its_probes_run(monkeypatch, isolation, w
 
 
 def test_the_context_measuring_process_answers():
-    from engine.fit import _context_in_child
+    from engine.run.fit import _context_in_child
 
     assert _context_in_child(CPU) == (None, "no CUDA context on the CPU")

@@ -14,7 +14,7 @@ import psutil
 import torch
 
 import ampscope
-from engine.journal import read_journal
+from engine.record.journal import read_journal
 from tests.engine.test_recorder import tiny_gpt2
 
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < {seconds}: pass\n"

@@ -4,7 +4,7 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, GPT2Config, GPT2LMHeadModel
 
-from engine.inventory import (
+from engine.measure.inventory import (
     count_params,
     count_quantized_params,
     dtype_map,

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from engine.config import RunConfig
-from engine.events import MonitorSample, StepSample
-from engine.journal import (
+from engine.core.config import RunConfig
+from engine.core.events import MonitorSample, StepSample
+from engine.record.journal import (
     data_dir,
     journal_entries,
     journal_path,
@@ -18,7 +18,7 @@ from engine.journal import (
 )
 from engine.report.json_io import read_json
 from engine.report.writer import write_report
-from engine.runner import Runner
+from engine.run.runner import Runner
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_damaged_journals_say_what_is_wrong(finished_run, tmp_path):
 
 
 def test_step_and_monitor_values_survive_the_short_form():
-    from engine.journal import decode, encode
+    from engine.record.journal import decode, encode
 
     step = StepSample("fp16", 3, False, float("inf"), 12.5, 1000.0, None, None, 10, 20,
                       1024.0, True, float("nan"), 1.5)
@@ -150,7 +150,7 @@ def test_a_journal_that_cannot_be_written_does_not_stop_the_run(tmp_path, monkey
 
 
 def test_numerics_appended_after_the_run_are_read_back(finished_run, tmp_path):
-    from engine.journal import append_numerics
+    from engine.record.journal import append_numerics
 
     _, path = finished_run
     copy = tmp_path / path.name
@@ -165,7 +165,7 @@ def test_an_unfinished_journal_is_running_while_its_writer_lives(finished_run, t
     import subprocess
     import sys
 
-    from engine.journal import journal_entry
+    from engine.record.journal import journal_entry
 
     _, path = finished_run
     lines = path.read_text().splitlines()

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from engine.events import (
+from engine.core.events import (
     MonitorSample,
     RunStarted,
     StepSample,
@@ -17,7 +17,7 @@ from engine.events import (
     TrialResult,
     TrialStarted,
 )
-from engine.journal import JournalWriter, read_journal
+from engine.record.journal import JournalWriter, read_journal
 from engine.report.thin import for_report, thin_samples
 
 PRECISIONS = ("fp16-amp", "bf16")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import RunConfig
-from engine.journal import journal_entry, read_journal
-from engine.report.validate import MAX_NAME
-from engine.runner import Runner
+from engine.core.config import RunConfig
+from engine.record.journal import journal_entry, read_journal
+from engine.record.validate import MAX_NAME
+from engine.run.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -174,7 +174,7 @@ def test_watch_ends_when_the_writer_is_gone_without_an_end(lines, tmp_path):
 
 
 def test_watch_notices_a_journal_cut_short(lines, tmp_path):
-    from engine.follow import JournalFollower
+    from engine.record.follow import JournalFollower
 
     path = _write(tmp_path, lines, lambda _: None)
     follower = JournalFollower(path)

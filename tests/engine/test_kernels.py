@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import RunConfig
-from engine.device import probe
-from engine.events import TrialResult, from_dict, to_dict
-from engine.kernels import (
+from engine.core.config import RunConfig
+from engine.core.events import TrialResult, from_dict, to_dict
+from engine.core.recipes import recipe
+from engine.measure.device import probe
+from engine.measure.kernels import (
     MATMUL,
     OPTIMIZER,
     SCALER,
@@ -20,10 +21,9 @@ from engine.kernels import (
     idle_gaps_us,
     tensor_core_kernel,
 )
-from engine.models import load_model, make_batches
+from engine.models.load import load_model, make_batches
 from engine.numerics.optrace import GEMM_OPS, trace_ops
-from engine.recipes import recipe
-from engine.trial import run_trial
+from engine.run.trial import run_trial
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMMS = {f"aten::{name}" for name in GEMM_OPS}
@@ -116,7 +116,7 @@ def test_profiled_step_survives_the_json_report():
 
 
 def test_html_report_shows_the_profiled_step(tmp_path):
-    from engine.record import RunRecord
+    from engine.record.run_record import RunRecord
     from engine.report.html import render_html
 
     result = _trial("tiny", "bf16-amp")
@@ -255,7 +255,7 @@ def test_live_profiler_events_attribute_kernels_to_any_op_and_keep_the_rest():
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import FunctionEvent
 
-    from engine.kernels import UNATTRIBUTED, _calls_from
+    from engine.measure.kernels import UNATTRIBUTED, _calls_from
 
     def cpu(i, name, start, end, parent=None, dtypes=None, annotation=False):
         e = FunctionEvent(i, name, thread=1, start_us=start, end_us=end,

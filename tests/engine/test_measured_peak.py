@@ -1,4 +1,4 @@
-"""MFU against this machine's measured matmul peak (engine.matmul_peak).
+"""MFU against this machine's measured matmul peak (engine.measure.matmul_peak).
 
 The trials run on the CPU, which has no datasheet peak: the measured peak is the MFU
 there is. The expected figures are computed here from the cache file the benchmark
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import matmul_peak
-from engine.config import RunConfig
-from engine.device import probe
-from engine.trial import run_trial
+from engine.core.config import RunConfig
+from engine.measure import matmul_peak
+from engine.measure.device import probe
+from engine.run.trial import run_trial
 from tests.engine.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,8 +179,8 @@ def test_the_peak_command_measures_once_then_reads_the_cache(cache):
 def test_the_peak_command_sets_a_gpus_datasheet_row_beside_the_measured_one():
     import dataclasses
 
+    from engine.measure.peaks import table
     from engine.peak_cli import _rows
-    from engine.peaks import table
 
     h100 = dataclasses.replace(CPU, kind="cuda", index=0, name="NVIDIA H100 80GB HBM3",
                                sm_count=132)

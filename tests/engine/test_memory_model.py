@@ -3,14 +3,14 @@ import math
 import pytest
 import torch
 
-from engine.config import RunConfig
-from engine.device import probe
-from engine.events import MemoryBreakdown
-from engine.memory_model import ModelShape, predict_memory, with_errors
-from engine.memtrack import optimizer_tensors, unique_bytes
-from engine.models import dims
-from engine.recipes import recipe
-from engine.trial import run_trial
+from engine.core.config import RunConfig
+from engine.core.events import MemoryBreakdown
+from engine.core.recipes import recipe
+from engine.measure.device import probe
+from engine.measure.memtrack import optimizer_tensors, unique_bytes
+from engine.models.load import dims
+from engine.models.memory_model import ModelShape, predict_memory, with_errors
+from engine.run.trial import run_trial
 from tests.engine.families import FAMILIES
 
 GPT2 = 124_439_808

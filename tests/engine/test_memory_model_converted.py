@@ -14,9 +14,9 @@ import transformers as tf
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from engine.config import RunConfig
-from engine.device import probe
-from engine.trial import run_trial
+from engine.core.config import RunConfig
+from engine.measure.device import probe
+from engine.run.trial import run_trial
 
 CPU = probe("cpu")
 LAYERS = 3  # a middle block, so keep-ends leaves something converted

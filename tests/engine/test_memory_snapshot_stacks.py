@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from engine import kernels
+from engine.measure import kernels
 
 
 def test_the_profiled_step_records_python_stacks_only(monkeypatch, tmp_path):

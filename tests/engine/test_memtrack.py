@@ -5,9 +5,14 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.flops import matmul_param_counts
-from engine.memtrack import MemoryWatcher, optimizer_tensors, quant_state_tensors, unique_bytes
-from engine.models import load_model, make_batches, model_class, task_of
+from engine.measure.flops import matmul_param_counts
+from engine.measure.memtrack import (
+    MemoryWatcher,
+    optimizer_tensors,
+    quant_state_tensors,
+    unique_bytes,
+)
+from engine.models.load import load_model, make_batches, model_class, task_of
 from tests.engine.families import FAMILIES
 
 BATCH, SEQ = 2, 24

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from engine.config import RunConfig
-from engine.model_check import check_model
-from engine.runner import preflight
+from engine.core.config import RunConfig
+from engine.models.model_check import check_model
+from engine.run.runner import preflight
 
 
 def _verdict(fn):
@@ -65,7 +65,7 @@ def test_hub_id_not_in_the_cache():
 
 
 def test_the_check_does_not_load_torch():
-    code = ("import sys; from engine.model_check import check_model; "
+    code = ("import sys; from engine.models.model_check import check_model; "
             "check_model('tiny', 16); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from engine.models import (
+from engine.models.load import (
     SUPPORTED_LINE,
     conv1d_to_linear,
     dims,
@@ -10,7 +10,7 @@ from engine.models import (
     make_batches,
     resolve_source,
 )
-from engine.presets import get_preset, param_count, presets
+from engine.models.presets import get_preset, param_count, presets
 from tests.engine.families import FAMILIES
 
 MIB = 2**20

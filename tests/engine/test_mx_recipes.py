@@ -10,14 +10,14 @@ from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
 from torchao.prototype.mx_formats.mx_tensor import MXTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from engine import gating
-from engine.config import RunConfig, parse_precisions
-from engine.device import probe
-from engine.flops import blended_peak
-from engine.memtrack import MemoryWatcher
-from engine.peaks import peak_flops
-from engine.recipes import recipe
-from engine.trial import run_trial
+from engine.core.config import RunConfig, parse_precisions
+from engine.core.recipes import recipe
+from engine.measure import gating
+from engine.measure.device import probe
+from engine.measure.flops import blended_peak
+from engine.measure.memtrack import MemoryWatcher
+from engine.measure.peaks import peak_flops
+from engine.run.trial import run_trial
 from tests.engine.families import FAMILIES
 
 CPU = probe("cpu")
@@ -38,7 +38,7 @@ def _mx_weights(model_ref: str) -> int:
 
     cfg = AutoConfig.from_pretrained(model_ref) if model_ref != "tiny" else None
     if cfg is None:
-        from engine.models import load_config, resolve_source
+        from engine.models.load import load_config, resolve_source
         cfg, _ = load_config(resolve_source("tiny"), False)
     net = AutoModelForCausalLM.from_config(cfg)
     total = 0
@@ -170,8 +170,8 @@ def test_mx_shapes_not_in_whole_blocks_are_refused_before_loading():
 def test_emulated_formats_are_left_out_of_the_speed_ranking():
     import dataclasses
 
-    from engine.compare import comparison_rows, speed_verdict
-    from engine.verdict import verdict
+    from engine.record.compare import comparison_rows, speed_verdict
+    from engine.record.verdict import verdict
     from tests.engine.verdict_records import GiB, record, trial
 
     fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)

@@ -1,8 +1,8 @@
 import torch
 
-from engine.events import StepSample, TrialResult, TrialSummary, to_dict
+from engine.core.events import StepSample, TrialResult, TrialSummary, to_dict
 from engine.numerics.advisor import advise
-from engine.spread import step_spread
+from engine.record.spread import step_spread
 
 
 def _cuda(cc, memory=80 * 2**30):

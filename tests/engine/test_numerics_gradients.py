@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from engine.core.recipes import recipe
 from engine.numerics.gradients import activation_stats, gradient_stats, underflow_fraction
-from engine.recipes import recipe
 
 CPU = torch.device("cpu")
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from engine.flops import blended_peak, count_flops
+from engine.core.recipes import recipe
+from engine.measure.flops import blended_peak, count_flops
+from engine.measure.peaks import PeakLookup
 from engine.numerics.optrace import OpTrace, gemm_dims, trace_ops
-from engine.peaks import PeakLookup
-from engine.recipes import recipe
 
 CPU = torch.device("cpu")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import nvml
-from engine.device import probe
+from engine.measure import nvml
+from engine.measure.device import probe
 from tests.engine.nvml_replay import DATA, Handle, install
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,7 +161,7 @@ class _DriverLike:
 def test_a_recording_replays_to_the_same_readings(monkeypatch, tmp_path):
     """scripts/record_nvml.py's Recorder in front of driver-like answers, then the
     replayer from its file: the app reads the same through both."""
-    from engine import gpm
+    from engine.measure import gpm
 
     rec = record_nvml.Recorder(_DriverLike())
     monkeypatch.setattr(nvml, "_state", {"tried": True, "ok": True, "error": None, "lib": rec})

@@ -15,12 +15,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import engine.trial as trial_mod
-from engine.config import RunConfig, parse_precisions
-from engine.device import probe
-from engine.models import load_config, resolve_source
-from engine.plan import PlanConfig
-from engine.trial import run_trial
+import engine.run.trial as trial_mod
+from engine.core.config import RunConfig, parse_precisions
+from engine.measure.device import probe
+from engine.models.load import load_config, resolve_source
+from engine.run.plan import PlanConfig
+from engine.run.trial import run_trial
 from tests.engine.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,7 +220,7 @@ def test_torchao_state_is_filed_as_optimizer_state_by_its_storage(tmp_path, monk
 
 
 def test_an_optimizer_trial_keeps_its_recipe_hue_darkened():
-    from engine.colors import PRECISION_COLORS, color_of
+    from engine.record.colors import PRECISION_COLORS, color_of
 
     def rgb(color):
         return [int(color[i:i + 2], 16) for i in (1, 3, 5)]

@@ -44,7 +44,8 @@ def test_pip_install_lands_packages_resources_and_console_script(tmp_path):
     # inside the installed package (not in this checkout)
     probe = subprocess.run(
         [sys.executable, "-c",
-         "import importlib.metadata as m, json, engine.resources as r, engine.peaks as p;"
+         "import importlib.metadata as m, json, engine.core.resources as r,"
+         " engine.measure.peaks as p;"
          "ep = [e for e in m.entry_points(group='console_scripts') if e.name == 'ampscope'][0];"
          "print(json.dumps([ep.value, ep.load().__module__, str(r.RESOURCES),"
          " len(p.table()['gpus'])]))"],

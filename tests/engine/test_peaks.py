@@ -2,8 +2,8 @@ import re
 
 import pytest
 
-from engine.peaks import PeakLookup, mfu, peak_flops, table
-from engine.recipes import RECIPES
+from engine.core.recipes import RECIPES
+from engine.measure.peaks import PeakLookup, mfu, peak_flops, table
 
 # (name as nvidia-smi prints it, table entry, dtype, dense TFLOP/s)
 NVIDIA_SMI_NAMES = [
@@ -204,9 +204,9 @@ def test_the_whole_gpu_keeps_its_datasheet_peak():
 def test_every_card_has_a_memory_size_with_its_source():
     """Every row: CUDA's total with its source, or a nominal size with its note and
     source, or sizes per variant; fit's cards and plan's verdicts read the same table."""
-    from engine.fit import CARDS
-    from engine.peaks import card_memory
-    from engine.plan import PlanConfig, plan
+    from engine.measure.peaks import card_memory
+    from engine.run.fit import CARDS
+    from engine.run.plan import PlanConfig, plan
 
     for row in table()["gpus"]:
         sizes = row.get("memory_variants") or [row]

@@ -14,11 +14,11 @@ import transformers as tf
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from engine.config import RunConfig, parse_precisions
-from engine.device import probe
+from engine.core.config import RunConfig, parse_precisions
+from engine.measure.device import probe
 from engine.report.html import render_html
 from engine.report.json_io import read_json
-from engine.trial import run_trial
+from engine.run.trial import run_trial
 
 CPU = probe("cpu")
 ROOT = Path(__file__).resolve().parents[2]

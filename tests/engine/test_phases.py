@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from engine.config import RunConfig
-from engine.events import PhaseChanged, StepSample, TrialFinished, TrialStarted
-from engine.runner import Runner
+from engine.core.config import RunConfig
+from engine.core.events import PhaseChanged, StepSample, TrialFinished, TrialStarted
+from engine.run.runner import Runner
 
 TINY = dict(model="tiny", batch_size=1, seq_len=16, device="cpu", isolation="inline")
 

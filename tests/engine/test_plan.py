@@ -1,4 +1,4 @@
-"""engine.plan: a training step traced on fake tensors, checked against real CPU trials,
+"""engine.run.plan: a training step traced on fake tensors, checked against real CPU trials,
 torch's MemTracker in fake mode and parameter counts worked out by hand."""
 
 import json
@@ -10,10 +10,10 @@ import pytest
 import torch
 import transformers as tf
 
-from engine.config import RunConfig
-from engine.device import probe
-from engine.plan import PlanConfig, meta_shape, plan, trace_step
-from engine.trial import run_trial
+from engine.core.config import RunConfig
+from engine.measure.device import probe
+from engine.run.plan import PlanConfig, meta_shape, plan, trace_step
+from engine.run.trial import run_trial
 from tests.engine.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +209,7 @@ def test_cli_bad_input_exits_2_with_one_line(args, needle):
 def test_largest_micro_batch_agrees_with_real_trials():
     """A card whose usable memory lies between the real peaks at batch 3 and 4: the search
     over traced steps must land on 3."""
-    from engine.plan import card_memory
+    from engine.run.plan import card_memory
 
     p3 = _measured("tiny", "fp32", 3, 32).total_bytes
     p4 = _measured("tiny", "fp32", 4, 32).total_bytes
@@ -239,9 +239,9 @@ def test_quantised_recipes_fall_back_to_the_memory_model_on_the_loaded_shape(
     which must be the shape of the model a real trial loads (quantised layers, LoRA)."""
     import dataclasses
 
-    from engine.memory_model import predict_memory, shape_of
-    from engine.models import dims, load_model
-    from engine.recipes import recipe
+    from engine.core.recipes import recipe
+    from engine.models.load import dims, load_model
+    from engine.models.memory_model import predict_memory, shape_of
 
     source = "tiny" if family == "tiny" else _folder(tmp_path, family)
     config = PlanConfig(model=source, precisions=(precision,), batch_size=2, seq_len=32,

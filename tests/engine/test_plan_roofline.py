@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers as tf
 
-from engine.traffic import ByteCounter
+from engine.measure.traffic import ByteCounter
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = json.loads((ROOT / "resources" / "peak_flops.json").read_text(encoding="utf-8"))

@@ -8,9 +8,9 @@ import threading
 import psutil
 import pytest
 
-from engine import process_tree
-from engine.contention import LoadSampler
-from engine.trackers import HostTracker
+from engine.measure import process_tree
+from engine.measure.contention import LoadSampler
+from engine.measure.trackers import HostTracker
 
 # a child that starts a grandchild, then both wait for stdin to close
 TREE = ("import subprocess, sys\n"

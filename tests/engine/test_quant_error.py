@@ -16,10 +16,10 @@ import pytest
 import torch
 import transformers as tf
 
-from engine import quant_error
-from engine.config import RunConfig
-from engine.device import probe
-from engine.trial import run_trial
+from engine.core.config import RunConfig
+from engine.measure import quant_error
+from engine.measure.device import probe
+from engine.run.trial import run_trial
 
 CPU = probe("cpu")
 E4M3_MAX = 448.0

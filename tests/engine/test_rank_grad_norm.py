@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from engine.distributed import rank_main
 from engine.distributed.recipes import dist_recipe
 

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import ampscope
-from engine.journal import read_journal
+from engine.record.journal import read_journal
 from engine.report.json_io import read_json
 
 ROOT = Path(__file__).resolve().parents[2]

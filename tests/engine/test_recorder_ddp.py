@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.journal import read_journal
+from engine.record.journal import read_journal
 from engine.report.json_io import read_json
 
 ROOT = Path(__file__).resolve().parents[2]

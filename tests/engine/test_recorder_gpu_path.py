@@ -16,8 +16,8 @@ from transformers.utils.import_utils import enable_tf32
 
 import ampscope
 import ampscope.recorder as recorder_mod
-from engine.device import probe
-from engine.journal import read_journal
+from engine.measure.device import probe
+from engine.record.journal import read_journal
 from tests.engine.test_recorder import padded_batch, tiny_gpt2
 
 

@@ -1,5 +1,5 @@
 """The memory of a user's step on the CPU (issue #19): the Recorder watches step 1 (untimed
-by the summary) with engine.memtrack, so the report has the activations and the real
+by the summary) with engine.measure.memtrack, so the report has the activations and the real
 peak, named as such, not only parameters + gradients + optimizer state."""
 
 import copy
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import ampscope
-from engine.journal import read_journal
-from engine.memtrack import storages
+from engine.measure.memtrack import storages
+from engine.record.journal import read_journal
 from tests.engine.test_recorder import padded_batch, tiny_gpt2, tiny_llama
 
 
@@ -66,7 +66,7 @@ def test_the_watched_step_gives_activations_and_the_real_peak(tmp_path, build):
     # the real peak: at least the weights, their state and the forward's activations
     assert memory.total_bytes >= params + state + alive
     assert memory.activations_bytes is not None and memory.activations_method
-    assert "engine.memtrack over the user's step 1" in memory.total_method
+    assert "engine.measure.memtrack over the user's step 1" in memory.total_method
     assert trial.summary.peak_memory_bytes == memory.total_bytes
     # before the fix the figure was parameters + gradients + optimizer state alone
     assert memory.total_bytes != params + params + state

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import ampscope
-from engine.journal import read_journal
+from engine.record.journal import read_journal
 from engine.report.json_io import read_json
 from tests.engine.test_recorder import padded_batch, tiny_gpt2
 

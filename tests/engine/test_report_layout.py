@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
-from engine.compare import format_bytes
+from engine.record.compare import format_bytes
 from engine.report.html import render_html
 from tests.engine.verdict_records import GiB, median_ms, record, trial
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.events import MonitorSample
+from engine.core.events import MonitorSample
 from engine.report.json_io import parse_report
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from engine.numerics.lab import run_lab
+from engine.record.validate import MAX_DEPTH, validate_report
 from engine.report.json_io import read_json, write_json
-from engine.report.validate import MAX_DEPTH, validate_report
 from tests.engine.sample_record import make_record
 
 # free-form objects: their inner keys are not typed (checked for plain JSON and depth only)

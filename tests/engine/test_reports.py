@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import events
-from engine.compare import record_precisions
-from engine.record import RunRecord
+from engine.core import events
+from engine.record.compare import record_precisions
+from engine.record.run_record import RunRecord
 from engine.report import charts, json_io
 from engine.report.csv_io import STEP_COLUMNS, write_csv
 from engine.report.html import render_html, write_html
@@ -270,8 +270,8 @@ def test_schema_doc_names_every_field():
 
 
 def test_real_tiny_run_writes_all_three_formats(tmp_path):
-    from engine.config import RunConfig
-    from engine.runner import Runner
+    from engine.core.config import RunConfig
+    from engine.run.runner import Runner
 
     config = RunConfig(model="tiny", precisions=("fp32", "bf16-amp"), steps=3, warmup=1,
                        batch_size=2, seq_len=32, isolation="inline", device="cpu")

@@ -22,13 +22,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import engine.device as device_mod
-import engine.trial as trial_mod
-from engine import amd_smi, peaks
-from engine.device import probe
-from engine.monitor import Monitor
-from engine.recipes import recipe
-from engine.trackers import AmdSmiTracker
+import engine.measure.device as device_mod
+import engine.run.trial as trial_mod
+from engine.core.recipes import recipe
+from engine.measure import amd_smi, peaks
+from engine.measure.device import probe
+from engine.measure.monitor import Monitor
+from engine.measure.trackers import AmdSmiTracker
 
 # torch.cuda.get_device_properties on an MI300X (ROCm reports it as 9.4, 304 CUs)
 MI300X = SimpleNamespace(name="AMD Instinct MI300X", major=9, minor=4,

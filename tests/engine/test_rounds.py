@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from engine.config import RunConfig
-from engine.events import LogEvent, StepSample, TrialFinished, TrialStarted
-from engine.record import RunRecord
-from engine.rounds import CHEAP_PARAMS, choose_rounds, schedule, split_steps
-from engine.runner import Runner
+from engine.core.config import RunConfig
+from engine.core.events import LogEvent, StepSample, TrialFinished, TrialStarted
+from engine.record.run_record import RunRecord
+from engine.run.rounds import CHEAP_PARAMS, choose_rounds, schedule, split_steps
+from engine.run.runner import Runner
 
 
 def _config(**kw):
@@ -116,7 +116,7 @@ def test_live_record_keeps_earlier_rounds_while_a_later_one_runs():
 
 
 def test_a_failed_round_ends_its_precision_and_keeps_the_earlier_rounds(monkeypatch):
-    import engine.trial as trial_mod
+    import engine.run.trial as trial_mod
 
     real, loads = trial_mod.load_model, []
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.journal import read_journal
+from engine.record.journal import read_journal
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny", "--batch-size", "1", "--seq-len", "16", "--warmup", "1",

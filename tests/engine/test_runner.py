@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-import engine.trial as trial_mod
-from engine.config import RunConfig
-from engine.events import (
+import engine.run.trial as trial_mod
+from engine.core.config import RunConfig
+from engine.core.events import (
     ErrorEvent,
     MonitorSample,
     RunFinished,
@@ -16,8 +16,8 @@ from engine.events import (
     TrialFinished,
     TrialStarted,
 )
-from engine.record import RunRecord
-from engine.runner import Runner
+from engine.record.run_record import RunRecord
+from engine.run.runner import Runner
 
 
 def _config(**kw):
@@ -188,9 +188,9 @@ def test_host_out_of_memory_under_a_limit_is_oom_with_advice(tmp_path):
 
     script = (
         "import resource, psutil\n"
-        "from engine.config import RunConfig\n"
-        "from engine.runner import Runner\n"
-        "import engine.trial\n"
+        "from engine.core.config import RunConfig\n"
+        "from engine.run.runner import Runner\n"
+        "import engine.run.trial\n"
         "limit = psutil.Process().memory_info().vms + 1024**3\n"
         "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
         "config = RunConfig(model='gpt2-large', precisions=('fp32',), batch_size=1,\n"

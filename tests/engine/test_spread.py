@@ -6,10 +6,10 @@ import zlib
 import numpy as np
 import pytest
 
-from engine import spread
-from engine.compare import CV_LIMIT, comparison_rows, format_table, speed_verdict
-from engine.events import StepSample, TrialResult, TrialSummary
-from engine.record import RunRecord
+from engine.core.events import StepSample, TrialResult, TrialSummary
+from engine.record import spread
+from engine.record.compare import CV_LIMIT, comparison_rows, format_table, speed_verdict
+from engine.record.run_record import RunRecord
 
 TOKENS = 2048
 

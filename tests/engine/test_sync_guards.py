@@ -16,14 +16,14 @@ import math
 import pytest
 import torch
 
-from engine.config import RunConfig
-from engine.device import probe
+from engine.core.config import RunConfig
+from engine.core.events import StepSample
 from engine.distributed import rank_main
 from engine.distributed.comm import CommCounter
 from engine.distributed.recipes import dist_recipe
-from engine.events import StepSample
-from engine.trackers import StepTimer
-from engine.trial import run_trial
+from engine.measure.device import probe
+from engine.measure.trackers import StepTimer
+from engine.run.trial import run_trial
 
 SMALL = dict(model="tiny", batch_size=2, seq_len=16, steps=3, warmup=1, device="cpu",
              optimizer="sgd")

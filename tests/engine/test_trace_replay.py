@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.kernels import (
+from engine.measure.kernels import (
     MATMUL,
     UNATTRIBUTED,
     _calls_from,
@@ -168,7 +168,7 @@ def test_a_real_recorded_trace():
 def test_profile_text_names_the_unattributed_time_and_the_left_out_matmuls(step):
     from types import SimpleNamespace
 
-    from engine.kernels import format_profiled
+    from engine.measure.kernels import format_profiled
 
     trial = SimpleNamespace(precision="bf16-amp", status="ok", profiled_step=step,
                             profiled_step_reason=None)

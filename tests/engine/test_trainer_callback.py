@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 import ampscope
-from engine.journal import read_journal
+from engine.record.journal import read_journal
 from engine.report.json_io import read_json
 
 LENGTHS = [12, 5, 9, 3, 12, 7, 4, 10]  # padded to the longest in each batch of 2

@@ -2,11 +2,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import engine.trial as trial_mod
-from engine.config import RunConfig
-from engine.device import probe
-from engine.events import LogEvent, StepSample
-from engine.trial import run_trial
+import engine.run.trial as trial_mod
+from engine.core.config import RunConfig
+from engine.core.events import LogEvent, StepSample
+from engine.measure.device import probe
+from engine.run.trial import run_trial
 from tests.engine.families import FAMILIES
 
 CPU = probe("cpu")
@@ -256,7 +256,7 @@ def test_cpu_int8_recipe_text_names_the_matmuls_that_ran(tmp_path, family):
 
 
 def _keep(monkeypatch, name):
-    """Calls of ``engine.trial.<name>`` run as before; what they return is kept."""
+    """Calls of ``engine.run.trial.<name>`` run as before; what they return is kept."""
     kept, real = [], getattr(trial_mod, name)
 
     def call(*args, **kw):

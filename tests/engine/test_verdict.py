@@ -1,16 +1,16 @@
 """The verdict's rules against hand-built run records (real event dataclasses).
 
 Each expected figure is recomputed here from the step times and peaks the record was
-built with, not read back from engine.compare.
+built with, not read back from engine.record.compare.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from engine.compare import format_bytes
-from engine.events import HostLoad
-from engine.verdict import figure_text, verdict
+from engine.core.events import HostLoad
+from engine.record.compare import format_bytes
+from engine.record.verdict import figure_text, verdict
 from tests.engine.verdict_records import STEPS, GiB, median_ms, record, trial
 
 
@@ -143,7 +143,7 @@ def test_busy_host_refuses_to_rank_even_a_steady_slowdown():
 
 
 def test_gated_and_failed_precisions_are_named_and_their_reasons_kept():
-    from engine.events import TrialResult
+    from engine.core.events import TrialResult
 
     fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
     oom = trial("fp16", 0, 0, 0, status="oom")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import (
+from engine.core.events import (
     MonitorSample,
     RunFinished,
     RunStarted,
@@ -17,8 +17,8 @@ from engine.events import (
     TrialResult,
     TrialStarted,
 )
-from engine.follow import JournalFollower
-from engine.journal import JournalWriter
+from engine.record.follow import JournalFollower
+from engine.record.journal import JournalWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,7 +142,7 @@ def test_watch_prints_a_recorder_runs_lr_grad_norm_time_split_and_scalars(tmp_pa
     import torch
 
     import ampscope
-    from engine.journal import read_journal
+    from engine.record.journal import read_journal
     from tests.engine.test_recorder import padded_batch, tiny_gpt2, tiny_llama
 
     model = {"gpt2": tiny_gpt2, "llama": tiny_llama}[family]()

@@ -6,9 +6,9 @@ import statistics
 
 import numpy as np
 
-from engine.events import StepSample, TrialResult, TrialSummary
-from engine.record import RunRecord
-from engine.spread import step_spread
+from engine.core.events import StepSample, TrialResult, TrialSummary
+from engine.record.run_record import RunRecord
+from engine.record.spread import step_spread
 
 GiB = 1024**3
 TOKENS = 512

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import PRECISIONS, RunConfig
+from engine.core.config import PRECISIONS, RunConfig
 
 RUN_TIMEOUT_MS = 300_000  # generous: these wait for a real run, they do not time it
 

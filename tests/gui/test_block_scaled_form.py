@@ -3,7 +3,7 @@ n/a reason, as the gating verdicts say."""
 
 from PySide6.QtCore import Qt
 
-from engine import gating
+from engine.measure import gating
 from gui.main_window import MainWindow
 from tests.gui.clicks import RUN_TIMEOUT_MS, list_item, tick
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from gui.chart_specs import USER_RUN_CHARTS
 from gui.main_window import MainWindow
 from tests.gui.clicks import RUN_TIMEOUT_MS, click, click_tab, fill_form

@@ -12,8 +12,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QMessageBox
 
-from engine.config import RunConfig
-from engine.runner import Runner
+from engine.core.config import RunConfig
+from engine.run.runner import Runner
 from gui.history import HistoryStore
 from gui.main_window import MainWindow
 from tests.gui.clicks import click

@@ -9,9 +9,9 @@ import sqlite3
 import pytest
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
-from engine.config import RunConfig
-from engine.events import TrialResult
-from engine.record import RunRecord
+from engine.core.config import RunConfig
+from engine.core.events import TrialResult
+from engine.record.run_record import RunRecord
 from gui import settings
 from gui.history import HistoryStore, data_dir
 from gui.main_window import MainWindow

@@ -10,7 +10,7 @@ import platformdirs
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QFileDialog
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from gui.main_window import MainWindow
 from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form, menu_action
 

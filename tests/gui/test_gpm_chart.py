@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.events import MonitorSample
-from engine.gpm import NEEDS
-from engine.record import RunRecord
+from engine.core.events import MonitorSample
+from engine.measure.gpm import NEEDS
+from engine.record.run_record import RunRecord
 from gui.live_charts import LiveCharts
 from gui.main_window import MainWindow
 from tests.gui.clicks import RUN_TIMEOUT_MS, choose, click, tick, type_into

@@ -1,7 +1,7 @@
 import pytest
 
-from engine.events import TrialResult
-from engine.record import RunRecord
+from engine.core.events import TrialResult
+from engine.record.run_record import RunRecord
 from gui.history import HistoryStore, data_dir
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.config import RunConfig
-from engine.runner import Runner
+from engine.core.config import RunConfig
+from engine.run.runner import Runner
 from gui.history import HistoryStore
 from gui.main_window import MainWindow
 

@@ -5,8 +5,8 @@ import random
 
 import numpy as np
 
-from engine.events import MonitorSample, RunStarted, StepSample, TrialStarted
-from engine.journal import JournalWriter, read_journal
+from engine.core.events import MonitorSample, RunStarted, StepSample, TrialStarted
+from engine.record.journal import JournalWriter, read_journal
 from gui.live_charts import gpm_reasons, record_series
 
 

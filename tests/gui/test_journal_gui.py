@@ -9,9 +9,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QFileDialog, QPushButton
 
-from engine.config import RunConfig
-from engine.journal import journal_path, runs_dir
-from engine.runner import Runner
+from engine.core.config import RunConfig
+from engine.record.journal import journal_path, runs_dir
+from engine.run.runner import Runner
 from gui.main_window import MainWindow
 
 
@@ -101,7 +101,7 @@ def test_file_open_reads_a_journal(qtbot, window, monkeypatch):
 
 
 def test_failed_trials_are_counted_in_the_status_bar(qtbot, window, monkeypatch):
-    import engine.trial as trial_mod
+    import engine.run.trial as trial_mod
 
     real = trial_mod.load_model
 
@@ -122,7 +122,7 @@ WINDOW_RUN = """
 import sys
 from PySide6.QtWidgets import QApplication
 app = QApplication([])
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from gui.main_window import MainWindow
 from gui.signals import close_on_signals
 window = MainWindow()
@@ -145,7 +145,7 @@ def test_a_signal_to_the_window_stops_its_run_and_leaves_no_process(tmp_path, si
 
     import psutil
 
-    from engine.journal import read_journal
+    from engine.record.journal import read_journal
 
     data = tmp_path / "signal-data"
     env = dict(os.environ, AMPSCOPE_DATA_DIR=str(data), QT_QPA_PLATFORM="offscreen")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
-from engine import gating
+from engine.measure import gating
 from gui.main_window import MainWindow
 from tests.gui.clicks import RUN_TIMEOUT_MS, choose, click, list_item, tick, type_into
 
@@ -58,15 +58,15 @@ MISSING = "torchao is not installed (pip install torchao)"
 
 
 def test_keep_variants_are_greyed_where_fp8_cannot_run(qtbot, monkeypatch):
-    import engine.device
+    import engine.measure.device
 
-    real = engine.device.probe
+    real = engine.measure.device.probe
 
     def probe(device):  # the probe's answer on a machine without torchao's float8
         info = real(device)
         return dataclasses.replace(info, unsupported={**info.unsupported, "fp8": MISSING})
 
-    monkeypatch.setattr(engine.device, "probe", probe)
+    monkeypatch.setattr(engine.measure.device, "probe", probe)
     win = MainWindow()
     qtbot.addWidget(win)
     win.show()

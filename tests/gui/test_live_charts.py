@@ -4,7 +4,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QLabel, QTabWidget
 
-from engine.events import MonitorSample, StepSample
+from engine.core.events import MonitorSample, StepSample
 from gui.chart_specs import USER_RUN_CHARTS
 from gui.live_charts import CHARTS, CHARTS_PER_TICK, LiveCharts
 

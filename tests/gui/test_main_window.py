@@ -14,8 +14,8 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QFileDialog
 
-from engine.config import RunConfig
-from engine.record import RunRecord
+from engine.core.config import RunConfig
+from engine.record.run_record import RunRecord
 from gui.chart_specs import MFU_TITLES
 from gui.live_charts import MEASURED_SUFFIX
 from gui.main_window import MainWindow
@@ -51,16 +51,16 @@ def window(qtbot):
 def test_the_window_shows_before_the_device_probe_answers(qtbot, monkeypatch):
     """Until the probe (torch, CUDA, NVML) answers: "probing device…"; Run is enabled at
     once for the CPU, and the precisions it cannot run are greyed when the probe answers."""
-    import engine.device
+    import engine.measure.device
 
     release = threading.Event()
-    real_probe = engine.device.probe
+    real_probe = engine.measure.device.probe
 
     def slow_probe(requested="auto"):
         release.wait(RUN_TIMEOUT_MS / 1000)
         return real_probe(requested)
 
-    monkeypatch.setattr(engine.device, "probe", slow_probe)
+    monkeypatch.setattr(engine.measure.device, "probe", slow_probe)
     win = MainWindow()
     qtbot.addWidget(win)
     win.setVisible(True)  # show() waits for the probe in these tests (conftest)
@@ -85,16 +85,16 @@ def test_the_window_shows_before_the_device_probe_answers(qtbot, monkeypatch):
 
 
 def test_run_pressed_before_the_probe_answers_runs_on_the_cpu(qtbot, monkeypatch):
-    import engine.device
+    import engine.measure.device
 
     release = threading.Event()
-    real_probe = engine.device.probe
+    real_probe = engine.measure.device.probe
     def slow_probe(requested="auto"):
         if threading.current_thread().name == "ampscope-device-probe":
             release.wait(RUN_TIMEOUT_MS / 1000)  # the window's probe, not the run's
         return real_probe(requested)
 
-    monkeypatch.setattr(engine.device, "probe", slow_probe)
+    monkeypatch.setattr(engine.measure.device, "probe", slow_probe)
     win = MainWindow()
     qtbot.addWidget(win)
     win.setVisible(True)  # show() waits for the probe in these tests (conftest)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.record import RunRecord
+from engine.record.run_record import RunRecord
 from gui.main_window import MainWindow
 
 LAB_TIMEOUT_MS = 300_000

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from engine import matmul_peak
+from engine.measure import matmul_peak
 from gui.main_window import MainWindow
 from tests.gui.clicks import click, menu_action
 

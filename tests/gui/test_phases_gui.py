@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QTimer
 
-from engine.config import RunConfig
-from engine.events import PhaseChanged, TrialStarted
+from engine.core.config import RunConfig
+from engine.core.events import PhaseChanged, TrialStarted
 from gui.main_window import MainWindow
 from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form
 

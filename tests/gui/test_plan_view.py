@@ -4,9 +4,9 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
-from engine.config import RunConfig
-from engine.device import probe
-from engine.trial import run_trial
+from engine.core.config import RunConfig
+from engine.measure.device import probe
+from engine.run.trial import run_trial
 from gui.main_window import MainWindow
 from tests.gui.clicks import choose, click, type_into
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from gui.main_window import MainWindow
 from tests.gui.clicks import RUN_TIMEOUT_MS, click, click_tab, fill_form
 

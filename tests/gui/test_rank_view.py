@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 from PySide6.QtWidgets import QFileDialog
 
-from engine.events import DistributedSummary, RankMemory, RankResult
+from engine.core.events import DistributedSummary, RankMemory, RankResult
 from engine.report.json_io import write_json
 from gui.main_window import MainWindow
 from tests.engine.sample_record import make_record
@@ -83,7 +83,7 @@ def test_a_run_without_ranks_hides_the_rank_view(qtbot, window, monkeypatch, tmp
 
 
 def test_a_distributed_run_from_the_window_shows_its_ranks(qtbot, window):
-    from engine.config import RunConfig
+    from engine.core.config import RunConfig
 
     config = RunConfig(model="tiny", precisions=("fp32@bf16",), batch_size=1, seq_len=16,
                        steps=2, warmup=0, device="cpu", strategy="ddp", nproc_per_node=2)

@@ -6,10 +6,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QFileDialog
 
-from engine.events import StepSample, TrialResult, TrialSummary
-from engine.record import RunRecord
+from engine.core.events import StepSample, TrialResult, TrialSummary
+from engine.record.run_record import RunRecord
+from engine.record.spread import step_spread
 from engine.report.json_io import write_json
-from engine.spread import step_spread
 from gui.main_window import MainWindow
 from tests.gui.clicks import wait_for_device
 

@@ -21,8 +21,8 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QFileDialog
 
 import ampscope
-from engine.compare import COLUMNS
-from engine.journal import read_journal
+from engine.record.compare import COLUMNS
+from engine.record.journal import read_journal
 from gui.main_window import MainWindow
 from tests.engine.test_recorder import padded_batch, tiny_gpt2, tiny_llama
 from tests.gui.test_watch_run import _menu_action
@@ -110,7 +110,7 @@ def test_file_open_of_a_recorder_journal_charts_lr_grad_norm_breakdown_and_scala
 
 
 def test_history_double_click_charts_a_recorder_run(qtbot, monkeypatch):
-    from engine.journal import runs_dir
+    from engine.record.journal import runs_dir
 
     seen = _train(tiny_llama(), None)  # journaled where History looks: runs/<run id>.jsonl
     (journal,) = runs_dir().glob("*.jsonl")
@@ -202,7 +202,7 @@ def test_one_ranks_journal_shows_every_rank_merged_and_history_lists_the_run_onc
     """A user's own DDP loop under torchrun (two gloo ranks), journaled in the data folder:
     File > Open of either rank's journal shows the run merged, each rank in the Compare
     tab's rank charts; History lists the run once, opens it merged, deletes every rank."""
-    from engine.journal import runs_dir
+    from engine.record.journal import runs_dir
     from tests.engine.test_recorder_ddp import RANK_SCRIPT
 
     out = runs_dir()

@@ -8,7 +8,7 @@ from PySide6.QtCore import QPoint, Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QFileDialog
 
-from engine.compare import format_bytes
+from engine.record.compare import format_bytes
 from engine.report.json_io import write_json
 from gui.main_window import MainWindow
 from tests.engine.verdict_records import GiB, median_ms, record, trial
@@ -82,7 +82,7 @@ def test_a_report_with_nothing_to_recommend_says_why_and_what_to_do(qtbot, windo
 def test_each_precision_in_the_picker_says_what_it_trains(qtbot, window):
     import json
 
-    from engine.resources import RESOURCES
+    from engine.core.resources import RESOURCES
 
     texts = json.loads((RESOURCES / "precisions.json").read_text())
     panel = window.config_panel

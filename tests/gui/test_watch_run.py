@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog
 
-from engine.journal import read_journal
+from engine.record.journal import read_journal
 from gui.main_window import MainWindow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,9 +18,9 @@ WAIT_MS = 120_000  # waits for the writer process, does not time it
 WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from engine.events import (RunFinished, RunStarted, StepSample, TrialFinished,
+    from engine.core.events import (RunFinished, RunStarted, StepSample, TrialFinished,
                                TrialResult, TrialStarted, MonitorSample)
-    from engine.journal import JournalWriter
+    from engine.record.journal import JournalWriter
     journal, go = Path(sys.argv[1]), Path(sys.argv[2])
     w = JournalWriter(journal)
     w.write(RunStarted("watchgui01", {"model": "users-model", "precisions": ["bf16-amp"],

@@ -14,8 +14,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractButton, QFileDialog, QMessageBox
 
-from engine.config import RunConfig
-from engine.events import TrialStarted
+from engine.core.config import RunConfig
+from engine.core.events import TrialStarted
 from gui.main_window import LOADING, MainWindow
 from tests.gui.clicks import (
     RUN_TIMEOUT_MS,

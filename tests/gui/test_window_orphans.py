@@ -25,7 +25,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from ampscope.cli import run
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from tests.gui.clicks import click, fill_form
 
 CONFIG = RunConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,

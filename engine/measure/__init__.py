@@ -1,0 +1,3 @@
+"""The instruments: timers, allocator and memory tracker, NVML/amdsmi/GPM, kernels,
+FLOPs, peaks, host monitor, device probe. May import engine.core only.
+"""

@@ -1,0 +1,57 @@
+"""The quantisation-error table (per-layer SQNR summarised per trial) for the terminal, the
+HTML report and the window: no torch, so a report opens without it."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+
+from engine.core.events import TrialResult
+
+TITLE = ("Quantisation error: SQNR in dB of each matmul layer's weight and input as the "
+         "recipe rounds them (median / worst layer; higher is better)")
+HEADERS = ("precision", "layers", "weights dB", "inputs dB", "loss vs fp32")
+EXACT = "exact"  # every layer's operand already in the format: nothing rounded
+
+
+def _pair(median: float | None, worst: float | None) -> str:
+    return EXACT if median is None else f"{median:.1f} / {worst:.1f}"
+
+
+def quant_rows(trials: Sequence[TrialResult], loss_diffs: dict[str, float | None]
+               ) -> list[tuple[str, ...] | tuple[str, str]]:
+    """Per trial that ran: (precision, layers, weights, inputs, loss vs fp32), or
+    (precision, why n/a) where it has no quantisation error."""
+    rows: list = []
+    for t in trials:
+        if t.status == "unsupported" or (t.quant_error is None and t.quant_error_reason is None):
+            continue  # never ran, or an older report / a user's loop: nothing to say
+        q = t.quant_error
+        if q is None:
+            rows.append((t.precision, f"n/a: {t.quant_error_reason}"))
+            continue
+        loss = loss_diffs.get(t.precision)
+        rows.append((t.precision, str(len(q.layers)), _pair(q.weight_median_db, q.weight_min_db),
+                     _pair(q.input_median_db, q.input_min_db),
+                     "n/a" if loss is None else f"{loss:+.4f}"))
+    return rows
+
+
+def format_quant_error(trials: Sequence[TrialResult], loss_diffs: dict[str, float | None],
+                       width: int = 100) -> str:
+    """The terminal's table; "" when no trial has anything to show."""
+    rows = quant_rows(trials, loss_diffs)
+    if not rows:
+        return ""
+    full = [r for r in rows if len(r) == len(HEADERS)]
+    widths = [max(len(r[i]) for r in (HEADERS, *full)) for i in range(len(HEADERS))]
+    widths[0] = max(widths[0], *(len(r[0]) for r in rows))
+    lines = textwrap.wrap(TITLE, width)
+    for r in (HEADERS, *rows):
+        if len(r) == len(HEADERS):
+            lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                                   for i, (v, w) in enumerate(zip(r, widths))).rstrip())
+        else:
+            lines += textwrap.wrap(r[1], width, initial_indent=r[0].ljust(widths[0] + 2),
+                                   subsequent_indent=" " * (widths[0] + 4))
+    return "\n".join(lines)

@@ -1,0 +1,3 @@
+"""What runs the trials: the trial, its child process, rounds, the runner, fit and plan.
+May import every stage below it (core, measure, models, record, numerics).
+"""

@@ -1,0 +1,678 @@
+"""Plan a training step on a card this machine does not have, with fake tensors.
+
+The model is built from its config under torch's ``FakeTensorMode``: every tensor has a
+shape, dtype and storage size but no memory. One training step of each recipe then runs
+for real (engine.models.load.load_model, engine.run.trial's optimiser, scaler and
+``tracked_step``), so engine.measure.memtrack follows every allocation exactly as in a measured
+trial and FlopCounterMode counts the step's FLOPs by dtype. Nothing is estimated: the
+peak and its categories are those of the traced step.
+
+The trace runs on the CPU device (a CPU build of torch has no CUDA autocast and no CUDA
+fake device), so autocast follows the CPU's op lists and attention takes the CPU's fused
+kernel; what a CUDA allocator adds (512-byte rounding, cuBLAS workspaces, the context)
+is covered by the stated context allowance.
+
+What fake tensors cannot run (bitsandbytes' quantised layers, which quantise real weights
+while loading; a custom op without a fake kernel) falls back to engine.models.memory_model, and
+says so in the trial. ``--strategy fsdp2`` traces rank 0 on torch's fake process group;
+DDP cannot run there, so its buckets are added to the one-process trace.
+
+Per card, the step time is a roofline prediction: the longer of the step's FLOPs by dtype
+at each dtype's datasheet peak and its bytes moved (engine.measure.traffic, counted over the
+watched step) at the card's datasheet memory bandwidth, with the bound named. Where a real
+trial of the same model and shape exists (the run history, or ``--measured``), its
+figures stand beside the traced ones (engine.run.plan_measured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from engine.core.config import (
+    FSDP2_ONLY,
+    OPTIMIZERS,
+    STRATEGIES,
+    RunConfig,
+    base_precision,
+    parse_precisions,
+    split_label,
+)
+from engine.core.events import MemoryBreakdown
+from engine.measure import flops as flops_mod
+from engine.measure.peaks import _entry as peak_entry
+from engine.measure.peaks import memory_bandwidth, peak_flops, table
+from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
+from engine.measure.traffic import ByteCounter
+from engine.run.plan_measured import MeasuredTrial, find_measured, read_report
+
+# What CUDA holds outside the allocator (context, loaded kernels, cuBLAS handles); a
+# stated allowance, not a measurement: `profile` on the card reports its context gap.
+CUDA_CONTEXT_BYTES = 1 << 30
+DEFAULT_CARDS = ("RTX 4090", "H100 SXM")
+MAX_BATCH = 64
+TRACE_METHOD = ("traced: one training step on fake tensors (torch FakeTensorMode), every "
+                "storage followed by engine.measure.memtrack from allocation to release; the "
+                "largest sum of live bytes")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    model: str = "tiny"
+    precisions: tuple[str, ...] = ("fp32",)
+    batch_size: int = 1
+    seq_len: int = 128
+    grad_checkpointing: bool = False
+    grad_accum: int = 1  # micro-batches per optimiser step, gradients kept across them
+    optimizer: str = "adamw"
+    cards: tuple[str, ...] = DEFAULT_CARDS
+    context_bytes: int = CUDA_CONTEXT_BYTES
+    max_batch: int = MAX_BATCH  # 0: no search for the largest micro-batch
+    strategy: str = "none"  # "fsdp2" or "ddp": the figure is one rank's at nproc_per_node
+    nproc_per_node: int = 1
+    # reports or journals to look in for measured trials, before the run history
+    measured: tuple[str, ...] = ()
+    history: bool = True  # look in the journaled runs of this machine for measured trials
+
+    def __post_init__(self) -> None:
+        # RunConfig validates the shared fields and says how to fix them
+        self.run_config(self.batch_size)
+        object.__setattr__(self, "precisions", parse_precisions(self.precisions))
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy '{self.strategy}': choose from "
+                             f"{', '.join(STRATEGIES)}")
+        if not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1:
+            raise ValueError("--nproc-per-node must be 1 or more")
+        if self.strategy == "none":
+            if self.nproc_per_node > 1:
+                raise ValueError("several ranks need a strategy: set --strategy ddp or fsdp2")
+            if any(split_label(p)[2] for p in self.precisions):
+                raise ValueError("a gradient-reduction dtype ('@bf16') needs a distributed "
+                                 "run: set --strategy ddp or fsdp2, or drop the '@' suffix")
+            fsdp_only = [p for p in self.precisions if base_precision(p) in FSDP2_ONLY]
+            if fsdp_only:
+                raise ValueError(f"{fsdp_only[0]} all-gathers FSDP2's sharded parameters in "
+                                 "float8: plan it with --strategy fsdp2 (and "
+                                 "--nproc-per-node), or choose fp8")
+        else:
+            if any(split_label(p)[1] for p in self.precisions):
+                raise ValueError("a per-trial optimizer ('+adamw8bit') runs in one process "
+                                 "only, as in a distributed trial: drop the '+' suffix and use "
+                                 "--optimizer, or --strategy none")
+            from engine.distributed.recipes import unsupported_reason
+
+            if self.strategy == "fsdp2" and self.grad_accum > 1:
+                raise ValueError("--grad-accum with --strategy fsdp2 is not planned: FSDP2 "
+                                 "keeps unsharded gradients between micro-batches, which the "
+                                 "traced step does not run; plan one micro-batch")
+            for label in self.precisions:
+                name, _, reduce = split_label(label)
+                why = unsupported_reason(f"{name}@{reduce}" if reduce else name, self.strategy)
+                if why:
+                    raise ValueError(why)
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer '{self.optimizer}': choose from "
+                             f"{', '.join(OPTIMIZERS)}")
+        if not self.cards:
+            raise ValueError("no card given: name at least one, e.g. --card \"RTX 4090\"")
+        for name in self.cards:
+            if peak_entry(name) is None:
+                known = ", ".join(g["name"] for g in table()["gpus"])
+                raise ValueError(f"unknown card '{name}': choose from {known}")
+        if self.context_bytes < 0:
+            raise ValueError("the CUDA context allowance cannot be negative")
+        if self.max_batch < 0:
+            raise ValueError("--max-batch must be 0 (no search) or more")
+
+    def run_config(self, batch_size: int) -> RunConfig:
+        # the traced step is one process: an '@dtype' reduction is FSDP2's policy, not its;
+        # fp8-fsdp-ag's float8 all-gather is FSDP2's too: one process trains it as fp8
+        one_process = tuple(dict.fromkeys(
+            "fp8" if base_precision(p) in FSDP2_ONLY else p.partition("@")[0]
+            for p in parse_precisions(self.precisions)))
+        return RunConfig(model=self.model, precisions=one_process, batch_size=batch_size,
+                         seq_len=self.seq_len, optimizer=self.optimizer, device="cpu",
+                         grad_checkpointing=self.grad_checkpointing,
+                         grad_accum=self.grad_accum, isolation="inline")
+
+
+@dataclass(frozen=True)
+class CardVerdict:
+    card: str  # the table's name
+    memory_bytes: int | None  # as the driver reports it (nvidia-smi); None: not in the table
+    memory_source: str
+    usable_bytes: int | None  # memory minus the context allowance
+    fits: bool | None
+    headroom_bytes: int | None  # usable minus the traced peak; negative: short by that much
+    max_batch: int | None  # largest micro-batch that fits (0: not even 1), None: not searched
+    max_batch_note: str
+    predicted_step_ms: float | None  # roofline prediction, never a measurement
+    prediction_model: str
+    reason: str | None = None  # why fits/headroom are n/a
+    bound: str | None = None  # the roofline's bound: "compute" or "memory"
+    compute_ms: float | None = None  # FLOPs by dtype at each dtype's peak
+    memory_ms: float | None = None  # bytes moved at the card's memory bandwidth
+
+
+@dataclass(frozen=True)
+class PlanTrial:
+    precision: str
+    method: str  # "traced", "memory model" or "n/a"
+    reason: str | None
+    memory: MemoryBreakdown | None
+    flops_by_peak_dtype: dict = field(default_factory=dict)
+    trace_s: float | None = None
+    cards: list = field(default_factory=list)  # CardVerdict per card
+    optimizer: str = ""  # the label's '+OPTIM', else --optimizer
+    # a real trial of the same model, shape and recipe (engine.run.plan_measured), or None
+    measured: MeasuredTrial | None = None
+    # engine.measure.traffic's count of the traced step; None: not traced
+    bytes_moved: int | None = None
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    model: str
+    batch_size: int
+    seq_len: int
+    grad_checkpointing: bool
+    optimizer: str
+    context_bytes: int
+    trials: list = field(default_factory=list)
+    kind: str = "plan"
+    grad_accum: int = 1
+    strategy: str = "none"
+    nproc_per_node: int = 1
+
+
+def _traceable(precision: str) -> str | None:
+    from engine.core.recipes import recipe
+
+    if recipe(base_precision(precision)).quant:
+        return ("bitsandbytes quantises the weights while loading a checkpoint, which fake "
+                "tensors have none of")
+    return None
+
+
+def trial_optimizer(config: PlanConfig, precision: str) -> str:
+    """The optimiser a trial label trains with: its '+OPTIM' suffix, else --optimizer."""
+    return split_label(precision)[1] or config.optimizer
+
+
+@contextmanager
+def _unpacked_rows():
+    """Tell transformers' mask builder what the real step finds: no packed sequences.
+
+    transformers reads the position ids' values to see whether a row packs several
+    sequences, and takes a fake tensor for "maybe packed": it then builds a full mask,
+    which turns off SDPA's causal kernel and its grouped-query path (key/value heads are
+    repeated and saved, for every layer). engine.models.load.make_batches passes no position
+    ids, so the model's own are 0..n-1 in every row: one sequence per row, which is what
+    the same function returns for the real batch.
+    """
+    from transformers import masking_utils
+
+    real = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = real
+
+
+class _NoReadScaler:
+    """Drives a GradScaler without reading its inf check: a fake tensor has no value.
+
+    ``GradScaler.step`` reads found-inf with ``.item()`` to decide whether to skip; the
+    steady state a trial watches is a step that did not skip, which is what this runs.
+    """
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+
+    def scale(self, loss):
+        return self.scaler.scale(loss)
+
+    def step(self, optimizer):
+        self.scaler.unscale_(optimizer)
+        optimizer.step()
+
+    def update(self):
+        self.scaler.update()
+
+
+@contextmanager
+def _fake_world(world: int):
+    """FSDP2's device mesh over ``world`` ranks of torch's fake process group (collectives
+    return at once and move nothing), made before the fake mode (a mesh reads real
+    values) and taken down after the trace."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ValueError("a process group is already running here: plan --strategy needs a "
+                         "process of its own")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        yield init_device_mesh("cpu", (world,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _optimizer_on_fake(name: str, params: list, lr: float, eps: float, mode):
+    """engine.run.trial's optimiser over fake parameters. bitsandbytes' and torchao's low-bit
+    AdamWs build their quantisation maps from real values (``.tolist()``), which a fake
+    tensor has none of: the maps are built here outside the fake mode (torchao caches
+    its own; bitsandbytes' become fake tensors of the same size), and the step runs their
+    registered fake kernels."""
+    from engine.run.trial import make_optimizer
+
+    if name == "adamw8bit":
+        optimizer = make_optimizer(name, params, lr, eps)
+        optimizer.name2qmap = {k: mode.from_tensor(v) for k, v in optimizer.name2qmap.items()}
+        return optimizer
+    if name in ("adamw8bit-ao", "adamw4bit"):
+        from torchao.optim import subclass_4bit, subclass_8bit
+
+        for module in (subclass_8bit, subclass_4bit):  # lru_cache'd: the step reuses them
+            module.get_qmap_signed()
+            module.get_qmap_unsigned()
+    with mode:
+        return make_optimizer(name, params, lr, eps)
+
+
+class TracedStep(NamedTuple):
+    memory: object  # engine.measure.memtrack.MeasuredPeak
+    flops_by_peak_dtype: dict  # one optimiser step's forwards and backwards
+    bytes_moved: int  # engine.measure.traffic's count over the watched step, optimiser included
+
+
+def trace_step(config: PlanConfig, precision: str, batch_size: int) -> TracedStep:
+    """One steady-state training step, traced; under FSDP2, rank 0's step in a fake world
+    of ``nproc_per_node`` ranks."""
+    with ExitStack() as stack:
+        mesh = (stack.enter_context(_fake_world(config.nproc_per_node))
+                if config.strategy == "fsdp2" else None)
+        return _trace(config, precision, batch_size, mesh)
+
+
+def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from engine.core.recipes import autocast_for, fp32_precision, recipe
+    from engine.models.load import load_model, make_batches
+    from engine.run.trial import BATCH_POOL, adam_eps, make_scaler, tracked_step
+
+    name, optim, reduce = split_label(precision)
+    rec = step_rec = recipe(name)
+    run = config.run_config(batch_size)
+    device = torch.device("cpu")
+    mode = FakeTensorMode()
+    with fp32_precision(rec), mode:
+        loaded = load_model(config.model, rec, device, run.seed, run.trust_remote_code,
+                            run.lora_r, config.grad_checkpointing)
+        model = loaded.model
+        if config.strategy == "fsdp2":
+            from engine.distributed.rank_main import _scaler, _wrap
+            from engine.distributed.recipes import dist_recipe
+
+            drec = dist_recipe(f"{name}@{reduce}" if reduce else name, "fsdp2")
+            model, _, _ = _wrap(model, drec, device, mesh)
+            # FSDP2 casts by its MixedPrecisionPolicy instead of autocast, as a rank does
+            step_rec = dataclasses.replace(rec, autocast_dtype=None)
+        params = [p for p in model.parameters() if p.requires_grad]
+    eps = adam_eps(params)  # reads the trained dtypes with a real tensor: outside the mode
+    optimizer = _optimizer_on_fake(optim or config.optimizer, params, run.lr, eps, mode)
+    with fp32_precision(rec), mode:
+        scaler = (_scaler(drec, device, run) if config.strategy == "fsdp2"
+                  else make_scaler(rec, device, run))
+        scaler = _NoReadScaler(scaler) if scaler is not None else None
+    # one batch per micro-batch, as a trial cycles through its pool of distinct batches
+    real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len,
+                        min(BATCH_POOL, config.grad_accum), run.seed, device)
+    with fp32_precision(rec), mode, _unpacked_rows():
+        batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
+
+        # a warm-up step, its forward and backward counted as a trial's probe counts them
+        # (apart from the watched step: FlopCounterMode's module hooks keep checkpointed
+        # layers' recomputed tensors alive); it leaves the optimiser's state in place
+        def probe():
+            with autocast_for(step_rec, device):
+                loss = model(**batches[0]).loss
+            (scaler.scale(loss) if scaler else loss).backward()
+
+        counted = flops_mod.count_flops(probe, tf32=False)
+        with torch.compiler.set_stance("force_eager"):  # torchao's step, as tracked_step
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        with ByteCounter() as traffic:  # the watched step's bytes: no module hooks
+            measured = tracked_step(run, step_rec, device, model, optimizer, scaler, batches)
+    # FLOPs of one optimiser step: every micro-batch's forward and backward
+    return TracedStep(measured,
+                      {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()},
+                      traffic.bytes_moved)
+
+
+def meta_shape(config: PlanConfig, precision: str):
+    """The memory model's ModelShape of the model a trial of ``precision`` trains, built on
+    the meta device. A quantised recipe gets what loading does before any weight is read:
+    transformers' bitsandbytes quantizer swaps the Linear layers (its own choice of which
+    to keep), then engine.models.load adds the trial's LoRA adapters."""
+    from engine.core.recipes import recipe
+    from engine.models.load import (
+        _add_lora,
+        _bnb_config,
+        dims,
+        load_config,
+        model_class,
+        resolve_source,
+    )
+    from engine.models.memory_model import shape_of
+
+    rec = recipe(base_precision(precision))
+    model_config, task = load_config(resolve_source(config.model))
+    with torch.device("meta"):
+        model = model_class(task).from_config(model_config, dtype=rec.weight_dtype)
+    if rec.quant:
+        from transformers.quantizers import AutoHfQuantizer
+
+        quantizer = AutoHfQuantizer.from_config(_bnb_config(rec), pre_quantized=False)
+        quantizer.preprocess_model(model, dtype=rec.weight_dtype, device_map={"": "cpu"})
+        model, _ = _add_lora(model, rec, config.run_config(1).lora_r, config.grad_checkpointing)
+    return shape_of(model, model_config, dims(model_config))
+
+
+def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBreakdown:
+    """engine.models.memory_model's prediction for a recipe fake tensors cannot trace."""
+    from engine.core.recipes import recipe
+    from engine.models.memory_model import predict_memory
+
+    rec = recipe(base_precision(precision))
+    shape = meta_shape(config, precision)
+    p = predict_memory(rec, trial_optimizer(config, precision), shape, batch_size, config.seq_len,
+                       config.grad_checkpointing, "cuda")
+    return MemoryBreakdown(
+        params_bytes=p.params_bytes, grads_bytes=p.grads_bytes,
+        optimizer_bytes=p.optimizer_bytes, activations_bytes=p.activations_bytes,
+        activations_method=p.activations_method, buffers_bytes=p.buffers_bytes,
+        quant_state_bytes=p.quant_state_bytes, weight_copies_bytes=p.weight_copies_bytes,
+        total_bytes=p.total_bytes,
+        total_method="predicted by engine.models.memory_model (calibrated), not traced",
+        notes=p.formula)
+
+
+def card_memory(card: str) -> tuple[str, int | None, str]:
+    """(table name, memory as CUDA reports it, its source or why it is missing)."""
+    from engine.measure.peaks import card_memory as lookup
+
+    found = lookup(card)
+    return found.name, found.memory_bytes, found.source
+
+
+@dataclass(frozen=True)
+class Roofline:
+    step_ms: float | None  # the larger of the two bounds; None: either is unknown
+    compute_ms: float | None
+    memory_ms: float | None
+    bound: str | None  # "compute" or "memory"
+    model: str  # how it was predicted, or why it is n/a
+
+
+def roofline(card: str, by_peak_dtype: dict, bytes_moved: int | None) -> Roofline:
+    """A roofline prediction: the step takes the longer of its FLOPs at each dtype's
+    datasheet peak and its bytes moved at the card's datasheet memory bandwidth."""
+    if not by_peak_dtype or bytes_moved is None:
+        return Roofline(None, None, None, None, "n/a: the step was not traced")
+    blend = flops_mod.blended_peak(by_peak_dtype, lambda key: peak_flops(card, key))
+    bandwidth = memory_bandwidth(card)
+    if blend.flops_per_s is None or bandwidth.bytes_per_s is None:
+        why = blend.reason if blend.flops_per_s is None else bandwidth.source
+        return Roofline(None, None, None, None, f"n/a: {why}")
+    compute_ms = sum(by_peak_dtype.values()) / blend.flops_per_s * 1e3
+    memory_ms = bytes_moved / bandwidth.bytes_per_s * 1e3
+    bound = "compute" if compute_ms >= memory_ms else "memory"
+    return Roofline(max(compute_ms, memory_ms), compute_ms, memory_ms, bound, (
+        f"prediction (roofline, {bound}-bound: the larger of compute {compute_ms:.3g} ms, "
+        "the traced step's FLOPs by dtype at the datasheet dense peak "
+        f"({flops_mod.describe_blend(blend)}), and memory {memory_ms:.3g} ms, "
+        f"{bytes_moved:,} bytes moved ({TRAFFIC_CONVENTION}) at "
+        f"{bandwidth.bytes_per_s / 1e12:.3g} TB/s ({bandwidth.source}); a lower bound: "
+        "launch overhead, communication and less than full utilisation are not modelled)"))
+
+
+def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict,
+             bytes_moved: int | None) -> CardVerdict:
+    name, memory, source = card_memory(card)
+    line = roofline(card, by_dtype, bytes_moved)  # as typed: it names a size variant
+    step_ms, model = line.step_ms, line.model
+    total = peak_at(config.batch_size)
+    if memory is None or total is None:
+        reason = source if memory is None else "the step's memory is n/a"
+        return CardVerdict(name, memory, source, None, None, None, None,
+                           f"n/a: {reason}", step_ms, model, reason, line.bound,
+                           line.compute_ms, line.memory_ms)
+    usable = memory - config.context_bytes
+    fits = total <= usable
+    best, note = None, "not searched (--max-batch 0)"
+    if config.max_batch:
+        from engine.run.fit import search
+
+        def fits_at(batch: int) -> bool:
+            peak = peak_at(batch)
+            return peak is not None and peak <= usable
+
+        best = (search(fits_at, config.max_batch) or 0) if fits else 0
+        note = (f"searched over traced steps, batch 1..{config.max_batch}" if fits
+                else f"batch {config.batch_size} does not fit, so no smaller search above it")
+        if not fits and config.batch_size > 1:
+            best = search(fits_at, config.batch_size - 1) or 0
+            note = f"searched over traced steps, batch 1..{config.batch_size - 1}"
+    return CardVerdict(name, memory, source, usable, fits, usable - total, best, note,
+                       step_ms, model, None, line.bound, line.compute_ms, line.memory_ms)
+
+
+def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
+    reports = [(path, read_report(path)) for path in config.measured]  # bad files: say first
+    trials = []
+    for precision in config.precisions:
+        reason = _traceable(precision)
+        peaks: dict[int, int | None] = {}
+        by_dtype: dict = {}
+        bytes_moved = None
+        memory, method, trace_s = None, "traced", None
+        buckets = 0  # DDP's gradient buckets, held beside the traced step
+        if reason is None:
+            log(f"{precision}: tracing one step at batch {config.batch_size}")
+            start = time.perf_counter()
+            try:
+                measured, by_dtype, bytes_moved = trace_step(config, precision,
+                                                             config.batch_size)
+            except Exception as exc:  # a custom op without a fake kernel
+                reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
+            else:
+                from engine.run.trial import breakdown_fields
+
+                trace_s = time.perf_counter() - start
+                memory = MemoryBreakdown(
+                    **breakdown_fields(measured, TRACE_METHOD),
+                    notes="traced on the CPU device: CPU autocast op lists; CUDA's "
+                          "allocator rounding and kernels' scratch are not in this figure")
+                if base_precision(precision) in FSDP2_ONLY:
+                    memory = dataclasses.replace(memory, notes=f"{memory.notes}; {_PRECOMPUTE}")
+                if config.strategy == "ddp":
+                    buckets = measured.at_phase_start["optimizer"]["grads"]
+                    memory = _with_ddp_buckets(memory, buckets, config.nproc_per_node)
+                peaks[config.batch_size] = memory.total_bytes
+        if memory is None and config.strategy != "none":
+            method = "n/a"
+            reason += "; the memory model predicts one process only"
+        elif memory is None:
+            try:
+                memory, method = _fallback(config, precision, config.batch_size), "memory model"
+            except Exception as exc:  # a model the memory model has no shape for
+                method = "n/a"
+                reason += f"; the memory model cannot predict it either ({exc})"
+            else:
+                reason += ("; the calibrated memory model (engine.models.memory_model) predicts it "
+                           "instead, from the model's shape built on the meta device")
+        if memory is not None:
+            peaks.setdefault(config.batch_size, memory.total_bytes)
+
+        def peak_at(batch: int, precision=precision, method=method, peaks=peaks,
+                    buckets=buckets):
+            if batch not in peaks:
+                if method == "traced":
+                    log(f"{precision}: tracing batch {batch}")
+                    peaks[batch] = trace_step(config, precision, batch).memory.peak_bytes \
+                        + buckets
+                elif method == "memory model":
+                    peaks[batch] = _fallback(config, precision, batch).total_bytes
+                else:
+                    peaks[batch] = None
+            return peaks[batch]
+
+        cards = [_verdict(config, card, peak_at, by_dtype, bytes_moved)
+                 for card in config.cards]
+        trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards,
+                                trial_optimizer(config, precision),
+                                _measured(config, precision, reports), bytes_moved))
+    return PlanResult(config.model, config.batch_size, config.seq_len,
+                      config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
+                      grad_accum=config.grad_accum, strategy=config.strategy,
+                      nproc_per_node=config.nproc_per_node)
+
+
+def _measured(config: PlanConfig, precision: str, reports: list) -> MeasuredTrial | None:
+    """A real trial of what this precision's plan traces, from --measured or the history."""
+    from functools import cache
+
+    @cache
+    def param_count() -> int:  # the model a trial of this label loads, built on meta
+        return meta_shape(config, precision).total_params
+
+    return find_measured(config, precision, param_count, reports)
+
+
+_PRECOMPUTE = (
+    "torchao's per-step float8 scale precompute (precompute_float8_dynamic_scale_for_fsdp, "
+    "which a rank runs after each optimizer step) is not traced: torchao 0.18's "
+    "WeightWithDynamicFloat8CastTensor.__tensor_flatten__ tests the precomputed scale's "
+    "truth value, which a fake tensor does not have; each all-gather computes its weight's "
+    "scale instead, which differs by a few scalars, not in the float8 bytes gathered")
+
+_DDP_NOTE = ("; DDP's gradient buckets computed, not traced: DDP cannot run on a fake "
+             "process group")
+
+
+def _with_ddp_buckets(memory: MemoryBreakdown, buckets: int, world: int) -> MemoryBreakdown:
+    """One DDP rank: the single-process step plus the gradient buckets DDP allocates when
+    it wraps the model (a copy of every gradient, in its dtype). DDP cannot run on the fake
+    process group (its reducer reads the all-reduce's result), so this part is computed,
+    not traced."""
+    return dataclasses.replace(
+        memory, total_bytes=memory.total_bytes + buckets,
+        total_method=(f"{memory.total_method}; plus DDP's gradient buckets ({buckets:,} B, "
+                      "one copy of every gradient), computed, not traced: DDP's reducer "
+                      "reads the all-reduce's result, which the fake process group has none "
+                      "of"),
+        notes=(f"{memory.notes}; DDP rank of {world}: every rank holds the whole model, "
+               "gradients and optimizer state, so the figure does not depend on the world "
+               "size"))
+
+
+def _gib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+# the rows of traced vs measured: the peak, then its categories
+SIDE_BY_SIDE = (("peak", "total_bytes"), ("params", "params_bytes"),
+                ("buffers", "buffers_bytes"), ("grads", "grads_bytes"),
+                ("optimizer", "optimizer_bytes"), ("inputs", "inputs_bytes"),
+                ("weight copies", "weight_copies_bytes"), ("activations", "activations_bytes"),
+                ("temporaries", "temporaries_bytes"))
+
+
+def size_text(value: int | None) -> str:
+    """Bytes in GiB from 1 GiB up, else MiB: a tiny model's figures stay readable."""
+    if value is None:
+        return "n/a"
+    return _gib(value) if abs(value) >= 2**30 else f"{value / 2**20:.2f} MiB"
+
+
+def difference_text(traced: int | None, measured: int | None) -> str:
+    """Traced minus measured, as a share of the measured figure."""
+    if traced is None or measured is None:  # a distributed trial keeps fewer categories
+        return "n/a"
+    if measured == 0:
+        return "equal" if traced == 0 else f"+{size_text(traced)}"
+    return f"{(traced - measured) / measured:+.1%}"
+
+
+def side_by_side(trial: PlanTrial) -> list[tuple[str, str, str, str]]:
+    """(row, traced, measured, difference) for a trial with a measured twin."""
+    rows = []
+    for label, name in SIDE_BY_SIDE:
+        traced = getattr(trial.memory, name) if trial.memory else None
+        measured = getattr(trial.measured.memory, name)
+        rows.append((label, size_text(traced), size_text(measured),
+                     difference_text(traced, measured)))
+    return rows
+
+
+def _measured_lines(trial: PlanTrial) -> list[str]:
+    m = trial.measured
+    if m is None:
+        return ["  measured: no real trial of this model, shape and recipe in the run history "
+                "(profile it to compare)"]
+    lines = [f"  traced vs measured: run {m.run_id} on {m.device}", f"    from {m.source}",
+             f"    {'':<14}{'traced':>12}{'measured':>12}{'traced vs measured':>20}"]
+    lines += [f"    {row:<14}{t:>12}{r:>12}{d:>20}" for row, t, r, d in side_by_side(trial)]
+    return lines
+
+
+def format_plan(result: PlanResult) -> str:
+    accum = (f" x {result.grad_accum} micro-batches (gradients accumulated)"
+             if result.grad_accum > 1 else "")
+    world = (f", {result.strategy.upper()} rank 0 of {result.nproc_per_node} (per-rank figures"
+             f"{_DDP_NOTE if result.strategy == 'ddp' else ''})"
+             if result.strategy != "none" else "")
+    lines = [f"plan: {result.model}, batch {result.batch_size} x {result.seq_len} tokens"
+             f"{accum}{world}, {result.optimizer}"
+             f"{', gradient checkpointing' if result.grad_checkpointing else ''}"
+             f"; CUDA context allowance {_gib(result.context_bytes)}"]
+    for trial in result.trials:
+        mem = trial.memory
+        head = f"{trial.precision}: peak {size_text(mem.total_bytes if mem else None)} " \
+               f"({trial.method})"
+        if mem is not None:
+            head += (f"; params {size_text(mem.params_bytes)}, grads "
+                     f"{size_text(mem.grads_bytes)}, optimizer {size_text(mem.optimizer_bytes)}, "
+                     f"weight copies {size_text(mem.weight_copies_bytes)}, activations "
+                     f"{size_text(mem.activations_bytes)}, temporaries "
+                     f"{size_text(mem.temporaries_bytes)}")
+        lines.append(head)
+        if trial.reason:
+            lines.append(f"  note: {trial.reason}")
+        lines += _measured_lines(trial)
+        for c in trial.cards:
+            if c.fits is None:
+                lines.append(f"  {c.card}: n/a ({c.reason})")
+                continue
+            verdict = "fits" if c.fits else "does not fit"
+            room = "headroom" if c.fits else "short by"
+            batch = "n/a" if c.max_batch is None else str(c.max_batch)
+            step = "n/a" if c.predicted_step_ms is None else f"{c.predicted_step_ms:.3g} ms"
+            lines.append(f"  {c.card}: {verdict} in {_gib(c.usable_bytes)} usable, {room} "
+                         f"{_gib(abs(c.headroom_bytes))}; largest micro-batch {batch}; "
+                         f"predicted step {step} ({c.bound}-bound roofline)")
+    return "\n".join(lines)

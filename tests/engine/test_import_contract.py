@@ -1,0 +1,174 @@
+"""The engine's layout stays true: each stage imports only the stages below it, nothing in
+the engine imports the window, the public API or Qt, and no two engine modules import each
+other, however indirectly. Read from the source with ``ast`` (imports inside functions
+count: a lazy import is still a dependency), so a new import that breaks the layout fails
+here with its file and line.
+
+Stages, bottom to top (docs/architecture.md):
+    core < measure < models < record < numerics < run = distributed < report < engine/*cli.py
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ENGINE = Path(__file__).resolve().parents[2] / "engine"
+
+RANKS = {"core": 0, "measure": 1, "models": 2, "record": 3, "numerics": 4, "run": 5,
+         "distributed": 5, "report": 6}
+TOP = 7  # engine/cli.py and the other top-level entry points import every stage
+# packages of equal rank that may import each other (module circles are still refused):
+# a distributed trial is run by the runner, and its ranks run the trial's step
+PEERS = {frozenset({"run", "distributed"})}
+FORBIDDEN = ("gui", "ampscope", "PySide6", "pyqtgraph", "shiboken6")
+
+# Upward imports that remain, each lazy and each named so it is not copied: the list may
+# only shrink (a test fails when an entry no longer occurs).
+KNOWN_UPWARD = {
+    # the journal validator checks a report's numerics section against the lab's dataclasses
+    ("engine.record.validate", "engine.numerics.advisor"),
+    ("engine.record.validate", "engine.numerics.demos"),
+    ("engine.record.validate", "engine.numerics.formats"),
+    ("engine.record.validate", "engine.numerics.gradients"),
+    ("engine.record.validate", "engine.numerics.optrace"),
+    # read_run opens a JSON report as well as a journal (File > Open, `report`)
+    ("engine.record.journal", "engine.report.json_io"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in ENGINE.rglob("*.py"):
+        parts = list(path.relative_to(ENGINE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join(parts)] = path
+    return mods
+
+
+def _imports(name: str, path: Path, mods: dict[str, Path]):
+    """(imported name, line) for every import in the file, relative ones resolved."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            for alias in node.names:  # `from pkg import module` imports the module
+                full = f"{base}.{alias.name}"
+                yield (full if full in mods else base), node.lineno
+
+
+def graph() -> dict[str, dict[str, int]]:
+    """engine module -> {engine module it imports: first line}."""
+    mods = _modules()
+    edges: dict[str, dict[str, int]] = {m: {} for m in mods}
+    for name, path in mods.items():
+        for target, line in _imports(name, path, mods):
+            while target and target not in mods:  # engine.x.y.attr -> engine.x.y
+                target = target.rpartition(".")[0]
+            if target and target != name and target != "engine":  # engine: VERSION only
+                edges[name].setdefault(target, line)
+    return edges
+
+
+def stage_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in RANKS) else None
+
+
+def rank(module: str) -> int:
+    stage = stage_of(module)
+    return TOP if stage is None else RANKS[stage]
+
+
+def upward(edges: dict[str, dict[str, int]]) -> list[tuple[str, str, int]]:
+    """Imports of a stage above the importer's own (or of a same-rank stage not its peer)."""
+    bad = []
+    for src, targets in edges.items():
+        for dst, line in targets.items():
+            a, b = stage_of(src), stage_of(dst)
+            if a == b or frozenset({a, b}) in PEERS:
+                continue
+            if rank(dst) >= rank(src):
+                bad.append((src, dst, line))
+    return bad
+
+
+def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One circle per strongly connected group of modules (Tarjan), each as a path."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_engine_imports_no_window_no_public_api_no_qt():
+    mods = _modules()
+    bad = [f"{path.relative_to(ENGINE.parent)}:{line} imports {target}"
+           for name, path in mods.items() for target, line in _imports(name, path, mods)
+           if target.split(".")[0] in FORBIDDEN]
+    assert not bad, "\n".join(bad)
+
+
+def test_each_stage_imports_only_the_stages_below_it():
+    bad = [(src, dst, line) for src, dst, line in upward(graph())
+           if (src, dst) not in KNOWN_UPWARD]
+    assert not bad, "imports against the stage order (docs/architecture.md):\n" + "\n".join(
+        f"{src} (line {line}) imports {dst}" for src, dst, line in bad)
+
+
+def test_the_known_upward_imports_still_exist():
+    """An entry of KNOWN_UPWARD that no longer occurs must leave the list."""
+    seen = {(src, dst) for src, dst, _ in upward(graph())}
+    assert KNOWN_UPWARD <= seen, sorted(KNOWN_UPWARD - seen)
+
+
+def test_no_import_circles_between_engine_modules():
+    found = cycles(graph())
+    assert not found, "modules that import each other:\n" + "\n".join(
+        " <-> ".join(group) for group in found)
+
+
+def test_every_engine_module_sits_in_a_stage():
+    loose = sorted(p.name for p in ENGINE.glob("*.py")
+                   if p.stem != "__init__" and not p.stem.endswith("cli"))
+    assert not loose, f"place these in a stage package (docs/architecture.md): {loose}"
+
+
+def test_the_checks_catch_what_they_look_for():
+    """The checkers on a made-up graph: an upward import and a circle are both found."""
+    edges = {"engine.measure.nvml": {"engine.run.trial": 3},
+             "engine.run.trial": {"engine.measure.nvml": 1, "engine.core.config": 2},
+             "engine.core.config": {}}
+    assert upward(edges) == [("engine.measure.nvml", "engine.run.trial", 3)]
+    assert cycles(edges) == [["engine.measure.nvml", "engine.run.trial"]]
+    assert rank("engine.cli") == TOP and rank("engine.report.html") == RANKS["report"]
