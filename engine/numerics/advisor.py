@@ -13,39 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import torch
 
 from engine.core.events import TrialResult, from_dict
 from engine.record.compare import SpeedVerdict, speed_verdict
+from engine.record.lab_results import Advice, Alternative, Reason
 
 MEMORY_PRESSURE = 0.9  # a peak above this share of device memory counts as the constraint
 QUANTISED = ("nf4", "int8")
 GPU_CANDIDATES = ("fp32", "tf32", "fp16-amp", "bf16-amp")
 CPU_CANDIDATES = ("fp32", "bf16-amp", "fp16-amp")
-
-
-@dataclass(frozen=True)
-class Reason:
-    text: str
-    figure: str | None  # the number the reason rests on, with its unit; None: not measured
-    source: str  # where the figure comes from
-
-
-@dataclass(frozen=True)
-class Alternative:
-    precision: str
-    reason: Reason
-
-
-@dataclass(frozen=True)
-class Advice:
-    recommended: str
-    init_scale: float | None  # GradScaler initial scale, for fp16 recommendations
-    reasons: tuple[Reason, ...]
-    also_try: tuple[Alternative, ...]
-    warnings: tuple[Reason, ...]
 
 
 def _pct(x: float) -> str:

@@ -8,25 +8,13 @@ list from CUDA autocast).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from engine.numerics.formats import float_format
+from engine.record.lab_results import DemoResult
 
 FLOATS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-@dataclass(frozen=True)
-class DemoResult:
-    name: str  # the demo's group, e.g. "one_plus_small"
-    expression: str
-    dtype: str
-    result: float | str
-    expected_exact: float | str
-    verdict: str  # "kept", "swallowed", "inf", "zero", "nonzero", "dtype", "drift"
-    explanation: str
-    device: str
 
 
 def _half_ulp_at_one(dtype: torch.dtype) -> float:

@@ -18,32 +18,11 @@ torchao's own fp4 decoder.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import cache
 
 import torch
 
-
-@dataclass(frozen=True)
-class FormatInfo:
-    name: str
-    kind: str  # "float", "matmul-mode", "int" or "codebook"
-    torch_dtype: str | None  # None for TF32, which is no storage dtype
-    bits: int
-    sign_bits: int | None  # None for a code book (bits index a table of values)
-    exponent_bits: int | None
-    mantissa_bits: int | None
-    max: float | None
-    min_normal: float | None
-    min_subnormal: float | None  # smallest magnitude above zero
-    eps: float | None
-    decimal_digits: float | None
-    note: str
-    codebook: tuple[float, ...] | None = None
-    # block-scaled formats: elements share one scale per block; the range figures are the
-    # element's times the scale's (NVFP4: in units of its per-tensor fp32 scale)
-    block_size: int | None = None
-    scale_format: str | None = None
+from engine.record.lab_results import FormatInfo
 
 
 def _digits(eps: float) -> float:

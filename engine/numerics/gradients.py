@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -21,6 +20,13 @@ from torch.utils._pytree import tree_leaves
 from engine.core.recipes import Recipe, fp32_precision
 from engine.numerics.formats import float_format
 from engine.numerics.step import forward_loss
+from engine.record.lab_results import (
+    ActivationStats,
+    FormatRange,
+    GradientStats,
+    GroupStats,
+    Histogram,
+)
 
 RANGE_FORMATS = {
     "fp16": torch.float16,
@@ -52,14 +58,6 @@ def underflow_fraction(values: torch.Tensor, scale: float, dtype=torch.float16) 
     return int(_underflow_mask(mags, scale, dtype).sum()) / nonzero
 
 
-@dataclass(frozen=True)
-class FormatRange:
-    name: str
-    log2_min_subnormal: float
-    log2_min_normal: float
-    log2_max: float
-
-
 def format_ranges() -> tuple[FormatRange, ...]:
     out = []
     for name, dtype in RANGE_FORMATS.items():
@@ -67,27 +65,6 @@ def format_ranges() -> tuple[FormatRange, ...]:
         out.append(FormatRange(name, math.log2(info.min_subnormal),
                                math.log2(info.min_normal), math.log2(info.max)))
     return tuple(out)
-
-
-@dataclass(frozen=True)
-class Histogram:
-    log2_edges: tuple[float, ...]  # len(counts) + 1 edges; bin i is (edge i, edge i+1]
-    counts: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class GroupStats:
-    name: str
-    tensors: int
-    values: int
-    nonzero: int
-    nonfinite: int
-    max_abs: float | None
-    dtypes: tuple[str, ...]
-    histogram: Histogram
-    underflow_fp16_scale1: float | None  # fraction of nonzero values
-    underflow_fp16_at_scale: float | None
-    above_fp16_max: float | None  # fraction of nonzero values beyond fp16's max
 
 
 class _Accumulator:
@@ -193,24 +170,6 @@ def _owned_parameters(model: nn.Module):
                 yield f"{mod_name}.{p_name}" if mod_name else p_name, module, param
 
 
-@dataclass(frozen=True)
-class GradientStats:
-    loss: float
-    loss_scale: float  # the scale the fp16 figures are computed at
-    backward_scale: float  # the scale the backward pass itself ran at (then divided out)
-    bins_per_octave: int
-    overall: GroupStats
-    groups: tuple[GroupStats, ...]
-    underflow_scale1: dict  # format name -> fraction of nonzero gradients flushed at scale 1
-    overflow_ratio_fp16: float | None  # max|g| * loss_scale / fp16 max (above 1: inf)
-    headroom_log2: float | None  # binades between max|g| * loss_scale and fp16 max
-    suggested_scale_min: float | None
-    suggested_scale_max: float | None
-    suggestion_note: str
-    underflow_target: float
-    format_ranges: tuple[FormatRange, ...]
-
-
 def suggest_scales(counts: torch.Tensor, bins_per_octave: int, nonzero: int, max_abs: float,
                    dtype=torch.float16, target: float = UNDERFLOW_TARGET):
     """The power-of-two loss scales that keep ``dtype`` safe for these gradients.
@@ -289,13 +248,6 @@ def gradient_stats(model: nn.Module, batch: dict, recipe: Recipe, loss_scale: fl
         underflow_target=UNDERFLOW_TARGET,
         format_ranges=format_ranges(),
     )
-
-
-@dataclass(frozen=True)
-class ActivationStats:
-    bins_per_octave: int
-    modules: tuple[GroupStats, ...]  # one per module type, over all its outputs
-    format_ranges: tuple[FormatRange, ...]
 
 
 def activation_stats(model: nn.Module, batch: dict, recipe: Recipe, device: torch.device | str,

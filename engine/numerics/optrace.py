@@ -9,8 +9,6 @@ bitsandbytes formulas. From the FLOPs per compute dtype follows the peak a step 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -19,6 +17,7 @@ from torch.utils._pytree import tree_leaves
 from engine.core.recipes import Recipe, fp32_precision
 from engine.measure.flops import flop_formulas, peak_key
 from engine.numerics.step import forward_loss
+from engine.record.lab_results import GemmFlag, OpStat, OpTrace
 
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm")
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -27,41 +26,6 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _HEAVY_WORDS = ("mm", "matmul", "linear", "attention", "conv")
 PRECISION_SENSITIVE = ("softmax", "log_softmax", "layer_norm", "rms_norm", "nll_loss",
                        "cross_entropy", "group_norm", "batch_norm", "mse_loss")
-
-
-@dataclass(frozen=True)
-class OpStat:
-    """The calls of one op in one phase with one dtype signature."""
-
-    op: str  # aten overload, e.g. "aten.mm.default"
-    phase: str  # "forward" or "backward"
-    count: int
-    input_dtypes: tuple[str, ...]  # distinct dtypes of the tensor arguments, in order
-    output_dtypes: tuple[str, ...]
-    flops: int
-    flops_share: float | None  # of the step's counted FLOPs
-    precision_sensitive: bool
-
-
-@dataclass(frozen=True)
-class GemmFlag:
-    op: str
-    phase: str
-    m: int
-    n: int
-    k: int
-    dtype: str
-    multiple: int  # 8, or 16 for fp8
-    reason: str
-
-
-@dataclass(frozen=True)
-class OpTrace:
-    ops: tuple[OpStat, ...]  # most FLOPs first
-    total_flops: int
-    flops_by_peak_dtype: dict  # peak-table key ("fp16", "tf32", ...) -> FLOPs
-    flagged_gemms: tuple[GemmFlag, ...]
-    uncounted_ops: tuple[str, ...]  # ops with no FLOP formula that may still do math
 
 
 def gemm_dims(name: str, args: tuple) -> tuple[int, int, int] | None:

@@ -20,6 +20,14 @@ from functools import cache
 
 from engine.core.config import MAX_STEPS  # any step index or step count
 from engine.core.events import _hints
+from engine.record.lab_results import (
+    ActivationStats,
+    Advice,
+    DemoResult,
+    FormatInfo,
+    GradientStats,
+    OpTrace,
+)
 from engine.record.run_record import SCHEMA_VERSION, RunRecord
 
 MAX_DEPTH = 40  # nesting of free-form objects (config, environment, numerics)
@@ -278,13 +286,8 @@ def _dataclass_checker(cls, numerics: bool, skip: frozenset = frozenset()):
 @cache
 def _lab_fields() -> dict:
     """The keys of the numerics lab's dict and the dataclasses their values come from."""
-    # imported only when a report carries numerics: these modules load torch
+    # imported only when a report carries numerics: engine.measure.flops loads torch
     from engine.measure.flops import BlendedPeak
-    from engine.numerics.advisor import Advice
-    from engine.numerics.demos import DemoResult
-    from engine.numerics.formats import FormatInfo
-    from engine.numerics.gradients import ActivationStats, GradientStats
-    from engine.numerics.optrace import OpTrace
 
     return {"model": str, "precision": str, "device": str, "batch_size": int, "seq_len": int,
             "seed": int, "capabilities": dict, "model_dims": dict,

@@ -8,7 +8,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from engine.core.recipes import recipe
 from engine.measure.flops import blended_peak, count_flops
 from engine.measure.peaks import PeakLookup
-from engine.numerics.optrace import OpTrace, gemm_dims, trace_ops
+from engine.numerics.optrace import gemm_dims, trace_ops
+from engine.record.lab_results import OpTrace
 
 CPU = torch.device("cpu")
 
