@@ -26,8 +26,8 @@ from pathlib import Path
 
 import platformdirs
 
+from engine.record.json_report import parse_report
 from engine.record.run_record import RunRecord
-from engine.report.json_io import parse_report
 
 DATA_DIR_ENV = "AMPSCOPE_DATA_DIR"
 LOCK_WAIT_S = 0.5  # another program holding a lock: say so soon rather than freeze the window

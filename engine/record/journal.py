@@ -41,6 +41,7 @@ from engine.core.events import (
     from_dict,
     to_dict,
 )
+from engine.record import json_report
 from engine.record.columns import Columns, line_keys
 from engine.record.run_record import RunRecord
 from engine.record.validate import MAX_NAME, validate_event, validate_lab
@@ -460,9 +461,7 @@ def read_run(path: str | os.PathLike) -> RunRecord:
         if rank_of(Path(path)) is not None:
             return read_rank_journals(Path(path), read_journal)
         return read_journal(path)
-    from engine.report.json_io import read_json
-
-    return read_json(path)
+    return json_report.read_json(path)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from engine.record.json_report import read_json
 from engine.report.html import render_html
-from engine.report.json_io import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,10 @@ import engine.measure.device as device_mod
 from engine.core.config import PRECISIONS, RunConfig
 from engine.measure import gating
 from engine.measure.device import probe
+from engine.record.json_report import read_json
 from engine.record.run_record import RunRecord
 from engine.report.html import render_html
-from engine.report.json_io import read_json, write_json
+from engine.report.json_io import write_json
 from engine.run.trial import run_trial
 
 FP8 = ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp")

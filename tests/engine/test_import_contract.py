@@ -23,13 +23,6 @@ TOP = 7  # engine/cli.py and the other top-level entry points import every stage
 PEERS = {frozenset({"run", "distributed"})}
 FORBIDDEN = ("gui", "ampscope", "PySide6", "pyqtgraph", "shiboken6")
 
-# Upward imports that remain, each lazy and each named so it is not copied: the list may
-# only shrink (a test fails when an entry no longer occurs).
-KNOWN_UPWARD = {
-    # read_run opens a JSON report as well as a journal (File > Open, `report`)
-    ("engine.record.journal", "engine.report.json_io"),
-}
-
 
 def _modules() -> dict[str, Path]:
     mods = {}
@@ -134,16 +127,9 @@ def test_engine_imports_no_window_no_public_api_no_qt():
 
 
 def test_each_stage_imports_only_the_stages_below_it():
-    bad = [(src, dst, line) for src, dst, line in upward(graph())
-           if (src, dst) not in KNOWN_UPWARD]
+    bad = upward(graph())
     assert not bad, "imports against the stage order (docs/architecture.md):\n" + "\n".join(
         f"{src} (line {line}) imports {dst}" for src, dst, line in bad)
-
-
-def test_the_known_upward_imports_still_exist():
-    """An entry of KNOWN_UPWARD that no longer occurs must leave the list."""
-    seen = {(src, dst) for src, dst, _ in upward(graph())}
-    assert KNOWN_UPWARD <= seen, sorted(KNOWN_UPWARD - seen)
 
 
 def test_no_import_circles_between_engine_modules():

@@ -16,7 +16,7 @@ from engine.record.journal import (
     read_run,
     runs_dir,
 )
-from engine.report.json_io import read_json
+from engine.record.json_report import read_json
 from engine.report.writer import write_report
 from engine.run.runner import Runner
 

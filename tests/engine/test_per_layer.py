@@ -16,8 +16,8 @@ from transformers.pytorch_utils import Conv1D
 
 from engine.core.config import RunConfig, parse_precisions
 from engine.measure.device import probe
+from engine.record.json_report import read_json
 from engine.report.html import render_html
-from engine.report.json_io import read_json
 from engine.run.trial import run_trial
 
 CPU = probe("cpu")

@@ -16,7 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 import ampscope
 from engine.record.journal import read_journal
-from engine.report.json_io import read_json
+from engine.record.json_report import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.record.journal import read_journal
-from engine.report.json_io import read_json
+from engine.record.json_report import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 5

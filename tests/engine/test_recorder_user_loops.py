@@ -15,7 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import ampscope
 from engine.record.journal import read_journal
-from engine.report.json_io import read_json
+from engine.record.json_report import read_json
 from tests.engine.test_recorder import padded_batch, tiny_gpt2
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from engine.core.events import MonitorSample
-from engine.report.json_io import parse_report
+from engine.record.json_report import parse_report
 
 ROOT = Path(__file__).resolve().parents[2]
 

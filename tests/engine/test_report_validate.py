@@ -9,8 +9,9 @@ import math
 import pytest
 
 from engine.numerics.lab import run_lab
+from engine.record.json_report import read_json
 from engine.record.validate import MAX_DEPTH, validate_report
-from engine.report.json_io import read_json, write_json
+from engine.report.json_io import write_json
 from tests.engine.sample_record import make_record
 
 # free-form objects: their inner keys are not typed (checked for plain JSON and depth only)

@@ -11,11 +11,12 @@ import pytest
 
 from engine.core import events
 from engine.record.compare import record_precisions
+from engine.record.json_report import read_json
 from engine.record.run_record import RunRecord
 from engine.report import charts, json_io
 from engine.report.csv_io import STEP_COLUMNS, write_csv
 from engine.report.html import render_html, write_html
-from engine.report.json_io import read_json, write_json
+from engine.report.json_io import write_json
 from engine.report.writer import check_writable, write_report
 from tests.engine.sample_record import make_record
 

@@ -16,7 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 import ampscope
 from engine.record.journal import read_journal
-from engine.report.json_io import read_json
+from engine.record.json_report import read_json
 
 LENGTHS = [12, 5, 9, 3, 12, 7, 4, 10]  # padded to the longest in each batch of 2
 

@@ -299,7 +299,7 @@ def test_opening_a_file_that_is_not_a_report_says_so(qtbot, window, tmp_path, mo
 def test_a_report_is_read_off_the_gui_thread_with_progress(qtbot, window, tmp_path,
                                                            monkeypatch):
     """A 50 MB report takes seconds to parse: the window reads it in a thread."""
-    import engine.report.json_io as json_io
+    import engine.record.json_report as json_io
     from engine.report.json_io import write_json
     from tests.engine.sample_record import make_record
 

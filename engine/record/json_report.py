@@ -1,0 +1,57 @@
+"""A JSON report read back: the whole run record, after the guard on anything read in.
+
+The writer is engine.report.json_io; the reader sits here, in the record stage, because
+``engine.record.journal.read_run`` (``report``, File > Open) opens a JSON report as well
+as a journal. The bare tokens ``NaN`` / ``Infinity`` the writer keeps for overflowed
+losses read back as floats (docs/report-schema.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from engine.record.run_record import RunRecord
+from engine.record.validate import validate_report
+
+
+def read_json(path: str | os.PathLike) -> RunRecord:
+    """Read a report; every failure is a ValueError that names the file and the fix."""
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_dir() and not path.is_file():
+            raise ValueError(f"{path} is not a regular file: pick an AmpScope .json report")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"report not found: {path}: check the path") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a folder: pick a report .json file inside it") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file: pick an AmpScope .json report") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    return parse_report(text, str(path))
+
+
+def parse_report(text: str, source: str) -> RunRecord:
+    """A report's JSON text as a record, after ``validate_report``; ``source`` names it."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{source} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}): "
+            "the file may be cut short or not an AmpScope report"
+        ) from None
+    except RecursionError:
+        raise ValueError(f"{source} is nested too deeply to be an AmpScope report") from None
+    try:
+        validate_report(data)
+        return RunRecord.from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(
+            f"{source} looks like an AmpScope report but a field is damaged ({exc!r}): "
+            "export it again"
+        ) from None
