@@ -3,7 +3,10 @@
 Every view is built from a ``RunRecord``: a live run folds the worker's events into one
 with ``record.apply`` (charts and the trial table also take each event as it comes),
 and an opened report or a history entry is the same kind of record, shown by the same
-``show_record`` calls. The window measures and computes nothing itself.
+``show_record`` calls. The window measures and computes nothing itself: it builds the
+views and wires them together. Its menus are built by ``gui.menus``; opening and exporting
+reports is ``gui.open_export.OpenExport``'s, following another process's journal
+``gui.watch_actions.WatchActions``'s.
 """
 
 from __future__ import annotations
@@ -12,9 +15,7 @@ import gc
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
-    QFileDialog,
     QHBoxLayout,
     QMainWindow,
     QMessageBox,
@@ -51,23 +52,19 @@ from gui.device_status import DeviceStatus
 from gui.fit_view import FitView
 from gui.history import HistoryError, HistoryStore
 from gui.history_view import HistoryView
-from gui.journal_watcher import JournalWatcher
 from gui.kernel_view import KernelView
+from gui.menus import build_menus
 from gui.model_view import ModelView
+from gui.open_export import OpenExport
 from gui.peak_status import PeakStatus
 from gui.plain_text import as_html
 from gui.plan_view import PlanView
-from gui.trial_table import TrialTable
-from gui.worker import LabWorker, ReportLoader, ReportWriter, RunWorker
+from gui.trial_table import TrialTable, trial_units
+from gui.watch_actions import WatchActions
+from gui.worker import LabWorker, RunWorker
 
 LOADING = "loading model…"
 
-
-def documents_dir() -> str:
-    """Where file dialogs open: the user's documents folder, never the working folder."""
-    import platformdirs
-
-    return platformdirs.user_documents_dir()
 
 # what the trial table and status bar say in each engine phase (engine.core.events.PHASES)
 PHASE_TEXT = {"loading": LOADING, "warm-up": "warm-up", "measuring": "measuring",
@@ -76,17 +73,7 @@ PHASE_TEXT = {"loading": LOADING, "warm-up": "warm-up", "measuring": "measuring"
 _EXTRA_STEPS = ("memory step", "profiled step")  # untimed steps after the measured ones
 
 
-def trial_units(config: dict, rounds: int = 1) -> int:
-    """Progress units of one precision: every step it runs, the untimed ones included
-    (each interleaved round warms up and runs its untimed steps again)."""
-    extras = 1 + (1 if config.get("profile_step", True) else 0)
-    return max(1, rounds * (config.get("warmup", 0) + extras) + config.get("steps", 0))
-
-
 CLOSE_GRACE_S = 3.0  # closing waits this long for a cancelled trial before ending it
-REPORT_FILTERS = {"html": "HTML report (*.html)", "json": "JSON report (*.json)",
-                  "csv": "CSV table (*.csv)"}
-OPEN_FILTER = "JSON report or run journal (*.json *.jsonl)"
 
 
 class _Deferred:
@@ -120,28 +107,20 @@ class MainWindow(QMainWindow):
         self.record: RunRecord | None = None
         self._run_error: str | None = None  # why the current run failed, once it has
         self.worker = RunWorker(self)
-        self.worker.event.connect(self._on_event)
+        self.worker.event.connect(self.show_event)
         self.worker.errored.connect(self._on_errored)
         self.worker.finished.connect(self._on_finished)
         self._latest_steps: dict[str, StepSample] = {}  # per precision, not yet shown
         self._phases: dict[str, list[str]] = {}  # per precision, the phases it went through
         self._rounds = 1  # rounds per precision in the run on show
-        self._watching = False  # the run on show is another process's (File > Watch run)
         self._progress_timer = QTimer(self)
         self._progress_timer.setInterval(100)
-        self._progress_timer.timeout.connect(self._show_progress)
+        self._progress_timer.timeout.connect(self.show_progress)
         self.history = history or HistoryStore()
-        self.report_loader = ReportLoader(self)
-        self.report_writer = ReportWriter(self)  # exports off the GUI thread
-        self.report_writer.written.connect(self._on_exported)
-        self.report_writer.failed.connect(self._on_export_failed)
-        self.report_loader.progress.connect(self._on_open_progress)
-        self.report_loader.loaded.connect(self._on_report_loaded)
-        self.report_loader.failed.connect(self._on_open_failed)
-        self.watcher = JournalWatcher(self)  # File > Watch run: a journal another process writes
-        self.watcher.event.connect(self._on_watch_event)
-        self.watcher.errored.connect(self._on_watch_errored)
-        self.watcher.finished.connect(self._on_watch_finished)
+        self.open_export = OpenExport(self)  # File > Open, File > Export: off the GUI thread
+        self.report_loader = self.open_export.loader
+        self.report_writer = self.open_export.writer
+        self.watch = WatchActions(self)  # File > Watch run: a journal another process writes
 
         # the device probe (torch) waits for the chart views: both at once contend for the GIL
         self.config_panel = ConfigPanel(probe_on_paint=False)
@@ -232,7 +211,7 @@ class MainWindow(QMainWindow):
         self.config_panel.validity_changed.connect(self._update_buttons)
         self.device_status.show_device(self.config_panel.device_info,
                                        self.config_panel.device_error)
-        self._build_menus()
+        build_menus(self)
 
         self.config_panel.set_values(settings.load_config_dict())
         self._restore_geometry()
@@ -309,49 +288,6 @@ class MainWindow(QMainWindow):
                 widget = getattr(self, name)
         self._refresh_view(widget)
 
-    # --- menus -------------------------------------------------------------------------
-
-    def _build_menus(self) -> None:
-        file_menu = self.menuBar().addMenu("&File")
-        open_action = QAction("&Open report or journal…", self)
-        open_action.setShortcut(QKeySequence.StandardKey.Open)
-        open_action.triggered.connect(self._ask_open_report)
-        file_menu.addAction(open_action)
-        watch_action = QAction("&Watch run…", self)
-        watch_action.setStatusTip("Follow a run journal live (a run recorded with the "
-                                  "ampscope module, or any AmpScope run)")
-        watch_action.triggered.connect(self._ask_watch_run)
-        file_menu.addAction(watch_action)
-        self.watch_action = watch_action
-        export_menu = file_menu.addMenu("&Export run as")
-        for kind, label in REPORT_FILTERS.items():
-            action = QAction(label.split(" (")[0] + "…", self)
-            action.triggered.connect(lambda _=False, k=kind: self._ask_export_run(k))
-            export_menu.addAction(action)
-        chart_menu = file_menu.addMenu("Export &chart")
-        for key, title in self.chart_titles().items():
-            action = QAction(title + "…", self)
-            action.triggered.connect(lambda _=False, k=key: self._ask_export_chart(k))
-            chart_menu.addAction(action)
-        file_menu.addSeparator()
-        quit_action = QAction("&Quit", self)
-        quit_action.setShortcut(QKeySequence.StandardKey.Quit)
-        quit_action.triggered.connect(self.close)
-        file_menu.addAction(quit_action)
-        run_menu = self.menuBar().addMenu("&Run")
-        start = QAction("&Run", self)
-        start.setShortcut("Ctrl+R")
-        start.triggered.connect(lambda: self.start_run())
-        stop = QAction("&Stop", self)
-        stop.triggered.connect(self.stop_run)
-        traced = QAction("Run with &kernel traces…", self)
-        traced.triggered.connect(self._ask_traced_run)
-        peak = QAction("&Measure matmul peak again", self)
-        peak.triggered.connect(self.peak_status.measure)
-        run_menu.addActions([start, stop, traced])
-        run_menu.addSeparator()
-        run_menu.addAction(peak)
-
     # --- running -----------------------------------------------------------------------
 
     def _update_buttons(self, *_args) -> None:
@@ -375,60 +311,39 @@ class MainWindow(QMainWindow):
     def _say_problem(self, message: str) -> None:
         """A problem the user must know about: in the status bar and the log."""
         self.statusBar().showMessage(message)
-        self._log("warning", message)
+        self.log_line("warning", message)
 
     def start_run(self, config: RunConfig | None = None) -> bool:
         """Start a run of ``config`` (the form's when None); False if it cannot start."""
         if self.worker.is_running() or self.lab_worker.is_running() or self.peak_status.is_busy():
             return False
-        self.watcher.stop()
-        self._watching = False
+        self.watch.stop()
         if config is None:
             try:
                 config = self.config_panel.config()
             except ValueError as exc:
-                self._log("error", self.config_panel.error() or str(exc))
+                self.log_line("error", self.config_panel.error() or str(exc))
                 return False
             settings.save_config_dict(self.config_panel.saved_values())
         self.record = RunRecord(config=config.to_dict())
         self.charts.clear(config.warmup + config.steps)
-        units = trial_units(config.to_dict())
-        self.trial_table.reset(list(config.precisions), units)
-        self.run_progress.setRange(0, units * len(config.precisions))
-        self.run_progress.setValue(0)
-        self._latest_steps.clear()
-        self._phases.clear()
-        self._rounds = 1
+        self.reset_live(list(config.precisions), trial_units(config.to_dict()))
         self.run_progress.setFormat("run %p%")
         self._run_error = None
         self.log.clear()
         self.worker.start(config)
-        self._progress_timer.start()
+        self.start_progress()
         self._update_buttons()
         self.statusBar().showMessage("Starting the run…")
         self.setWindowTitle("AmpScope — new run")
         return True
-
-    def _ask_traced_run(self) -> None:
-        """Run the form's config, writing each profiled step's Chrome trace to a folder."""
-        folder = QFileDialog.getExistingDirectory(self, "Folder for the kernel traces")
-        if not folder:
-            return
-        try:
-            config = self.config_panel.config().replace(trace_dir=folder, profile_step=True)
-        except ValueError as exc:
-            self._log("error", str(exc))
-            return
-        if self.start_run(config):
-            self._log("info", f"profiled steps will be written to {folder} as "
-                      "<precision>.trace.json (open in ui.perfetto.dev)")
 
     def stop_run(self) -> None:
         if self.worker.is_running():
             self.statusBar().showMessage("Stopping: the current step finishes first…")
             self.worker.stop()
 
-    def _on_event(self, event) -> None:
+    def show_event(self, event) -> None:
         if self.record is None:
             return
         self.record.apply(event)
@@ -449,8 +364,8 @@ class MainWindow(QMainWindow):
             self.charts.set_device_kind(device_kind(event.environment))
             self.charts.set_source(event.config.get("source"))
             self.setWindowTitle(f"AmpScope — run {event.run_id} (running)")
-            self._log("info", f"run {event.run_id} started on "
-                      f"{event.environment.get('device', {}).get('description', 'n/a')}")
+            self.log_line("info", f"run {event.run_id} started on "
+                          f"{event.environment.get('device', {}).get('description', 'n/a')}")
         elif isinstance(event, TrialStarted):
             self._rounds = event.rounds
             if event.rounds > 1:  # interleaved: every round warms up again
@@ -463,24 +378,24 @@ class MainWindow(QMainWindow):
         elif isinstance(event, PhaseChanged):
             self._show_phase(event.precision, event.phase, event.round)
         elif isinstance(event, TrialFinished):
-            self._show_progress()
+            self.show_progress()
             trial = event.result
             self.trial_table.finish_trial(trial)
             self.statusBar().showMessage(f"{trial.precision}: {trial.status}")
             self.charts.note_trial(trial)
             if trial.status != "ok":
-                self._log("warning", f"{trial.status}: {trial.reason or ''}", trial.precision)
-            self._show_results(self.record, only_shown=True)
+                self.log_line("warning", f"{trial.status}: {trial.reason or ''}", trial.precision)
+            self.show_results(self.record, only_shown=True)
         elif isinstance(event, LogEvent):
-            self._log(event.level, event.message, event.precision)
+            self.log_line(event.level, event.message, event.precision)
         elif isinstance(event, ErrorEvent):
-            self._log("error", event.message, event.precision)
+            self.log_line("error", event.message, event.precision)
             self._run_error = event.message
             if event.precision:
                 self.trial_table.set_status(event.precision, "error", event.message)
         elif isinstance(event, RunFinished):
             outcome = self._outcome(self.record)
-            if self._watching:  # another process's run, not the user's own
+            if self.watch.watching:  # another process's run, not the user's own
                 outcome = f"Watched run {self.record.run_id}: " + outcome.removeprefix(
                     "Run ").replace("cancelled", "stopped by its own process", 1)
             self.statusBar().showMessage(outcome)
@@ -521,7 +436,7 @@ class MainWindow(QMainWindow):
         self.run_progress.setFormat(done_text)
         return f"Run finished: all {total} trials ok"
 
-    def _show_progress(self) -> None:
+    def show_progress(self) -> None:
         """Steps seen, a finished precision counting in full (interleaved rounds alternate);
         a stopped one counts the steps it ran, so Stop reads "cancelled at 44%", not 100%.
         Called at the redraw rate, with the newest step of each trial for the table."""
@@ -557,7 +472,7 @@ class MainWindow(QMainWindow):
 
     def _on_errored(self, message: str) -> None:
         if message != self._run_error:  # the engine may have said it already as an ErrorEvent
-            self._log("error", message)
+            self.log_line("error", message)
         self._run_error = message
         self.run_progress.setFormat("failed")
         self.statusBar().showMessage(f"Run failed: {message.splitlines()[0]}")
@@ -573,18 +488,18 @@ class MainWindow(QMainWindow):
                     self.trial_table.set_status(p, "not run", why)
         self.worker.join()
         self._progress_timer.stop()
-        self._show_progress()
+        self.show_progress()
         self._update_buttons()
         if record is None:
             return
         self.charts.finish()
-        self._show_results(record)
+        self.show_results(record)
         if record.run_id:
             self.setWindowTitle(f"AmpScope — run {record.run_id}")
-            self._keep_in_history(record)
+            self.keep_in_history(record)
         self.record_shown.emit(record)
 
-    def _keep_in_history(self, record: RunRecord) -> None:
+    def keep_in_history(self, record: RunRecord) -> None:
         """Save a run; when the database refuses, say so and offer to export it instead."""
         try:
             self.history.add(record)
@@ -595,7 +510,7 @@ class MainWindow(QMainWindow):
             answer = QMessageBox.question(
                 self, "Run not saved", as_html(message + "\n\nExport it as a JSON report now?"))
             if answer == QMessageBox.StandardButton.Yes:
-                self._ask_export_run("json")
+                self.open_export.ask_export_run("json")
             return
         self.history_view.refresh()
 
@@ -626,7 +541,7 @@ class MainWindow(QMainWindow):
         if record is not None and not self.worker.is_running() and record.run_id:
             # the run's report and history entry carry the lab from now on
             record.numerics = numerics
-            self._keep_in_history(record)
+            self.keep_in_history(record)
             from engine.record.journal import append_numerics, journal_path
 
             if journal_path(record.run_id).is_file():
@@ -636,84 +551,34 @@ class MainWindow(QMainWindow):
         self.lab_worker.join()
         self.numerics_view.set_busy(False, f"Numerics lab failed: {message.splitlines()[0]}")
         self._update_buttons()
-        self._log("error", f"numerics lab: {message}")
+        self.log_line("error", f"numerics lab: {message}")
 
-    def _log(self, level: str, message: str, precision: str | None = None) -> None:
+    def log_line(self, level: str, message: str, precision: str | None = None) -> None:
         where = f"[{precision}] " if precision else ""
         self.log.appendPlainText(f"{level.upper():7} {where}{message}")
 
-    # --- watching a journal ------------------------------------------------------------
+    # --- live views, shared by a run started here and a watched one ---------------------
 
-    def watch_run(self, path: str | Path) -> bool:
-        """Follow a run journal as it grows, with the live views of a run started here."""
-        if self.worker.is_running():
-            self.statusBar().showMessage("Stop the current run before watching another one.")
-            return False
-        try:
-            self.watcher.start(path)
-        except ValueError as exc:
-            self._log("error", f"could not watch {path}: {exc}")
-            self.statusBar().showMessage(f"Could not watch {path}: {exc}")
-            return False
-        self.record = RunRecord()
-        self._watching = True
-        self.charts.clear()
-        self.trial_table.reset([], 1)
-        self.log.clear()
+    def reset_live(self, precisions: list[str], units: int) -> None:
+        """Empty trial rows of ``units`` progress units each, and the run's progress at 0."""
+        self.trial_table.reset(list(precisions), units)
+        self.run_progress.setRange(0, units * len(precisions))
+        self.run_progress.setValue(0)
         self._latest_steps.clear()
-        self._progress_timer.start()  # the trial table follows at the redraw rate
-        self.tabs.setCurrentIndex(0)
-        self.statusBar().showMessage(f"Watching {self.watcher.path}…")
-        return True
+        self._phases.clear()
+        self._rounds = 1
 
-    def _on_watch_event(self, generation: int, event) -> None:
-        if self.record is None or generation != self.watcher.generation:
-            return  # queued by a watch that has been stopped since
-        if isinstance(event, RunStarted):
-            config = event.config
-            if config.get("source", "profile") == "profile":
-                # the form shows the watched run's settings, as for a run started here
-                self.config_panel.set_values(config)
-            self.statusBar().showMessage(
-                f"Watching run {event.run_id}: {config.get('model', 'n/a')}, "
-                f"{', '.join(config.get('precisions', []))}")
-            # a user's own loop has no untimed steps and no planned step count: 0, and the
-            # bars show busy instead of a share of an unknown total
-            steps = (trial_units(config) if config.get("source", "profile") == "profile"
-                     else config.get("warmup", 0) + config.get("steps", 0))
-            self.trial_table.reset(list(config.get("precisions", [])), steps)
-            self.run_progress.setRange(0, steps * len(config.get("precisions", [])))
-            self.run_progress.setValue(0)
-            self._phases.clear()
-            self._rounds = 1
-            self.setWindowTitle(f"AmpScope — watching run {event.run_id}")
-        self._on_event(event)
+    def start_progress(self) -> None:
+        """The trial table and progress bar follow the steps at the redraw rate."""
+        self._latest_steps.clear()
+        self._progress_timer.start()
 
-    def _on_watch_errored(self, message: str) -> None:
+    def stop_progress(self) -> None:
         self._progress_timer.stop()
-        if self.run_progress.maximum() == 0:  # the busy bar stops
-            self.run_progress.setRange(0, 1)
-            self.run_progress.setFormat("stopped watching")
-        if self.record is not None and self.record.run_id:
-            self.setWindowTitle(f"AmpScope — run {self.record.run_id} (interrupted)")
-        self._log("error", f"stopped watching: {message}")
-        self.statusBar().showMessage(f"Stopped watching: {message}")
-
-    def _on_watch_finished(self, generation: int) -> None:
-        record = self.record
-        if record is None or not record.run_id or generation != self.watcher.generation:
-            return
-        self._progress_timer.stop()
-        self._show_progress()
-        self.charts.finish()
-        self._show_results(record)
-        if record.finished_s is not None:
-            self._keep_in_history(record)
-        self.record_shown.emit(record)
 
     # --- showing records -----------------------------------------------------------------
 
-    def _show_results(self, record: RunRecord, only_shown: bool = False) -> None:
+    def show_results(self, record: RunRecord, only_shown: bool = False) -> None:
         """Rebuild the Compare and Model views (tens of ms each); during a run only the one
         on screen, the others when their tab is shown."""
         self._stale_views = {self.compare_view, self.model_view, self.kernel_view}
@@ -735,8 +600,7 @@ class MainWindow(QMainWindow):
         if self.worker.is_running():
             self.statusBar().showMessage("Stop the current run before opening another one.")
             return
-        self.watcher.stop()
-        self._watching = False
+        self.watch.stop()
         self.record = record
         config = record.config
         precisions = record_precisions(record)
@@ -753,8 +617,8 @@ class MainWindow(QMainWindow):
             self.charts.show_series(record, series)
         self.log.clear()
         for entry in record.logs:
-            self._log(entry.level, entry.message, entry.precision)
-        self._show_results(record)
+            self.log_line(entry.level, entry.message, entry.precision)
+        self.show_results(record)
         if record.numerics:
             self.numerics_view.show_numerics(record.numerics)
         else:
@@ -771,63 +635,19 @@ class MainWindow(QMainWindow):
         self.compare_view.show_record(record, note)
         self.tabs.setCurrentWidget(self.compare_view)
 
-    # --- files -------------------------------------------------------------------------
+    # --- files (gui/open_export.py, gui/watch_actions.py) -----------------------------
 
     def open_report(self, path: str | Path) -> bool:
-        """Start opening a JSON report or a run journal (.jsonl): it is read off the GUI
-        thread, with progress in the status bar; ``record_shown`` or ``open_failed``
-        follows. False if it cannot start now."""
-        from engine.record.journal import read_run
-
-        if self.report_loader.is_running() or self.worker.is_running():
-            self.statusBar().showMessage("Wait for the current run or report to finish first.")
-            return False
-        self.run_progress.setRange(0, 100)
-        self.run_progress.setFormat("opening %p%")
-        self.statusBar().showMessage(f"Opening {path}…")
-        self.report_loader.start(path, read_run)
-        return True
-
-    def _on_open_progress(self, stage: str, percent: int) -> None:
-        self.run_progress.setValue(percent)
-        self.statusBar().showMessage(f"Opening report: {stage}…")
-
-    def _on_report_loaded(self, path, record: RunRecord, series) -> None:
-        self.report_loader.join()
-        self.run_progress.setFormat("run %p%")
-        self.show_record(record, series)
-
-    def _on_open_failed(self, path, message: str) -> None:
-        self.report_loader.join()
-        self.run_progress.setFormat("run %p%")
-        # the previous run stays on show; the message names the file and the fault
-        self._log("error", f"could not open the report: {message}")
-        self.statusBar().showMessage(f"Could not open the report: {message}")
-        self.open_failed.emit(message)
+        return self.open_export.open_report(path)
 
     def export_run(self, path: str | Path) -> bool:
-        """Start writing the run on show to ``path`` off the GUI thread; ``exported`` or
-        ``export_failed`` follows. False if it cannot start now."""
-        if self.record is None:
-            self.statusBar().showMessage("Nothing to export yet: run or open a report first.")
-            return False
-        if self.report_writer.is_running():
-            self.statusBar().showMessage("Wait for the report being written to finish first.")
-            return False
-        self.statusBar().showMessage(f"Writing the report to {path}…")
-        self.report_writer.start(self.record, path)
-        return True
+        return self.open_export.export_run(path)
 
-    def _on_exported(self, written) -> None:
-        self.report_writer.join()
-        self.statusBar().showMessage(f"Report written to {written}")
-        self.exported.emit(written)
+    def export_chart(self, key: str, path: str | Path) -> Path:
+        return self.open_export.export_chart(key, path)
 
-    def _on_export_failed(self, path, message: str) -> None:
-        self.report_writer.join()
-        self._log("error", f"could not export to {path}: {message}")
-        self.statusBar().showMessage(f"Export failed: {message}")
-        self.export_failed.emit(message)
+    def watch_run(self, path: str | Path) -> bool:
+        return self.watch.watch_run(path)
 
     def chart_titles(self) -> dict[str, str]:
         titles = {f"live/{k}": f"Live: {title}" for k, (title, _, _) in LIVE_CHARTS.items()}
@@ -841,45 +661,6 @@ class MainWindow(QMainWindow):
         if group == "numerics":
             return self.numerics_view.histogram
         return (self.charts.plots if group == "live" else self.compare_view.plots)[name]
-
-    def export_chart(self, key: str, path: str | Path) -> Path:
-        """Write one chart as PNG or SVG (by the file's extension)."""
-        from gui.chart_export import export_chart  # pyqtgraph's exporters: not at start-up
-
-        return export_chart(self.chart(key), path)
-
-    def _ask_open_report(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open report", documents_dir(), OPEN_FILTER)
-        if path:
-            self.open_report(path)
-
-    def _ask_watch_run(self) -> None:
-        from engine.record.journal import runs_dir
-
-        path, _ = QFileDialog.getOpenFileName(self, "Watch run", str(runs_dir()),
-                                              "Run journals (*.jsonl);;All files (*)")
-        if path:
-            self.watch_run(path)
-
-    def _ask_export_run(self, kind: str) -> None:
-        name = f"ampscope-{self.record.run_id if self.record else 'run'}.{kind}"
-        path, _ = QFileDialog.getSaveFileName(self, "Export run", str(Path(documents_dir(), name)),
-                                              REPORT_FILTERS[kind])
-        if path:
-            if not path.lower().endswith(f".{kind}"):
-                path += f".{kind}"
-            self.export_run(path)
-
-    def _ask_export_chart(self, key: str) -> None:
-        name = key.replace("/", "-") + ".png"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chart",
-                                              str(Path(documents_dir(), name)),
-                                              "PNG image (*.png);;SVG image (*.svg)")
-        if path:
-            try:
-                self.export_chart(key, path)
-            except (OSError, ValueError) as exc:
-                self.statusBar().showMessage(f"Chart export failed: {exc}")
 
     # --- window state --------------------------------------------------------------------
 
@@ -898,7 +679,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:
         # a run in progress is stopped and its thread joined: nothing outlives the window
-        self.watcher.stop()
+        self.watch.stop()
         if self.worker.is_running():
             # a cancel lets the trial end at its next step, keeping what it held; one still
             # loading its model would not see it for seconds: its process is ended then

@@ -21,6 +21,13 @@ BUSY_COLOR = "#0072B2"  # a trial that is loading, warming up, measuring...
 PROBLEM_COLOR = "#C00000"
 
 
+def trial_units(config: dict, rounds: int = 1) -> int:
+    """Progress units of one precision: every step it runs, the untimed ones included
+    (each interleaved round warms up and runs its untimed steps again)."""
+    extras = 1 + (1 if config.get("profile_step", True) else 0)
+    return max(1, rounds * (config.get("warmup", 0) + extras) + config.get("steps", 0))
+
+
 class TrialTable(QTableWidget):
     def __init__(self, parent=None) -> None:
         super().__init__(0, len(HEADERS), parent)
