@@ -45,7 +45,6 @@ import hashlib
 import math
 import os
 import socket
-import statistics
 import sys
 import threading
 import time
@@ -74,17 +73,18 @@ from engine.core.events import (
 )
 from engine.core.recipes import recipe as recipe_of
 from engine.measure import flops as flops_mod
-from engine.measure import inventory, memtrack
+from engine.measure import inventory, memtrack, peak_choice
 from engine.measure.device import probe
 from engine.measure.environment import collect
+from engine.measure.memory_breakdown import watched_memory
 from engine.measure.monitor import Monitor
+from engine.measure.peaks import PeakLookup
 from engine.measure.peaks import mfu as mfu_of
-from engine.measure.peaks import peak_flops
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
 from engine.record.journal import JournalWriter, journal_path
 from engine.record.rank_journals import rank_journal_path
 from engine.record.run_record import RunRecord
-from engine.record.spread import step_spread
+from engine.record.summary import summarise
 
 SOURCE_LOOP = "user-loop"
 SOURCE_TRAINER = "user-trainer"
@@ -332,6 +332,7 @@ class Recorder:
         self._count_dtypes: Counter = Counter()  # ... and by peak dtype
         self.scoped_counting = False  # True: only counting() blocks count (the Trainer)
         self._flops: FlopsInfo | None = None
+        self._measured_flops: set = set()  # model FLOPs of the measured steps: one, or many
         self._model_flops_reason: str | None = None
         self._hooks: list = []
         self._forward_tokens: list = []
@@ -761,6 +762,8 @@ class Recorder:
         model_flops, formula = self._model_flops(tokens, p.seq_len)
         if self._flops is None and p.index >= COUNT_STEP:
             self._flops = self._flops_info(model_flops, formula)
+        if p.index > COUNT_STEP:
+            self._measured_flops.add(model_flops)
         seconds = step_ms / 1e3
         tflops = model_flops / seconds / 1e12 if model_flops and seconds > 0 else None
         mfu = mfu_of(tflops * 1e12, self._peak) if tflops is not None else None
@@ -867,10 +870,6 @@ class Recorder:
     def _begin_run(self) -> None:
         if self._run_begun:
             return
-        info = self.device_info  # a MIG slice's peak is its share of the GPU's SMs
-        self._peak = peak_flops(info.name if info.kind == "cuda" else None,
-                                recipe_of(self.precision).peak_dtype,
-                                sm_count=info.sm_count, mig=info.mig)
         config = {"model": self.name, "precisions": [self.precision],
                   "device": str(self.device), "source": self.source,
                   "recipe": self.describe_recipe()}
@@ -891,6 +890,14 @@ class Recorder:
                 self.record.apply(event)
             self._early = []
             self._run_begun = True  # from here on events go to the journal, not the buffer
+
+    @property
+    def _peak(self) -> PeakLookup:
+        """The datasheet peak MFU divides by, chosen as a profile trial's: a MIG slice's share
+        of its GPU's, blended by the dtypes the counting step's FLOPs ran in (the recipe's
+        dtype until that step is counted)."""
+        counted = self._counted.by_peak_dtype if self._counted is not None else {}
+        return peak_choice.datasheet_peak(self.device_info, recipe_of(self.precision), counted)
 
     def _emit(self, event) -> None:
         with self._lock:
@@ -1050,7 +1057,14 @@ class Recorder:
         known = params_bytes + grads + opt
         peak_alloc, peak_res, covers = self._alloc.stop()
         if self._measured is not None:
-            return self._watched_memory(peak_alloc, peak_res, covers)
+            return watched_memory(
+                self._measured,
+                f"engine.measure.memtrack over the user's step {COUNT_STEP} (untimed by the "
+                "summary): every storage from allocation to release; the largest sum of live "
+                "bytes", (peak_alloc, peak_res, covers),
+                "categories are what was held at the peak of the watched step; the batch made "
+                "by the loop's data loading counts as temporaries, weight copies are "
+                "autocast's cast weights")
         common = dict(
             params_bytes=params_bytes, grads_bytes=grads, optimizer_bytes=opt,
             activations_bytes=None,
@@ -1068,76 +1082,21 @@ class Recorder:
             temporaries_bytes=None, total_bytes=peak_alloc,
             total_method=f"torch.cuda.max_memory_allocated {covers}")
 
-    def _watched_memory(self, peak_alloc, peak_res, covers) -> MemoryBreakdown:
-        """The watched step's peak and who held it, as a profile trial's memory step."""
-        from engine.run.trial import breakdown_fields
-
-        fields = breakdown_fields(self._measured, (
-            f"engine.measure.memtrack over the user's step {COUNT_STEP} (untimed by the summary): "
-            "every storage from allocation to release; the largest sum of live bytes"))
-        notes = ("categories are what was held at the peak of the watched step; the batch "
-                 "made by the loop's data loading counts as temporaries, weight copies are "
-                 "autocast's cast weights")
-        if peak_alloc is None:
-            return MemoryBreakdown(**fields, notes=notes)
-        return MemoryBreakdown(
-            **fields, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_res,
-            notes=f"{notes}. torch.cuda.max_memory_allocated {covers} stands beside it: it "
-                  "also sees kernels' scratch memory that no tensor holds")
-
     def _summary(self) -> TrialSummary:
-        measured = [s for s in self.steps if not s.warmup]
-        # medians, as a profile trial's: one slow step (a checkpoint save, an evaluation)
-        # does not move them. A skipped step skips the optimiser: timed apart.
-        timed = [s for s in measured if not s.skipped]
-        median_ms = statistics.median(s.step_ms for s in timed) if timed else None
-        tokens = [s.tokens for s in measured]
-        known_tokens = bool(measured) and all(tokens)
-
-        def median(values):
-            return statistics.median(values) if timed and None not in values else None
-
-        tps = median([s.tokens_per_s for s in timed])
-        tflops = median([s.tflops for s in timed])
-        counted = self._counted.total if self._counted is not None else None
-        hw_tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
-        peak = getattr(self, "_peak", None)
-        mfu = mfu_of(tflops * 1e12, peak) if tflops is not None and peak else None
-        hfu = mfu_of(hw_tflops * 1e12, peak) if hw_tflops is not None and peak else None
-        if not measured:
-            reason = (f"no steps measured after the warm-up and FLOP-counting steps "
-                      f"(0..{COUNT_STEP})")
-        elif not timed:
-            reason = ("every measured step was skipped by the GradScaler (inf/NaN "
-                      "gradients), so there is no step time")
-        elif peak is not None and peak.flops_per_s is None:
-            reason = peak.reason
-        elif tflops is None:
-            reason = self._flops.analytic_formula if self._flops else "no model FLOPs"
-        else:
-            reason = None
-        last = self.steps[-1] if self.steps else None
-        same_tokens = known_tokens and len(set(tokens)) == 1
-        mem = self._memory()
-        return TrialSummary(
-            steps_measured=len(measured),
-            median_step_ms=median_ms,
-            tokens_per_s=tps,
-            tflops=tflops,
-            mfu=mfu,
-            mfu_reason=reason,
-            peak_flops=peak.flops_per_s if peak else None,
-            peak_flops_source=peak.source if peak else None,
-            peak_memory_bytes=mem.total_bytes,
-            peak_memory_method=mem.total_method,
-            skipped_steps=sum(1 for s in self.steps if s.skipped),
-            final_loss=last.loss if last else None,
-            final_loss_scale=last.loss_scale if last else None,
-            # its tokens/s interval assumes one token count per step
-            spread=step_spread(self.steps, tokens[0]) if same_tokens else None,
-            hardware_tflops=hw_tflops,
-            hfu=hfu,
+        tokens = [s.tokens for s in self.steps if not s.warmup]
+        # one token count (and one model FLOPs) for every measured step: divided by the
+        # median step time, as a profile trial's; where they vary, the steps' own medians
+        same_tokens = bool(tokens) and all(tokens) and len(set(tokens)) == 1
+        same_flops = len(self._measured_flops) == 1
+        return summarise(
+            self.steps, tokens_per_step=tokens[0] if same_tokens else None,
+            model_flops_per_step=next(iter(self._measured_flops)) if same_flops else None,
+            counted_flops_per_step=self._counted.total if self._counted is not None else None,
+            peak=self._peak, memory=self._memory(),
+            no_steps_reason=(f"no steps measured after the warm-up and FLOP-counting steps "
+                             f"(0..{COUNT_STEP})"),
+            no_flops_reason=self._flops.analytic_formula if self._flops else "no model FLOPs",
             # a user's loop is not paused for a matmul benchmark: profile trials measure it
-            mfu_measured_reason="MFU vs measured matmul peak is measured by main.py profile "
-                                "trials; a recorded loop divides by the datasheet peak only",
-        )
+            no_measured_peak_reason="MFU vs measured matmul peak is measured by main.py "
+                                    "profile trials; a recorded loop divides by the datasheet "
+                                    "peak only")

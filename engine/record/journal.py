@@ -19,7 +19,6 @@ import dataclasses
 import json
 import json.scanner
 import os
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from engine.core.events import (
 from engine.record import json_report
 from engine.record.columns import Columns, line_keys
 from engine.record.run_record import RunRecord
+from engine.record.summary import summarise
 from engine.record.validate import MAX_NAME, validate_event, validate_lab
 
 DATA_DIR_ENV = "AMPSCOPE_DATA_DIR"
@@ -419,28 +419,14 @@ def _tokens_per_step(config: dict) -> int | None:
 
 
 def summary_from_steps(steps: list[StepSample], tokens_per_step: int | None) -> TrialSummary:
-    """What the steps alone tell about a trial that never reported its own summary."""
-    # one step at a time: a read journal's steps are columns, built as events on demand
-    measured_ms = [s.step_ms for s in steps if not s.warmup]
-    median_ms = statistics.median(measured_ms) if measured_ms else None
-    tps = tokens_per_step / (median_ms / 1e3) if median_ms and tokens_per_step else None
-    last = steps[-1] if steps else None
-    return TrialSummary(
-        steps_measured=len(measured_ms),
-        median_step_ms=median_ms,
-        tokens_per_s=tps,
-        tflops=None,
-        mfu=None,
-        mfu_reason="the trial was interrupted before it reported its FLOPs",
-        mfu_measured_reason="the trial was interrupted before it reported its FLOPs",
-        peak_flops=None,
-        peak_flops_source=None,
-        peak_memory_bytes=None,
-        peak_memory_method="not measured: the trial was interrupted",
-        skipped_steps=sum(1 for s in steps if s.skipped and not s.warmup),
-        final_loss=last.loss if last else None,
-        final_loss_scale=last.loss_scale if last else None,
-    )
+    """What the steps alone tell about a trial that never reported its own summary, by the
+    builder a finished trial's summary comes from (no FLOPs, peak or memory reached disk)."""
+    interrupted = "the trial was interrupted before it reported its FLOPs and peak"
+    return summarise(steps, tokens_per_step=tokens_per_step, model_flops_per_step=None,
+                     counted_flops_per_step=None, peak=None,
+                     memory_reason="not measured: the trial was interrupted",
+                     no_steps_reason=interrupted, no_flops_reason=interrupted,
+                     no_measured_peak_reason=interrupted)
 
 
 def journaled_runs() -> list[Path]:

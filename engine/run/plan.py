@@ -500,7 +500,7 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
             except Exception as exc:  # a custom op without a fake kernel
                 reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
             else:
-                from engine.run.trial import breakdown_fields
+                from engine.measure.memory_breakdown import breakdown_fields
 
                 trace_s = time.perf_counter() - start
                 memory = MemoryBreakdown(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -45,11 +44,12 @@ from engine.core.recipes import (
     run_description,
 )
 from engine.measure import flops as flops_mod
-from engine.measure import inventory, matmul_peak, memtrack, nvml, quant_error
+from engine.measure import inventory, matmul_peak, memtrack, nvml, peak_choice, quant_error
 from engine.measure.device import DeviceInfo
 from engine.measure.gpm import GpmWindow
 from engine.measure.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_bytes, profile_step
-from engine.measure.peaks import PeakLookup, peak_flops, table
+from engine.measure.memory_breakdown import watched_memory
+from engine.measure.peaks import PeakLookup
 from engine.measure.peaks import mfu as mfu_of
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
 from engine.models.load import (
@@ -63,7 +63,7 @@ from engine.models.load import (
 )
 from engine.models.memory_model import predict_memory, with_errors
 from engine.models.memory_model import shape_of as memory_shape
-from engine.record.spread import step_spread
+from engine.record.summary import summarise
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
 
@@ -257,71 +257,17 @@ class _State:
         )
 
     def _summary(self) -> TrialSummary:
-        measured = [s for s in self.steps if not s.warmup]
-        # a skipped step skips the optimiser, so it is faster: timed apart, counted below
-        timed = [s for s in measured if not s.skipped]
-        median_ms = statistics.median(s.step_ms for s in timed) if timed else None
-        tokens = self.config.tokens_per_step
-        tps = tokens / (median_ms / 1e3) if median_ms else None
-        model = self.flops.analytic_per_step if self.flops else None
-        counted = self.flops.counted_per_step if self.flops else None
-        tflops = model / (median_ms / 1e3) / 1e12 if model and median_ms else None
-        hw_tflops = counted / (median_ms / 1e3) / 1e12 if counted and median_ms else None
-        peak = self.peak
-        mfu = mfu_of(tflops * 1e12, peak) if (tflops is not None and peak) else None
-        measured_peak = self.measured_peak
-        mfu_measured = (mfu_of(tflops * 1e12, measured_peak)
-                        if tflops is not None and measured_peak else None)
-        hfu = mfu_of(hw_tflops * 1e12, peak) if (hw_tflops is not None and peak) else None
-        if measured and not timed:
-            mfu_reason = ("every measured step was skipped by the GradScaler (inf/NaN "
-                          "gradients), so there is no step time")
-        elif peak is None:
-            mfu_reason = "no steps measured"
-        elif peak.flops_per_s is None:
-            mfu_reason = peak.reason
-        else:
-            mfu_reason = None if mfu is not None else "no steps measured"
-        if mfu_measured is not None:
-            measured_reason = None
-        elif measured_peak is not None and measured_peak.flops_per_s is None:
-            measured_reason = measured_peak.reason
-        else:  # no step time (the same reason as the datasheet MFU's) or no peak yet
-            measured_reason = (mfu_reason if measured and not timed
-                               else "no steps measured")
-        # bytes held at rest by a stopped trial are kept in ``memory``, never as its peak
-        mem = None if self.memory_at_rest else self.memory
-        last = self.steps[-1] if self.steps else None
-        joules, energy_steps, energy_method = self.energy
-        per_step = joules / energy_steps if joules is not None and energy_steps else None
-        return TrialSummary(
-            steps_measured=len(measured),
-            median_step_ms=median_ms,
-            tokens_per_s=tps,
-            tflops=tflops,
-            mfu=mfu,
-            mfu_reason=mfu_reason,
-            peak_flops=peak.flops_per_s if peak else None,
-            peak_flops_source=peak.source if peak else None,
-            peak_memory_bytes=mem.total_bytes if mem else None,
-            peak_memory_method=(mem.total_method if mem else
-                                "not measured: the run was stopped before the watched step"
-                                if self.memory_at_rest else "not measured"),
-            skipped_steps=sum(1 for s in measured if s.skipped),
-            final_loss=last.loss if last else None,
-            final_loss_scale=last.loss_scale if last else None,
-            energy_per_step_j=per_step,
-            energy_per_token_j=per_step / tokens if per_step is not None else None,
-            energy_method=energy_method,
-            spread=step_spread(self.steps, tokens),
-            distinct_batches=self.distinct_batches,
-            hardware_tflops=hw_tflops,
-            hfu=hfu,
-            mfu_measured=mfu_measured,
-            mfu_measured_reason=measured_reason,
-            measured_peak_flops=measured_peak.flops_per_s if measured_peak else None,
-            measured_peak_source=measured_peak.source if measured_peak else None,
-        )
+        flops = self.flops
+        return summarise(
+            self.steps, tokens_per_step=self.config.tokens_per_step,
+            model_flops_per_step=flops.analytic_per_step if flops else None,
+            counted_flops_per_step=flops.counted_per_step if flops else None,
+            peak=self.peak, measured_peak=self.measured_peak,
+            # bytes held at rest by a stopped trial are kept in ``memory``, never as its peak
+            memory=None if self.memory_at_rest else self.memory,
+            memory_reason=("not measured: the run was stopped before the watched step"
+                           if self.memory_at_rest else "not measured"),
+            energy=self.energy, distinct_batches=self.distinct_batches)
 
 
 def run_trial(
@@ -456,8 +402,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
         state.notes.append(f"emulated: {verdict.reason}")
     _probe(state, loaded, batches[0])
     _quant_error(state, model, batches[0], device)
-    state.peak = _peak(info, rec, state.flops.by_peak_dtype)
-    state.measured_peak = _measured_peak(rates, rec, state.flops.by_peak_dtype)
+    state.peak = peak_choice.datasheet_peak(info, rec, state.flops.by_peak_dtype)
+    state.measured_peak = peak_choice.measured_peak(rates, rec, state.flops.by_peak_dtype)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, state.optimizer,
                                           device.type))
     if state.compiled:
@@ -647,34 +593,6 @@ def _compiled_peak_only(model, optimizer, batch, alloc: AllocatorTracker, device
         activations_method=f"not measured: {why}",
         notes=f"{why}: the peak is the allocator's over the compiled steps; categories are "
               "what is held at rest")
-
-
-def _peak(info: DeviceInfo, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
-    """The peak MFU divides by: blended by the FLOPs each dtype ran (the recipe's own dtype
-    where the FLOPs could not be counted)."""
-    if info.kind != "cuda":
-        return peak_flops(None, rec.peak_dtype)
-    columns = table()["dtypes"]
-
-    def lookup(key: str) -> PeakLookup:
-        if key in columns:  # a MIG slice has only some of the SMs the table's peak is for
-            return peak_flops(info.name, key, sm_count=info.sm_count, mig=info.mig)
-        return PeakLookup(None, None, f"no peak FLOP/s column for {key} matmuls")
-
-    if not by_peak_dtype:
-        return lookup(rec.peak_dtype)
-    blend = flops_mod.blended_peak(by_peak_dtype, lookup)
-    return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
-
-
-def _measured_peak(measured: matmul_peak.MeasuredPeak, rec: Recipe,
-                   by_peak_dtype: dict) -> PeakLookup:
-    """This machine's measured matmul peak, blended by the step's dtype mix as the
-    datasheet peak is."""
-    if not by_peak_dtype:
-        return measured.lookup(rec.peak_dtype)
-    blend = flops_mod.blended_peak(by_peak_dtype, measured.lookup)
-    return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
 
 
 def _step(config: RunConfig, rec: Recipe, device: torch.device, model, params, optimizer,
@@ -888,29 +806,6 @@ def _memory_at_rest(model, optimizer, batch, device) -> MemoryBreakdown:
         notes="a stopped trial: its peak (activations, gradients in flight) was not measured")
 
 
-def breakdown_fields(measured: memtrack.MeasuredPeak, method: str) -> dict:
-    """MemoryBreakdown's fields from a watched step (measured here, or traced on fake
-    tensors by engine.run.plan)."""
-    at = measured.at_peak
-    return dict(
-        params_bytes=at["params"],
-        buffers_bytes=at["buffers"],
-        quant_state_bytes=at["quant_state"],
-        grads_bytes=at["grads"],
-        optimizer_bytes=at["optimizer"],
-        inputs_bytes=at["inputs"],
-        weight_copies_bytes=at["weight_copies"],
-        activations_bytes=at["activations"],
-        activations_method="storages made inside a module's forward (checkpointed layers' "
-                           "recomputed forward included) alive at the peak",
-        temporaries_bytes=at["temporaries"],
-        total_bytes=measured.peak_bytes,
-        total_method=method,
-        peak_phase=measured.phase,
-        at_phase_start_bytes=measured.at_phase_start,
-    )
-
-
 # the CPU peak is the dispatch-level tracker's: a buffer bitsandbytes allocates and frees
 # inside one of its ops is never seen (the audit of #23 found GPT-NeoX int8 with gradient
 # checkpointing 6.3% low, the other families under 1.5%); on CUDA the allocator's peak
@@ -927,28 +822,23 @@ def _memory(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: Devi
               "the largest sum of live bytes")
     if compiled:
         method += " (an eager step: compiled kernels fuse and may allocate less)"
-    fields = breakdown_fields(measured, method)
-    peak_alloc, peak_res, covers = alloc.stop()
-    if peak_alloc is None:  # the CPU, or no step ran before a cancel
-        return MemoryBreakdown(**fields, notes="categories are what was held at the peak; "
-                               "weight copies are autocast's cast (and bitsandbytes' "
-                               "dequantised) weights")
+    allocator = alloc.stop()
+    notes = ("categories are what was held at the peak; weight copies are autocast's cast "
+             "(and bitsandbytes' dequantised) weights")
+    if allocator[0] is None:  # the CPU, or no step ran before a cancel
+        return watched_memory(measured, method, allocator, notes)
     # NVML and the allocator read at the same moment, the GPU idle: the gap is what the
     # allocator does not hold (CUDA context, loaded kernels), not a peak-vs-now artefact
     torch.cuda.synchronize(info.torch_device)
     reserved_now = alloc.reserved_now()
     nvml_bytes, nvml_method = nvml.process_memory(info.nvml_handle(), {os.getpid()},
                                                   nvml_baseline_bytes)
-    return MemoryBreakdown(
-        **fields,
-        peak_allocated_bytes=peak_alloc,
-        peak_reserved_bytes=peak_res,
+    return watched_memory(
+        measured, method, allocator, notes,
+        gpu_notes=". Context gap = NVML process memory - allocator reserved, both read after "
+                  "the steps at the same moment",
         nvml_process_bytes=nvml_bytes,
         context_gap_bytes=nvml_bytes - reserved_now if nvml_bytes is not None else None,
         nvml_method=nvml_method,
         reserved_at_nvml_read_bytes=reserved_now,
-        notes="categories are what was held at the peak. torch.cuda.max_memory_allocated "
-              f"{covers} stands beside it: it also sees kernels' scratch memory (cuBLAS "
-              "workspaces) that no tensor holds. Context gap = NVML process memory - "
-              "allocator reserved, both read after the steps at the same moment",
     )

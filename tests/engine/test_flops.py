@@ -225,8 +225,8 @@ def test_blended_peak_is_the_harmonic_mix():
 def test_trial_mfu_peak_is_blended_by_the_dtypes_the_step_ran():
     from types import SimpleNamespace
 
+    from engine.measure.peak_choice import datasheet_peak as _peak
     from engine.measure.peaks import peak_flops
-    from engine.run.trial import _peak
 
     h100 = SimpleNamespace(kind="cuda", name="NVIDIA H100 80GB HBM3", sm_count=132, mig=False)
     int8, fp16 = (peak_flops(h100.name, k).flops_per_s for k in ("int8", "fp16"))

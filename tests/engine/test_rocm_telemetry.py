@@ -25,7 +25,7 @@ import torch
 import engine.measure.device as device_mod
 import engine.run.trial as trial_mod
 from engine.core.recipes import recipe
-from engine.measure import amd_smi, peaks
+from engine.measure import amd_smi, peak_choice, peaks
 from engine.measure.device import probe
 from engine.measure.monitor import Monitor
 from engine.measure.trackers import AmdSmiTracker
@@ -189,7 +189,7 @@ def test_the_mi300x_row_of_the_peak_table_is_the_trials_denominator(mi300x):
     _, info = mi300x
     row = next(g for g in peaks.table()["gpus"] if g["name"] == "AMD Instinct MI300X")
     for precision, dtype in (("bf16-amp", "bf16"), ("fp32", "fp32"), ("fp8", "fp8")):
-        got = trial_mod._peak(info, recipe(precision), {})
+        got = peak_choice.datasheet_peak(info, recipe(precision), {})
         assert got.flops_per_s == pytest.approx(row["peak_tflops"][dtype] * 1e12)
         assert got.source.startswith("AMD Instinct MI300X:")
 
