@@ -4,9 +4,12 @@ Trains the same GPT-2-shaped model (4 layers, 256 wide, batch 4 x 128 tokens) in
 alternating blocks with and without a Recorder (ABBA, so drift in the machine's
 speed hits both), collects garbage before each block, drops each block's first steps on
 both sides (the Recorder's step 1 counts FLOPs and watches memory), and prints the ratio of
-the median step times, with the load average (measure on an idle machine). Goal: <= 1.02.
+the median step times, the spread of the ratio over the block pairs, and the load average
+(measure on an idle machine). Goal: <= 1.02. The loop clips gradients at 1.0 as nanoGPT's
+train.py does by default (the Recorder reads clip_grad_norm_'s result); --clip 0 is the
+worst case, a loop that never computes the norm, so the Recorder measures it itself.
 
-    python benchmarks/recorder_overhead.py [--device cuda] [--blocks 12] [--steps 20]
+    python benchmarks/recorder_overhead.py [--device cuda] [--blocks 12] [--steps 20] [--clip 1.0]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def make_run(device):
     return model, opt, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
 
-def block(model, opt, batch, steps: int, device, recorder: bool) -> list[float]:
+def block(model, opt, batch, steps: int, device, recorder: bool, clip: float) -> list[float]:
     times = []
     gc.collect()  # the previous block's garbage (a finished Recorder's) is not this block's
     rec = ampscope.Recorder(model, opt) if recorder else None
@@ -53,6 +56,8 @@ def block(model, opt, batch, steps: int, device, recorder: bool) -> list[float]:
         t0 = time.perf_counter()
         loss = model(**batch).loss
         loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if rec:
@@ -70,18 +75,26 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--clip", type=float, default=1.0,
+                        help="clip_grad_norm_ at this norm, as nanoGPT (0: no clipping)")
     args = parser.parse_args()
     device = torch.device(args.device)
     model, opt, batch = make_run(device)
-    plain, recorded = [], []
+    plain, recorded, pairs = [], [], []
     for i in range(args.blocks):  # ABBA: each order equally often, so drift cancels
+        medians = {}
         for recorder in ((False, True) if i % 2 == 0 else (True, False)):
-            times = block(model, opt, batch, args.steps, device, recorder)
+            times = block(model, opt, batch, args.steps, device, recorder, args.clip)
             (recorded if recorder else plain).extend(times)
+            medians[recorder] = statistics.median(times)
+        pairs.append(medians[True] / medians[False])
     a, b = statistics.median(plain), statistics.median(recorded)
-    print(f"device {device}, {len(plain)} steps each, median step: without {a * 1e3:.2f} ms, "
-          f"with Recorder {b * 1e3:.2f} ms")
+    print(f"device {device}, clip {args.clip}, {len(plain)} steps each, median step: without "
+          f"{a * 1e3:.2f} ms, with Recorder {b * 1e3:.2f} ms")
     print(f"step-time ratio (with / without): {b / a:.3f}  (goal <= 1.02)")
+    low, high = min(pairs), max(pairs)
+    print(f"ratio per block pair: median {statistics.median(pairs):.3f}, "
+          f"range {low:.3f}..{high:.3f} over {len(pairs)} pairs")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if load is not None:  # other programs' load makes the ratio meaningless: say it
         print(f"1-minute load average at the end: {load:.2f} on {os.cpu_count()} cores")
