@@ -195,7 +195,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.tabs)
 
         self.run_progress = QProgressBar()
-        self.run_progress.setMaximumWidth(220)
+        self.run_progress.setMaximumWidth(110)
         self.run_progress.setFormat("run %p%")
         self.device_status = DeviceStatus()
         # permanent widgets: showMessage() would hide ordinary ones while it shows

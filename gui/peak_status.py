@@ -83,14 +83,20 @@ class PeakStatus(QWidget):
         return True
 
     def _show(self, measured: MeasuredPeak | None) -> None:
-        self.label.setText(peak_summary(measured))
+        summary = peak_summary(measured)
         if measured is None:
+            self.label.setText(summary)
             self.label.setToolTip("")
         else:
             from engine.measure import matmul_peak
 
-            self.label.setToolTip("\n".join(measured.lookup(d).source or measured.lookup(d).reason
-                                            for d in matmul_peak.DTYPES))
+            # the status bar also holds the device line and the run's message: the rates
+            # per dtype (a long line) are in the tooltip, the label says when they were taken
+            when = time.strftime("%H:%M", time.localtime(measured.measured_at_s))
+            self.label.setText(f"matmul peak {when}")
+            self.label.setToolTip("\n".join([summary, *(
+                measured.lookup(d).source or measured.lookup(d).reason
+                for d in matmul_peak.DTYPES)]))
         self.button.setText(MEASURE if measured is None else MEASURE_AGAIN)
 
     def _update_button(self) -> None:

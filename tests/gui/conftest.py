@@ -1,5 +1,6 @@
 """GUI tests run offscreen, with settings and history in a temporary folder."""
 
+import gc
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -36,3 +37,13 @@ def _device_probed_when_shown(qapp, monkeypatch):
 
     monkeypatch.setattr(MainWindow, "show", show)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _collect_windows_on_the_gui_thread():
+    """A test's window and views are reference cycles: collect them here, on the GUI thread,
+    after pytest-qt closed them. Left to the collector, they were destroyed in whichever thread
+    next triggered a collection, the next test's device-probe thread once, and a QObject's
+    destructor off the GUI thread waited for the GIL for ever (the suite hung)."""
+    yield
+    gc.collect()
