@@ -267,8 +267,14 @@ def verdict(record: RunRecord) -> Verdict:
 def _runner_up(row: ComparisonRow, best: ComparisonRow, groups: dict, base: ComparisonRow,
                lab: str | None) -> str:
     """Why the next candidate lost, in a phrase."""
+    judged = groups[row.precision] is not None and groups[best.precision] is not None
     same_speed = groups[row.precision] == groups[best.precision]
-    lead = f"{row.precision} is as fast but" if same_speed else f"{row.precision} is slower and"
+    if not judged:  # an emulated format has no speed to compare: never "as fast"
+        lead = f"{row.precision} (speed not judged)"
+        same_speed = True
+    else:
+        lead = (f"{row.precision} is as fast but" if same_speed
+                else f"{row.precision} is slower and")
     if row.peak_memory_bytes is not None and best.peak_memory_bytes is not None and \
             row.peak_memory_bytes - best.peak_memory_bytes >= \
             MEMORY_MIN_SAVING * base.peak_memory_bytes:
@@ -277,6 +283,8 @@ def _runner_up(row: ComparisonRow, best: ComparisonRow, groups: dict, base: Comp
         return f"{lead} skipped {row.skipped_steps} steps"
     if not same_speed:
         return f"{row.precision} is slower"
+    if not judged:
+        lead += ": where it is alike,"
     if lab == best.precision:
         return f"{lead} the numerics lab recommends {best.precision}"
     return f"{lead} its loss is further from fp32's"

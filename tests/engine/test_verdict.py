@@ -6,6 +6,8 @@ built with, not read back from engine.record.compare.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.core.events import HostLoad
@@ -107,6 +109,22 @@ def test_emulated_bf16_is_not_recommended_on_speed():
     v = verdict(record(fp32, bf16, bf16_hardware=False))
     assert v.precision == "fp32"
     assert any("bf16 is emulated" in r for r in v.reasons)
+
+
+def test_emulated_formats_are_never_called_as_fast_as_each_other():
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    fp8 = dataclasses.replace(trial("fp8", 60.0, 6 * GiB, 3.0001), support="emulated")
+    rowwise = dataclasses.replace(trial("fp8-rowwise", 60.0, 6 * GiB, 3.0005, seed=4),
+                                  support="emulated")
+    v = verdict(record(fp32, fp8, rowwise))
+    assert v.precision == "fp8"
+    assert "as fast" not in v.headline
+    assert v.headline.endswith("fp8-rowwise (speed not judged): where it is alike, its loss "
+                               "is further from fp32's")
+    bigger = dataclasses.replace(trial("fp8-rowwise", 60.0, 7 * GiB, 3.0, seed=4),
+                                 support="emulated")
+    v = verdict(record(fp32, fp8, bigger))
+    assert v.headline.endswith(f"fp8-rowwise (speed not judged) uses {format_bytes(GiB)} more")
 
 
 def test_lora_recipes_are_listed_apart():
