@@ -323,6 +323,7 @@ class Recorder:
         self._finished = False
         self._counter = None
         self._counted: flops_mod.Counted | None = None
+        self._peak_for: tuple | None = None  # (what it was chosen from, the PeakLookup)
         self._watcher: memtrack.MemoryWatcher | None = None  # over the counting step
         self._measured: memtrack.MeasuredPeak | None = None
         self._counted_reason = "the run ended before its FLOP-counting step (step 1) ended"
@@ -897,7 +898,11 @@ class Recorder:
         of its GPU's, blended by the dtypes the counting step's FLOPs ran in (the recipe's
         dtype until that step is counted)."""
         counted = self._counted.by_peak_dtype if self._counted is not None else {}
-        return peak_choice.datasheet_peak(self.device_info, recipe_of(self.precision), counted)
+        key = (self.precision, tuple(sorted(counted.items())))
+        if self._peak_for is None or self._peak_for[0] != key:  # once, not at every step
+            self._peak_for = (key, peak_choice.datasheet_peak(
+                self.device_info, recipe_of(self.precision), counted))
+        return self._peak_for[1]
 
     def _emit(self, event) -> None:
         with self._lock:
