@@ -64,6 +64,7 @@ from engine.models.load import (
 from engine.models.memory_model import predict_memory, with_errors
 from engine.models.memory_model import shape_of as memory_shape
 from engine.record.summary import summarise
+from engine.run.timed_memory import timed_peak
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
 
@@ -200,6 +201,7 @@ class _State:
     steps: list[StepSample] = field(default_factory=list)
     peak: object = None  # the datasheet peak (PeakLookup)
     measured_peak: PeakLookup | None = None  # this machine's measured matmul peak
+    common_peak: PeakLookup | None = None  # one denominator for every recipe on the device
     profiled: ProfiledStep | None = None
     profiled_reason: str | None = None
     gpm: GpmMetrics | None = None
@@ -254,19 +256,21 @@ class _State:
             support_reason=verdict.reason if verdict else None,
             quant_error=self.quant_error,
             quant_error_reason=None if self.quant_error else self.quant_error_reason,
+            compiled=self.compiled,
         )
 
     def _summary(self) -> TrialSummary:
         flops = self.flops
+        timed = timed_peak(self.memory, self.compiled)  # the compiled steps' peak, not eager's
         return summarise(
             self.steps, tokens_per_step=self.config.tokens_per_step,
             model_flops_per_step=flops.analytic_per_step if flops else None,
             counted_flops_per_step=flops.counted_per_step if flops else None,
-            peak=self.peak, measured_peak=self.measured_peak,
+            peak=self.peak, measured_peak=self.measured_peak, common_peak=self.common_peak,
             # bytes held at rest by a stopped trial are kept in ``memory``, never as its peak
-            memory=None if self.memory_at_rest else self.memory,
+            memory=None if self.memory_at_rest else timed[0],
             memory_reason=("not measured: the run was stopped before the watched step"
-                           if self.memory_at_rest else "not measured"),
+                           if self.memory_at_rest else timed[1] or "not measured"),
             energy=self.energy, distinct_batches=self.distinct_batches)
 
 
@@ -404,6 +408,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     _quant_error(state, model, batches[0], device)
     state.peak = peak_choice.datasheet_peak(info, rec, state.flops.by_peak_dtype)
     state.measured_peak = peak_choice.measured_peak(rates, rec, state.flops.by_peak_dtype)
+    state.common_peak = peak_choice.common_peak(info)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, state.optimizer,
                                           device.type))
     if state.compiled:
