@@ -649,6 +649,8 @@ def _report(args) -> int:
     from engine.record.journal import read_run
 
     record = read_run(args.source)
+    if record.repaired:
+        _say(f"ampscope: note: {record.repaired}", err=True)
     if not _write_report(record, out):
         return EXIT_FAILED
     _say(f"report of run {record.run_id} ({record.status}) written to {_written(out)}")

@@ -237,6 +237,7 @@ class LayerSqnr:
     format: str  # how the recipe rounds this layer's operands, e.g. "fp8 e4m3 tensorwise"
     weight_db: float | None
     input_db: float | None
+    reason: str | None = None  # an n/a dB that is no number (inf/NaN), not an exact one
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,7 @@ class QuantError:
     weight_min_db: float | None = None
     input_median_db: float | None = None
     input_min_db: float | None = None
+    reason: str | None = None  # layers whose SQNR is no number (left out of the above)
 
 
 @dataclass(frozen=True)
@@ -479,6 +481,7 @@ class GpmMetrics:
     window_s: float | None = None
     window: str = ""
     reason: str | None = None
+    na_reason: str | None = None  # which metrics are None with values around and why (NaN)
 
 
 @dataclass(frozen=True)
