@@ -466,6 +466,12 @@ class ProfiledStep:
     trace_file: str | None = None  # Chrome trace JSON of this step, when asked for
     memory_snapshot_file: str | None = None  # CUDA allocator snapshot, when asked for
     odd_gemms: list[GemmShapeTime] = field(default_factory=list)  # most time first
+    # the shares' basis (engine/measure/step_basis.py): on a GPU, shares of the measured
+    # median step, step_ms being that median; None where no measured step was known
+    measured_step_ms: float | None = None
+    profiled_step_ms: float | None = None  # the profiled step's own span (GPU) or wall (CPU)
+    kernel_busy_ms: float | None = None  # GPU: union of the profiled step's kernel time
+    basis_note: str | None = None  # the profiled kernels' time is >10% off the measured step
 
 
 @dataclass(frozen=True)
