@@ -400,6 +400,12 @@ class TrialSummary:
     mfu_measured_reason: str | None = None
     measured_peak_flops: float | None = None
     measured_peak_source: str | None = None
+    # the same model FLOPs against one denominator for every recipe on the device
+    # (engine.measure.peaks.COMMON_CONVENTION): "MFU vs common 16-bit peak" wherever shown
+    mfu_common: float | None = None
+    mfu_common_reason: str | None = None
+    common_peak_flops: float | None = None
+    common_peak_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -602,6 +608,9 @@ class TrialResult:
     # None with ``quant_error_reason`` where the recipe rounds nothing or it was not measured
     quant_error: QuantError | None = None
     quant_error_reason: str | None = None
+    # whether the timed steps ran under torch.compile (fp8 compiles by default on a GPU
+    # whatever the run's --compile); None: the trial never reached its steps, older reports
+    compiled: bool | None = None
 
 
 @dataclass(frozen=True)
