@@ -40,6 +40,9 @@ def add_plan_parser(sub) -> None:
                         "traced figures (repeatable); the run history is searched as well")
     p.add_argument("--no-history", action="store_true",
                    help="do not look for measured trials in this machine's run history")
+    p.add_argument("--compile", action="store_true",
+                   help="the card runs the step under torch.compile: the roofline counts a "
+                        "fused step's traffic (float8 recipes always do)")
     p.add_argument("--no-levers", action="store_true",
                    help="judge only the recipes asked: do not plan the changes (gradient "
                         "checkpointing, a low-bit optimizer, a quantised recipe, FSDP2) that "
@@ -67,7 +70,8 @@ def run_plan(args: argparse.Namespace) -> int:
                         nproc_per_node=args.nproc_per_node,
                         cards=cards, context_bytes=parse_bytes(args.cuda_context),
                         max_batch=args.max_batch, measured=tuple(args.measured),
-                        history=not args.no_history, levers=not args.no_levers)
+                        history=not args.no_history, levers=not args.no_levers,
+                        compile=args.compile)
     check_model(config.model, config.seq_len)  # bad input exits 2 before any tracing
 
     def log(msg: str) -> None:
@@ -91,7 +95,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def plan_html(result) -> str:
     """The answer first: recipe x card, fits or not, with headroom."""
     from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
-    from engine.run.plan import duration_text, size_text
+    from engine.run.plan import duration_text, measured_over_predicted, size_text
 
     cards = [c.card for c in result.trials[0].cards] if result.trials else []
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cards)
@@ -106,6 +110,8 @@ def plan_html(result) -> str:
                 step = ("" if c.predicted_step_ms is None else
                         f"; step {duration_text(c.predicted_step_ms)} predicted "
                         f"({c.bound}-bound)")
+                ratio = measured_over_predicted(t, c)
+                step += "" if ratio is None else f", measured / predicted {ratio:.2f}"
                 cells.append(f"<td>{word}, headroom {c.headroom_bytes / 2**30:.2f} GiB"
                              f"{step}</td>")
         peak = (f"{size_text(t.memory.total_bytes)} ({t.method})" if t.memory
@@ -137,7 +143,8 @@ def _measured_cell(trial) -> str:
     m = trial.measured
     if m is None:
         return "none in the run history"
-    return html.escape(f"{size_text(m.memory.total_bytes)} (run {m.run_id}, {m.device})")
+    step = "" if m.step_ms is None else f", step {m.step_ms:.1f} ms (median)"
+    return html.escape(f"{size_text(m.memory.total_bytes)} (run {m.run_id}, {m.device}{step})")
 
 
 def _side_by_side_html(result) -> str:

@@ -79,6 +79,7 @@ class PlanConfig:
     measured: tuple[str, ...] = ()
     history: bool = True  # look in the journaled runs of this machine for measured trials
     levers: bool = True  # plan the changes that would make it fit (engine.run.plan_answer)
+    compile: bool = False  # the card runs the step compiled: the roofline's fused traffic
 
     def __post_init__(self) -> None:
         from engine.models.presets import get_preset
@@ -529,7 +530,8 @@ def _plan(config: PlanConfig, log) -> PlanResult:
         peaks: dict[int, int | None] = {}
         by_dtype: dict = {}
         bytes_moved = fused = None
-        compiled = recipe(base_precision(precision)).fp8  # float8 runs compiled on a card
+        # float8 runs compiled on a card (it is fast only compiled), others with --compile
+        compiled = config.compile or recipe(base_precision(precision)).fp8
         memory, method, trace_s = None, "traced", None
         buckets = 0  # DDP's gradient buckets, held beside the traced step
         if reason is None:
@@ -696,6 +698,18 @@ def side_by_side(trial: PlanTrial) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def measured_over_predicted(trial: PlanTrial, card: CardVerdict) -> float | None:
+    """The measured twin's median step over this card's roofline, where the twin ran on
+    this card (a lower bound holds when it is 1 or more); None otherwise."""
+    m = trial.measured
+    if m is None or m.step_ms is None or card.predicted_step_ms is None:
+        return None
+    ran_on = peak_entry(m.device)
+    if ran_on is None or ran_on["name"] != peak_entry(card.card)["name"]:
+        return None
+    return m.step_ms / card.predicted_step_ms
+
+
 def _measured_lines(trial: PlanTrial) -> list[str]:
     m = trial.measured
     if m is None:
@@ -704,6 +718,8 @@ def _measured_lines(trial: PlanTrial) -> list[str]:
     lines = [f"  traced vs measured: run {m.run_id} on {m.device}", f"    from {m.source}",
              f"    {'':<14}{'traced':>12}{'measured':>12}{'traced vs measured':>20}"]
     lines += [f"    {row:<14}{t:>12}{r:>12}{d:>20}" for row, t, r, d in side_by_side(trial)]
+    if m.step_ms is not None:
+        lines.append(f"    step: measured {duration_text(m.step_ms)} (median) on {m.device}")
     return lines
 
 
@@ -746,7 +762,9 @@ def format_plan(result: PlanResult) -> str:
                     if c.predicted_step_ms is not None else c.prediction_model)
             nominal = (" (the datasheet's nominal capacity: CUDA reports less)"
                        if c.memory_kind == "datasheet" else "")
+            ratio = measured_over_predicted(trial, c)
+            ratio = "" if ratio is None else f"; measured / predicted {ratio:.2f}"
             lines.append(f"  {c.card}: {verdict} in {_gib(c.usable_bytes)} usable{nominal}, "
                          f"{room} {_gib(abs(c.headroom_bytes))}; largest micro-batch {batch}; "
-                         f"predicted step {step}")
+                         f"predicted step {step}{ratio}")
     return "\n".join(lines)
