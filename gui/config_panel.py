@@ -100,6 +100,20 @@ def describe(name: str) -> str:
     return f"{name}: {text.partition(': ')[2] if keep else text}"
 
 
+# the recipes' "compiled by default" clause (engine.core.recipes): float8 emulated on this
+# device runs uncompiled (engine.core.recipes.compiles), so its hint says that instead
+_COMPILED_CLAUSE = re.compile(r"[;,]? *(step )?\bcompiled( with torch\.compile)?( by default)?"
+                              r"( \([^)]*\))?(?=$|[;,.])")
+
+
+def uncompiled(description: str) -> str:
+    """A precision's line as it runs emulated: without its claim to be compiled."""
+    if not _COMPILED_CLAUSE.search(description):
+        return description
+    return _COMPILED_CLAUSE.sub("", description).rstrip(" ;,") + "; runs uncompiled here " \
+        "(emulated float8 is slow either way)"
+
+
 def _swatch(color: QColor) -> QIcon:
     pixmap = QPixmap(12, 12)
     pixmap.fill(color)
@@ -501,8 +515,8 @@ class ConfigPanel(QWidget):
                 item.setToolTip(f"{what}\n{name} cannot run here: {reason}")
             else:
                 item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
-                item.setToolTip(f"{what}\n{name} runs emulated here: {verdict.reason}"
-                                if emulated else what)
+                item.setToolTip(f"{uncompiled(what)}\n{name} runs emulated here: "
+                                f"{verdict.reason}" if emulated else what)
         self.precisions.blockSignals(False)
 
     def _on_edit(self, *_args) -> None:
