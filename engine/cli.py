@@ -201,6 +201,9 @@ def _profile(args) -> int:
         from engine.measure.device import probe
 
         matmul_peak.forget(probe(config.device))
+    from engine.run.fits import refuse_if_too_big
+
+    refuse_if_too_big(config)  # a run bigger than the free memory is refused, with figures
     from engine.run.runner import Runner
 
     progress = _Progress(config, enabled=not args.quiet)

@@ -72,7 +72,7 @@ FIELD_OF_FLAG = {
     "--interleave": "Interleave precisions", "--rounds": "rounds",
     "--strategy": "Strategy", "--nproc-per-node": "Ranks per node",
     "--reduce-dtype": "Reduce gradients in", "--isolation": "Isolation",
-    "--compile": "torch.compile",
+    "--compile": "torch.compile", "--grad-checkpointing": "Gradient checkpointing",
 }
 _FLAG = re.compile(r"--[a-z0-9-]+")
 _FLAG_WITH_VALUE = re.compile(r"set (--[a-z0-9-]+) (\S+)")
@@ -86,6 +86,7 @@ def in_form_words(message: str) -> str:
                      message)
 
 
+MAX_INT = 2**31 - 1  # the largest a QSpinBox holds
 DEVICES = ("auto", "cpu", "cuda")
 RUN_WHILE_PROBING = ("auto", "cpu")
 RUN_OPTIMIZER = "(the run's optimizer)"
@@ -209,7 +210,9 @@ class ConfigPanel(QWidget):
         self.precisions.itemEntered.connect(self._describe_precision)
         self.precisions.currentItemChanged.connect(self._describe_precision)
 
-        self.batch_size = _spin(1, 65536, defaults.batch_size)
+        # no silent ceiling: a batch too big for the machine is refused at Run, with the
+        # predicted memory against the free memory (engine.run.fits)
+        self.batch_size = _spin(1, MAX_INT, defaults.batch_size)
         self.seq_len = _spin(1, 1 << 20, defaults.seq_len)
         self.steps = _spin(1, 1_000_000, defaults.steps)
         self.warmup = _spin(0, 100_000, defaults.warmup)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
+    QApplication,
     QHBoxLayout,
     QLabel,
     QMainWindow,
@@ -48,7 +49,7 @@ from engine.record.compare import record_precisions
 from engine.record.run_record import RunRecord
 from gui import settings
 from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS, device_kind
-from gui.config_panel import ConfigPanel
+from gui.config_panel import ConfigPanel, in_form_words
 from gui.device_status import DeviceStatus
 from gui.fit_view import FitView
 from gui.history import HistoryError, HistoryStore
@@ -195,6 +196,7 @@ class MainWindow(QMainWindow):
         self.lab_worker = LabWorker(self)
         self.lab_worker.finished.connect(self._on_lab_finished)
         self.lab_worker.errored.connect(self._on_lab_errored)
+        self.lab_worker.stopped.connect(self._on_lab_stopped)
         self.tabs.addTab(self._holder("numerics_view"), "Numerics")
         self.kernel_view = KernelView()
         self.tabs.addTab(self.kernel_view, "Kernels")
@@ -279,6 +281,10 @@ class MainWindow(QMainWindow):
 
         view = NumericsView()
         view.run_requested.connect(self.start_lab)
+        view.stop_requested.connect(self.stop_lab)
+        view.show_inputs(self.config_panel.form_values())
+        self.config_panel.changed.connect(
+            lambda: view.show_inputs(self.config_panel.form_values()))
         view.set_busy(self.worker.is_running() or self.lab_worker.is_running())
         return view
 
@@ -384,6 +390,11 @@ class MainWindow(QMainWindow):
                 self.say(f"Run refused: {message}", "error")
                 return False
             settings.save_config_dict(self.config_panel.saved_values())
+        refusal = self._too_big(config)
+        if refusal is not None:
+            self.log_line("error", refusal)
+            self.say(refusal, "error")
+            return False
         self.record = RunRecord(config=config.to_dict())
         self._show_origin(None)
         self.notice.hide()
@@ -398,6 +409,21 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage("Starting the run…")
         self.setWindowTitle("AmpScope — new run")
         return True
+
+    def _too_big(self, config: RunConfig, what: str = "Run") -> str | None:
+        """Why ``config`` is refused for the memory it would need (engine.run.fits), or None;
+        a prediction that cannot be made is logged and does not stop the run."""
+        from engine.run.fits import check
+
+        self.statusBar().showMessage("Checking that the run fits in the free memory…")
+        QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+        try:
+            fit = check(config)
+        finally:
+            QApplication.restoreOverrideCursor()
+        if fit.note:
+            self.log_line("info", fit.note)
+        return None if fit.fits else f"{what} refused: {in_form_words(fit.refusal())}"
 
     def stop_run(self) -> None:
         if self.worker.is_running():
@@ -583,10 +609,27 @@ class MainWindow(QMainWindow):
         if self.lab_worker.is_running() or self.worker.is_running() or self.peak_status.is_busy():
             return False
         values = self.config_panel.form_values()
+        from gui.numerics_view import lab_inputs
+
+        try:  # the lab trains one step of the Run tab's model: it must fit, like a run
+            config = RunConfig(model=values["model"], precisions=(precision,),
+                               batch_size=values["batch_size"], seq_len=values["seq_len"],
+                               device=values["device"],
+                               trust_remote_code=values["trust_remote_code"])
+            refusal = self._too_big(config, "Numerics lab")
+        except ValueError as exc:
+            refusal = f"Numerics lab refused: {self.config_panel.error() or exc}"
+        if refusal is not None:
+            self.numerics_view.set_busy(False, refusal)
+            self.log_line("error", refusal)
+            self.say(refusal, "error")
+            return False
         trials = None
         if self.record is not None and not self.worker.is_running():
             trials = [to_dict(t) for t in self.record.trials]  # the advice cites them
-        self.numerics_view.set_busy(True, f"Running the numerics lab for {precision}…")
+        self.numerics_view.set_busy(True)
+        self.numerics_view.lab_started(
+            f"Running the numerics lab for {precision} ({lab_inputs(values)})…")
         self.lab_worker.start(
             model=values["model"], precision=precision, device=values["device"],
             batch_size=values["batch_size"], seq_len=values["seq_len"], trials=trials,
@@ -594,8 +637,21 @@ class MainWindow(QMainWindow):
         self._update_buttons()
         return True
 
+    def stop_lab(self) -> None:
+        if self.lab_worker.is_running():
+            self.numerics_view.stop_button.setEnabled(False)
+            self.lab_worker.stop()
+
+    def _on_lab_stopped(self) -> None:
+        self.lab_worker.join()
+        self.numerics_view.set_busy(False)
+        self.numerics_view.lab_ended("Numerics lab stopped: its process was ended, nothing "
+                                     "was measured.")
+        self._update_buttons()
+
     def _on_lab_finished(self, numerics: dict) -> None:
         self.lab_worker.join()
+        self.numerics_view.lab_ended()
         self.numerics_view.set_busy(False)
         self._update_buttons()
         self.numerics_view.show_numerics(numerics)
@@ -611,9 +667,11 @@ class MainWindow(QMainWindow):
 
     def _on_lab_errored(self, message: str) -> None:
         self.lab_worker.join()
+        self.numerics_view.lab_ended()
         self.numerics_view.set_busy(False, f"Numerics lab failed: {message.splitlines()[0]}")
         self._update_buttons()
         self.log_line("error", f"numerics lab: {message}")
+        self.say(f"Numerics lab failed: {message}", "error")
 
     def log_line(self, level: str, message: str, precision: str | None = None) -> None:
         where = f"[{precision}] " if precision else ""
