@@ -46,8 +46,15 @@ def free_bytes(device: str) -> tuple[int | None, str]:
     if device.startswith("cuda"):
         import torch
 
+        from engine.measure import nvml
+        from engine.measure.device import probe
+
         index = torch.device(device).index or 0
-        free, _total = torch.cuda.mem_get_info(index)
+        # NVML first: torch's mem_get_info would create a CUDA context in this process,
+        # holding memory the trials' processes then lack
+        handle = probe(f"cuda:{index}").nvml_handle()
+        memory = nvml.query("nvmlDeviceGetMemoryInfo", handle) if handle is not None else None
+        free = memory.free if memory is not None else torch.cuda.mem_get_info(index)[0]
         return int(free), f"cuda:{index}"
     import psutil
 
@@ -78,7 +85,7 @@ def check(config: RunConfig) -> FitCheck:
                 "cuda" if device.startswith("cuda") else "cpu").total_bytes
             if largest is None or predicted > largest[0]:
                 largest = (predicted, precision)
-    except (ValueError, OSError, KeyError, ImportError, RuntimeError) as exc:
+    except Exception as exc:  # noqa: BLE001 (the run itself reports what is wrong, better)
         return FitCheck(None, None, None, device, f"memory not predicted: {exc}")
     free, name = free_bytes(device)
     return FitCheck(largest[1], largest[0], free, name)
