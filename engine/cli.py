@@ -564,8 +564,8 @@ def _footprint(args) -> int:
 def _presets(args) -> int:
     from engine.models.presets import param_count, presets
 
-    _say("counting each preset's parameters (built on the meta device, no weights)...",
-         err=True)
+    _say("counting each preset's parameters (one and two layers built on the meta device, "
+         "no weights)...", err=True)
     items = []
     for i, p in enumerate(presets(), 1):
         _say(f"[{i}/{len(presets())}] {p.name}", err=True)
