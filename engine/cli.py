@@ -201,6 +201,9 @@ def _profile(args) -> int:
         from engine.measure.device import probe
 
         matmul_peak.forget(probe(config.device))
+    from engine.run.fits import refuse_if_too_big
+
+    refuse_if_too_big(config)  # a run bigger than the free memory is refused, with figures
     from engine.run.runner import Runner
 
     progress = _Progress(config, enabled=not args.quiet)
@@ -561,8 +564,8 @@ def _footprint(args) -> int:
 def _presets(args) -> int:
     from engine.models.presets import param_count, presets
 
-    _say("counting each preset's parameters (built on the meta device, no weights)...",
-         err=True)
+    _say("counting each preset's parameters (one and two layers built on the meta device, "
+         "no weights)...", err=True)
     items = []
     for i, p in enumerate(presets(), 1):
         _say(f"[{i}/{len(presets())}] {p.name}", err=True)
