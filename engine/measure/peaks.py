@@ -137,6 +137,8 @@ class CardMemory:
     name: str  # the table's name, with the size variant where the GPU comes in several
     memory_bytes: int | None  # as CUDA reports it (total_memory); None: no source gives it
     source: str  # where the figure comes from, or why there is none
+    # "cuda": a printout of total_memory; "datasheet": the nominal capacity, more than CUDA's
+    kind: str | None = None
 
 
 def card_memory(card: str) -> CardMemory | None:
@@ -159,7 +161,8 @@ def card_memory(card: str) -> CardMemory | None:
 
 def _card_memory(name: str, row: dict) -> CardMemory:
     if row.get("memory_bytes") is not None:
-        return CardMemory(name, int(row["memory_bytes"]), row["memory_source"])
+        return CardMemory(name, int(row["memory_bytes"]), row["memory_source"],
+                          row.get("memory_kind", "cuda"))
     nominal = row.get("memory_nominal_gb")
     known = f" (nominal {nominal} GB: {row.get('memory_note')})" if nominal else ""
     return CardMemory(name, None, f"{name} has no memory size as CUDA reports it in "

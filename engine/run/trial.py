@@ -58,6 +58,7 @@ from engine.measure.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_by
 from engine.measure.memory_breakdown import watched_memory
 from engine.measure.peaks import PeakLookup
 from engine.measure.peaks import mfu as mfu_of
+from engine.measure.step_basis import against_measured, measured_median_ms
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
 from engine.models.load import (
     dims,
@@ -527,9 +528,9 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
                              memtrack.quant_state_tensors(model),
                              list(optimizer.state.values()), batches)
     try:
-        state.profiled = profile_step(
+        state.profiled = against_measured(profile_step(
             lambda: _step(config, rec, device, model, params, optimizer, scaler, batches, i),
-            device, live, trace, snapshot)
+            device, live, trace, snapshot), measured_median_ms(state.steps))
     except Exception as exc:
         state.profiled_reason = f"the profiled step failed: {type(exc).__name__}: {exc}"
         log(state.profiled_reason, "warning")
