@@ -442,6 +442,16 @@ def oom_batch(info, model: str = "gpt2", seq_len: int = 1024) -> tuple[int | Non
     return None, f"no batch up to 4096 x {seq_len} is predicted past {OOM_MARGIN} x memory"
 
 
+def oom_refusal(batch: int, device: str):
+    """engine.run.fits' verdict (what ``profile`` checks before any trial) on gpt2 fp32 at
+    ``batch`` x 1024."""
+    from engine.core.config import RunConfig
+    from engine.run.fits import check
+
+    return check(RunConfig(model="gpt2", precisions=("fp32",), batch_size=batch, seq_len=1024,
+                           device=device))
+
+
 def failures_then_ok(info) -> list[Check]:
     """An OOM the memory model predicted, then a device-side assert, each ending only its
     own trial process; then one ordinary trial runs."""
@@ -451,6 +461,11 @@ def failures_then_ok(info) -> list[Check]:
                     f">= {OOM_MARGIN} x the GPU's memory at a batch <= 4096",
                     f"{said} ({time.perf_counter() - t0:.1f} s)", batch is not None)]
     if batch is not None:
+        fit = oom_refusal(batch, "cuda")
+        checks.append(Check("profile refuses that run before it starts (engine.run.fits)",
+                            "refused, with both figures", fit.refusal() if not fit.fits
+                            else f"not refused ({fit.note or 'predicted to fit'})", not fit.fits))
+        # the refusal is the CLI's: the Runner below runs it anyway, to see the OOM is real
         a = _run(precisions=("fp32",), batch_size=batch, seq_len=1024, steps=1,
                  warmup=1).trials[0]
         checks.append(Check(f"gpt2 fp32 at batch {batch} x 1024 runs out of memory, as "

@@ -16,10 +16,9 @@ from engine.measure.peaks import common_peak
 from engine.record.journal import read_run
 from engine.record.summary import summarise
 from engine.run.timed_memory import timed_peak
+from tests.engine import h200
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "tests" / "data" / "h200-2026-11-27"
-TRIMMED = DATA / "trimmed"
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_acceptance as acc  # noqa: E402
 
@@ -51,7 +50,7 @@ def test_every_band_is_under_2x_wide_and_holds_what_the_h200_measured():
 
 
 def test_sweep_checks_pass_on_the_h200_sweep():
-    record = read_run(TRIMMED / "01-gpt2-fp32_tf32_fp16-amp_bf16-amp_fp16_bf16.json")
+    record = h200.report(h200.SWEEP)
     checks = _by_name(acc.sweep_checks(record))
     for name in ("GPT-2 124M, batch 8 x 1024: every recipe runs",
                  "counted FLOPs identical across recipes", "bf16-amp MFU, eager",
@@ -74,25 +73,26 @@ def test_sweep_checks_pass_on_the_h200_sweep():
 @pytest.mark.parametrize(("report", "label"), [("02-gpt2-bf16-amp.json", "bf16-amp"),
                                                ("02-gpt2-fp8.json", "fp8")])
 def test_compiled_peak_check_fails_the_recorded_eager_peak_and_passes_the_fix(report, label):
-    trial = read_run(TRIMMED / report).trials[0]
+    trial = h200.report(report).trials[0]
     assert acc.compiled_peak_check(trial, label).passed is False  # the bug as recorded
     fixed = acc.compiled_peak_check(_as_now(trial, True), label)
     assert fixed.passed is True and "compiled True" in fixed.measured
 
 
 def test_compiled_mfu_and_fp8_share_pass_on_the_h200_runs():
-    bf16 = read_run(TRIMMED / "02-gpt2-bf16-amp.json")
+    bf16 = h200.report("02-gpt2-bf16-amp.json")
     assert acc.compiled_check(bf16)[0].passed is True
-    fp8 = read_run(TRIMMED / "02-gpt2-fp8.json").trials[0]
+    fp8 = h200.report("02-gpt2-fp8.json").trials[0]
     share = acc.fp8_share_check(fp8, 8 * 1024)
     assert share.passed is True and share.measured.startswith("0.999")
 
 
 def test_the_nvml_check_fails_the_nan_the_h200_gpm_returned():
-    raw = json.loads((DATA / "nvml-samples-with-nan.json").read_text())["monitor_samples"]
+    # as NVML gave them: the middle one's idle GPM window answered NaN
+    raw = h200.raw("02-gpt2-bf16-amp.json")["monitor_samples"][278:281]
     samples = [MonitorSample(**m) for m in raw]
     assert math.isnan(samples[1].gpm_dram_bw_util_pct)
-    record = read_run(TRIMMED / "02-gpt2-bf16-amp.json")
+    record = h200.report("02-gpt2-bf16-amp.json")
     gpm = _by_name(acc.nvml_check(dataclasses.replace(record, monitor_samples=samples)))
     check = gpm["NVML GPM fields finite or n/a"]
     assert check.passed is False and "gpm_dram_bw_util_pct" in check.measured
@@ -113,6 +113,10 @@ def test_the_oom_check_asks_the_memory_model_first():
     assert batch == 2 ** math.ceil(math.log2(acc.OOM_MARGIN * H200().total_memory_bytes
                                              / per_sample))
     assert batch == 128 and said.startswith("batch 128 x 1024: predicted")
+    # the engine's own pre-run check (what profile refuses by) agrees, here on the CPU's RAM
+    refused = acc.oom_refusal(batch, "cpu")
+    assert refused.predicted_bytes >= acc.OOM_MARGIN * H200().total_memory_bytes
+    assert refused.fits is (refused.predicted_bytes <= refused.free_bytes)
 
 
 def test_groups_past_the_budget_are_skipped_and_said_and_the_last_keeps_its_time(tmp_path):

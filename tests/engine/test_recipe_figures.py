@@ -1,7 +1,7 @@
 """Figures a user compares across recipes: a compiled trial's peak memory is its compiled
 steps' (not the eager memory step's), every table says per trial whether it ran compiled,
 and MFU has one common denominator beside each recipe's own peak. Fed with the real H200
-reports (tests/data/h200-2026-11-27/trimmed) and checked on the CPU through the CLI."""
+reports (tests/data/h200-2026-11-27/reports) and checked on the CPU through the CLI."""
 
 import dataclasses
 import json
@@ -19,10 +19,9 @@ from engine.record.journal import read_run
 from engine.record.summary import summarise
 from engine.report.csv_io import comparison_path
 from engine.run.timed_memory import timed_peak
+from tests.engine import h200
 
 ROOT = Path(__file__).resolve().parents[2]
-H200 = ROOT / "tests" / "data" / "h200-2026-11-27" / "trimmed"
-SWEEP = H200 / "01-gpt2-fp32_tf32_fp16-amp_bf16-amp_fp16_bf16.json"
 
 
 def _resummarised(trial, compiled, peak=None):
@@ -38,7 +37,7 @@ def _resummarised(trial, compiled, peak=None):
                          [("02-gpt2-bf16-amp.json", 13.07, 7.12),
                           ("02-gpt2-fp8.json", 12.90, 6.10)])
 def test_a_compiled_trial_reports_its_compiled_steps_peak_h200(report, eager_gb, compiled_gb):
-    trial = read_run(H200 / report).trials[0]
+    trial = h200.report(report).trials[0]
     assert trial.memory.total_bytes / 1e9 == pytest.approx(eager_gb, abs=0.01)  # eager step
     # independently: the allocator's peak each measured step recorded
     timed = max(s.allocated_bytes for s in trial.steps if not s.warmup)
@@ -52,9 +51,9 @@ def test_a_compiled_trial_reports_its_compiled_steps_peak_h200(report, eager_gb,
 
 
 def test_the_verdicts_memory_saving_reads_the_compiled_peak_h200():
-    sweep = read_run(SWEEP)
+    sweep = h200.report(h200.SWEEP)
     fp32 = sweep.trial("fp32")
-    bf16 = read_run(H200 / "02-gpt2-bf16-amp.json").trials[0]
+    bf16 = h200.report("02-gpt2-bf16-amp.json").trials[0]
     bf16 = dataclasses.replace(bf16, summary=_resummarised(bf16, compiled=True), compiled=True)
     record = dataclasses.replace(sweep, trials=[fp32, bf16])
     rows = {r.precision: r for r in comparison_rows(record)}
@@ -69,7 +68,7 @@ def test_the_verdicts_memory_saving_reads_the_compiled_peak_h200():
 
 
 def test_common_mfu_ranks_recipes_as_their_speed_does_h200():
-    sweep = read_run(SWEEP)
+    sweep = h200.report(h200.SWEEP)
     peak = common_peak(sweep.environment["device"]["name"])
     assert peak.flops_per_s == pytest.approx(989.4e12)  # H200 SXM, bf16 dense
     common, own = {}, {}

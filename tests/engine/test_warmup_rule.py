@@ -10,12 +10,11 @@ from pathlib import Path
 from engine.core.config import MIN_WARMUP, WARMUP_RAISED_NOTE, RunConfig
 from engine.core.events import StepSample
 from engine.measure.device import probe
-from engine.record.journal import read_run
 from engine.record.summary import summarise
 from engine.run.trial import run_trial
+from tests.engine import h200
 
 ROOT = Path(__file__).resolve().parents[2]
-FP8_EAGER = ROOT / "tests" / "data" / "h200-2026-11-27" / "trimmed" / "01-gpt2-fp8.json"
 
 
 def _trial(warmup):
@@ -46,7 +45,7 @@ def test_a_stated_warmup_is_kept_and_not_noted():
 def test_the_h200_fp8_eager_median_held_its_first_step():
     """What the rule changes on the real run: 4 measured steps with no warm-up put the
     212 ms first step into the median (158.9 ms); it belongs to the warm-up."""
-    trial = read_run(FP8_EAGER).trials[0]
+    trial = h200.report("01-gpt2-fp8.json").trials[0]
     times = [s.step_ms for s in trial.steps]
     assert round(times[0]) == 212 and not trial.steps[0].warmup
     assert round(trial.summary.median_step_ms, 2) == 158.93
