@@ -30,7 +30,6 @@ import json
 import math
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -38,6 +37,7 @@ from torch import nn
 from engine.core.config import STATE_OPTIMIZERS
 from engine.core.events import MemoryBreakdown, PredictedMemory
 from engine.core.recipes import Recipe
+from engine.core.resources import RESOURCES
 from engine.measure import inventory
 
 FP32 = 4
@@ -50,7 +50,7 @@ ADAM8_QMAPS = 2 * 256 * FP32  # the two shared 256-entry quantisation maps
 TORCHAO_STATE = {"adamw8bit-ao": (8, 256, 256 * FP32), "adamw4bit": (4, 128, 16 * FP32),
                  "adamw-fp8": (8, 256, 0)}
 TORCHAO_MIN_SIZE = 4096  # torchao quantises state tensors of at least this many elements
-CALIBRATION = Path(__file__).resolve().parents[2] / "resources" / "activation_calibration.json"
+CALIBRATION = RESOURCES / "activation_calibration.json"
 LAYER_BASIS = ("hidden", "attention_width", "kv_width", "mlp_width", "scores", "heads", "one")
 OUTER_BASIS = ("hidden", "vocab", "one")
 
