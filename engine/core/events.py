@@ -142,13 +142,16 @@ class StepSample:
     hfu: float | None = None  # hardware FLOPs (counted, recompute included) / time / peak
     tokens: int | None = None  # tokens this step trained on (user runs: padding excluded)
     learning_rate: float | None = None  # user runs: the optimiser's lr at this step
-    # user runs: where the step's time went (they add up to step_ms; None: not seen)
+    # user runs: where the step's time went (with eval_ms they add up to step_ms; None: not seen)
     data_ms: float | None = None  # step start to the first training forward
     forward_ms: float | None = None  # inside the model's training forwards
     backward_ms: float | None = None  # each forward's end to the next forward or optimizer step
     optimizer_ms: float | None = None  # the optimizer step's start to the step's end
     # tflops / the device's measured matmul peak (engine.measure.matmul_peak), blended alike
     mfu_measured: float | None = None
+    # user runs: an evaluation inside the step (model.eval() or no_grad forwards and what
+    # runs between them), a part of step_ms the other four leave out
+    eval_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -400,6 +403,12 @@ class TrialSummary:
     mfu_measured_reason: str | None = None
     measured_peak_flops: float | None = None
     measured_peak_source: str | None = None
+    # the same model FLOPs against one denominator for every recipe on the device
+    # (engine.measure.peaks.COMMON_CONVENTION): "MFU vs common 16-bit peak" wherever shown
+    mfu_common: float | None = None
+    mfu_common_reason: str | None = None
+    common_peak_flops: float | None = None
+    common_peak_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -602,6 +611,9 @@ class TrialResult:
     # None with ``quant_error_reason`` where the recipe rounds nothing or it was not measured
     quant_error: QuantError | None = None
     quant_error_reason: str | None = None
+    # whether the timed steps ran under torch.compile (fp8 compiles by default on a GPU
+    # whatever the run's --compile); None: the trial never reached its steps, older reports
+    compiled: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -390,6 +390,8 @@ def _summary(trial: TrialResult) -> str:
     if s is None:
         return '<p class="na">n/a: the trial has no measured steps</p>'
     mfu = _mfu_cell(s.mfu, s.peak_flops, s.peak_flops_source, s.mfu_reason)
+    mfu_common = _mfu_cell(s.mfu_common, s.common_peak_flops, s.common_peak_source,
+                           s.mfu_common_reason)
     mfu_measured = _mfu_cell(s.mfu_measured, s.measured_peak_flops, s.measured_peak_source,
                              s.mfu_measured_reason)
     hfu = (_e(format_cell("hfu", s.hfu)) if s.hfu is not None
@@ -401,6 +403,8 @@ def _summary(trial: TrialResult) -> str:
         ("throughput", _e(format_cell("tokens_per_s", s.tokens_per_s))),
         ("achieved TFLOP/s, model FLOPs", _number(s.tflops)),
         ("achieved TFLOP/s, hardware FLOPs", _number(s.hardware_tflops)),
+        ("MFU vs common 16-bit peak (one denominator for every recipe on the device)",
+         mfu_common),
         ("MFU vs datasheet peak (model FLOPs, no recompute)", mfu),
         ("MFU vs measured matmul peak (the same FLOPs)", mfu_measured),
         ("HFU (hardware FLOPs, recompute included)", hfu),
