@@ -22,6 +22,7 @@ from engine.core.config import (
     RunConfig,
     parse_precisions,
     recipe_name,
+    warmup_steps,
 )
 
 EXIT_FAILED = 1  # trials failed, or the report could not be written
@@ -451,7 +452,7 @@ class _Progress:
         self.config = config
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
-        self.total = config.warmup + config.steps
+        self.total = warmup_steps(config.warmup) + config.steps
         self.index = 0
 
     def __call__(self, event) -> None:
@@ -471,7 +472,7 @@ class _Progress:
             self.index = event.index + 1
             part = f" round {event.round + 1}/{event.rounds}" if event.rounds > 1 else ""
             # every round warms up again
-            self.total = event.rounds * self.config.warmup + self.config.steps
+            self.total = event.rounds * warmup_steps(self.config.warmup) + self.config.steps
             self._line(f"[{self.index}/{event.total}] {event.precision}{part}: loading", end=True)
         elif isinstance(event, StepSample):
             kind = "warm-up" if event.warmup else "step"
