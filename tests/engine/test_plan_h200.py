@@ -118,7 +118,7 @@ def test_cli_shows_measured_over_predicted_beside_a_trial_of_the_same_card(tmp_p
     """The H200's own GPT-2 fp32 report at 2 x 128 named with --measured: the H200's line
     shows its median step over the roofline (at least 1: a lower bound), the RTX 4090's
     (another card) none; the traced peak equals the card's within 2%."""
-    report = ROOT / "tests" / "data" / "h200_plan" / "06-gpt2-fp32.json"
+    report = ROOT / "tests" / "data" / "h200-2026-11-27" / "reports" / "06-gpt2-fp32.json"
     real = json.loads(report.read_text(encoding="utf-8"))["trials"][0]
     out = tmp_path / "plan.json"
     run = subprocess.run([sys.executable, "main.py", "plan", "--model", "gpt2", "--precision",
