@@ -369,7 +369,8 @@ class MainWindow(QMainWindow):
             self.device_status.show_run(None)
             self.origin_banner.hide()
         else:
-            self.device_status.show_run(run_summary(record))
+            # the status bar is one line: the precisions are in every tab
+            self.device_status.show_run(run_summary(record, with_precisions=False))
             self.origin_banner.setText(
                 f"Showing a report from {run_device(record)} (run {record.run_id}). The form "
                 f"below is for a new run on this machine ({here or 'device not probed yet'}).")
