@@ -201,7 +201,9 @@ class CompareView(QWidget):
         # the datasheet peak where a trial has one; else the measured matmul peak (a CPU)
         kind = "datasheet" if any(values[p].mfu is not None for p in labels) or not any(
             values[p].mfu_measured is not None for p in labels) else "measured"
-        field = "mfu" if kind == "datasheet" else "mfu_measured"
+        if any(values[p].mfu_common is not None for p in labels):
+            kind = "common"  # one denominator: recipes compare like with like
+        field = {"datasheet": "mfu", "measured": "mfu_measured", "common": "mfu_common"}[kind]
         self.plots["mfu"].setTitle(html.escape(MFU_TITLES[kind]), size="10pt")
         mfu = [None if getattr(values[p], field) is None else getattr(values[p], field) * 100
                for p in labels]

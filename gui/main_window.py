@@ -45,6 +45,7 @@ from engine.core.events import (
     TrialStarted,
     to_dict,
 )
+from engine.core.versions import warning_line
 from engine.record.compare import record_precisions
 from engine.record.run_record import RunRecord
 from gui import settings
@@ -242,6 +243,9 @@ class MainWindow(QMainWindow):
         self._update_buttons()
         if self.history.notice:
             self._say_problem(self.history.notice)
+        outside = warning_line()  # a library outside the tested range: said once, then on
+        if outside:
+            self._say_problem(outside)
 
     # --- views built after the first paint ----------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -24,13 +25,40 @@ class Preset:
 
 
 @cache
+def _data() -> dict:
+    return json.loads((RESOURCES / "presets.json").read_text(encoding="utf-8"))
+
+
+@cache
 def presets() -> tuple[Preset, ...]:
-    data = json.loads((RESOURCES / "presets.json").read_text(encoding="utf-8"))
-    return tuple(Preset(**item) for item in data["presets"])
+    return tuple(Preset(**item) for item in _data()["presets"])
+
+
+@cache
+def aliases() -> dict[str, str]:
+    """Other spellings users type (``llama2-7b``, ``gpt2-small``), lower-cased, to the
+    preset's name."""
+    return {k.lower(): v for k, v in _data().get("aliases", {}).items()}
 
 
 def get_preset(name: str) -> Preset | None:
-    return next((p for p in presets() if p.name == name), None)
+    """The preset ``name`` names: its own name or an alias, in any case."""
+    key = name.strip().lower()
+    key = aliases().get(key, key)
+    return next((p for p in presets() if p.name.lower() == key), None)
+
+
+def did_you_mean(name: str) -> str:
+    """'; did you mean X or Y?' for presets whose names (or aliases) are close to ``name``;
+    empty when none is."""
+    key = name.strip().lower()
+    choices = {p.name.lower(): p.name for p in presets()} | aliases()
+    close = dict.fromkeys(choices[c] for c in difflib.get_close_matches(
+        key, list(choices), n=6, cutoff=0.75))
+    if not close:
+        return ""
+    *rest, last = list(close)[:3]
+    return f"; did you mean {', '.join(rest) + ' or ' if rest else ''}{last}?"
 
 
 @cache
