@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.test_h200_reports import unpack
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((ROOT / "tests" / "data" / "h200_plan" / "h200_trials.json")
                   .read_text(encoding="utf-8"))
@@ -118,7 +120,7 @@ def test_cli_shows_measured_over_predicted_beside_a_trial_of_the_same_card(tmp_p
     """The H200's own GPT-2 fp32 report at 2 x 128 named with --measured: the H200's line
     shows its median step over the roofline (at least 1: a lower bound), the RTX 4090's
     (another card) none; the traced peak equals the card's within 2%."""
-    report = ROOT / "tests" / "data" / "h200-2026-11-27" / "reports" / "06-gpt2-fp32.json"
+    report = unpack("06-gpt2-fp32.json", tmp_path)  # the real report, gzipped in tests/data
     real = json.loads(report.read_text(encoding="utf-8"))["trials"][0]
     out = tmp_path / "plan.json"
     run = subprocess.run([sys.executable, "main.py", "plan", "--model", "gpt2", "--precision",
