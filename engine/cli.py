@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.peak_cli import add_peak_parser
 
     add_peak_parser(sub)
+    from engine.trace_cli import add_trace_parser
+
+    add_trace_parser(sub)
     return parser
 
 
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
                    "numerics": _numerics, "report": _report, "fit": _fit,
-                   "watch": _watch, "plan": _plan, "peak": _peak}[args.command]
+                   "watch": _watch, "plan": _plan, "peak": _peak,
+                   "trace": _trace}[args.command]
         return handler(args)
     except ValueError as exc:
         _say(f"ampscope: error: {exc}", err=True)
@@ -721,6 +725,12 @@ def _peak(args) -> int:
     from engine.peak_cli import run_peak
 
     return run_peak(args)
+
+
+def _trace(args) -> int:
+    from engine.trace_cli import run_trace
+
+    return run_trace(args)
 
 
 def _plan(args) -> int:
