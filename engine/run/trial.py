@@ -20,7 +20,9 @@ from engine.core.config import TORCHAO_STEP, RunConfig, base_precision
 from engine.core.events import (
     FlopsInfo,
     GpmMetrics,
+    HeldOutLoss,
     LogEvent,
+    LostUpdates,
     MemoryBreakdown,
     ModuleInfo,
     ParamInfo,
@@ -44,6 +46,7 @@ from engine.core.recipes import (
     run_description,
 )
 from engine.measure import flops as flops_mod
+from engine.measure import heldout as held_out
 from engine.measure import inventory, matmul_peak, memtrack, nvml, peak_choice, quant_error
 from engine.measure.device import DeviceInfo
 from engine.measure.gpm import GpmWindow
@@ -63,6 +66,7 @@ from engine.models.load import (
 )
 from engine.models.memory_model import predict_memory, with_errors
 from engine.models.memory_model import shape_of as memory_shape
+from engine.numerics import lost_updates
 from engine.record.summary import summarise
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
@@ -213,6 +217,11 @@ class _State:
     lora: dict | None = None
     quant_error: QuantError | None = None
     quant_error_reason: str | None = "not measured: the trial ended before its first step"
+    heldout_before: float | None = None
+    heldout: HeldOutLoss | None = None
+    heldout_reason: str = "not measured: the trial ended before its untimed tail"
+    lost_updates: LostUpdates | None = None
+    lost_updates_reason: str = "not measured: the trial ended before its untimed tail"
 
     def phase(self, emit, phase: str) -> None:
         emit(PhaseChanged(self.rec.precision, phase, time.time(), self.round_index))
@@ -254,6 +263,10 @@ class _State:
             support_reason=verdict.reason if verdict else None,
             quant_error=self.quant_error,
             quant_error_reason=None if self.quant_error else self.quant_error_reason,
+            lost_updates=self.lost_updates,
+            lost_updates_reason=None if self.lost_updates else self.lost_updates_reason,
+            heldout_loss=self.heldout,
+            heldout_loss_reason=None if self.heldout else self.heldout_reason,
         )
 
     def _summary(self) -> TrialSummary:
@@ -402,6 +415,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
         state.notes.append(f"emulated: {verdict.reason}")
     _probe(state, loaded, batches[0])
     _quant_error(state, model, batches[0], device)
+    held = held_out.batches(loaded.config, loaded.task, config, device)
+    state.heldout_before = held_out.loss(model, rec, held, device)
     state.peak = peak_choice.datasheet_peak(info, rec, state.flops.by_peak_dtype)
     state.measured_peak = peak_choice.measured_peak(rates, rec, state.flops.by_peak_dtype)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, state.optimizer,
@@ -454,7 +469,31 @@ def _measure(state: _State, emit, cancelled) -> bool:
     elif not cancelled():
         state.phase(emit, "profiled step")
         _profiled_step(state, step_model, params, optimizer, scaler, batches, log)
+    if not cancelled():
+        _untimed_tail(state, model, params, optimizer, scaler, batches[0], held)
     return False
+
+
+def _untimed_tail(state: _State, model, params, optimizer, scaler, batch, held) -> None:
+    """After every step: the held-out loss, then the step that counts lost updates (it puts
+    the weights back). A failure here costs only these figures."""
+    config, device = state.config, state.device_info.torch_device
+    try:
+        after = held_out.loss(model, state.rec, held, device)
+        steps = config.warmup + config.steps + 1 + (state.profiled is not None)
+        state.heldout = held_out.result(state.heldout_before, after, held, steps)
+    except Exception as exc:
+        state.heldout_reason = f"the held-out forward failed: {type(exc).__name__}: {exc}"
+    try:
+        state.lost_updates, reason = lost_updates.measure_trial(
+            model, params, optimizer, state.optimizer, scaler, state.rec, batch, device,
+            config.lr)
+        state.lost_updates_reason = reason or ""
+    except Exception as exc:
+        optimizer.zero_grad(set_to_none=True)
+        state.lost_updates_reason = (f"the lost-update step failed: {type(exc).__name__}: "
+                                     f"{exc}")
+    _release(device)
 
 
 def _compile_counts() -> tuple[int, dict]:
