@@ -65,15 +65,18 @@ def test_no_fp32_baseline_is_no_recommendation():
     assert v.precision is None and "no fp32 trial" in v.headline
 
 
-@pytest.mark.parametrize("fp16_loss", [float("nan"), 3.0 + 0.5])
-def test_diverged_fp16_is_never_recommended_however_fast(fp16_loss):
+@pytest.mark.parametrize(("fp16_loss", "judged_as"),
+                         [(float("nan"), "diverged"), (3.0 + 0.5, "learned less")])
+def test_diverged_fp16_is_never_recommended_however_fast(fp16_loss, judged_as):
     fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
     bf16 = trial("bf16-amp", 60.0, 6 * GiB, 3.01)
     fp16 = trial("fp16", 30.0, 4 * GiB, fp16_loss)  # faster and smaller, but diverged
     v = verdict(record(fp32, bf16, fp16))
     assert v.precision == "bf16-amp"
     judged = {f.precision: f.judgement for f in v.figures}
-    assert judged == {"fp32": "baseline", "bf16-amp": "recommended", "fp16": "diverged"}
+    assert judged == {"fp32": "baseline", "bf16-amp": "recommended", "fp16": judged_as}
+    # pure fp16 weights with no lost-update measurement are named in the headline too
+    assert "Not recommended: fp16 (pure fp16 weights, no fp32 master copy" in v.headline
 
 
 def test_nothing_better_recommends_fp32_and_says_why_not_the_others():
