@@ -21,11 +21,11 @@ import torch
 from torch import nn
 
 from engine.core.events import LostUpdateGroup, LostUpdates
+from engine.numerics.lost_updates_text import STOCHASTIC
 
 # an LR schedule's floor: nanoGPT's and GPT-3's cosine schedules decay to a tenth of the peak
 MIN_LR_FRACTION = 0.1
 GROUPS = ("embeddings", "norms", "matmul weights", "other")
-STOCHASTIC = ("adamw-bf16-sr",)  # optimisers that round bf16 weights stochastically
 SUPPORTED = ("adamw", "sgd", "adamw-bf16-sr")
 METHOD = (
     "one untimed optimiser step after the measured ones, from the trial's own optimiser "
@@ -185,16 +185,6 @@ def measure(model: nn.Module, params: list[torch.Tensor], optimizer, optimizer_n
         min_lr_norm_share=at_min["all"].shares()[1],
         min_lr_kept_share=at_min["all"].shares()[2],
         groups=by_group)
-
-
-def lost_share(lu: LostUpdates, at_min_lr: bool = True) -> float | None:
-    """The share of the update a recipe loses, as the verdict weighs it: the norm share for
-    round-to-nearest; for stochastic rounding, which keeps updates on average, what the
-    projection misses (1 - kept_share, at least 0)."""
-    if lu.rounding == "stochastic":
-        kept = lu.min_lr_kept_share if at_min_lr else lu.kept_share
-        return None if kept is None else max(0.0, 1.0 - kept)
-    return lu.min_lr_norm_share if at_min_lr else lu.norm_share
 
 
 def measure_trial(model: nn.Module, params: list[torch.Tensor], optimizer, optimizer_name: str,

@@ -7,18 +7,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
+from engine.core.config import recipe_name, split_label
 from engine.core.events import TrialResult
-from engine.core.recipes import recipe
-from engine.numerics.lost_updates import STOCHASTIC, lost_share
+from engine.numerics.lost_updates_text import STOCHASTIC, lost_share
 from engine.record.run_record import RunRecord
 
 # what to train in instead of pure low-precision weights
 REMEDY = {"bf16": "bf16-amp, or bf16+adamw-bf16-sr (stochastic rounding)",
           "fp16": "fp16-amp or bf16-amp (fp32 master weights)"}
-# about where an update rounds away: half the spacing, relative to the weight
-ROUNDS_AWAY = {torch.bfloat16: "2^-8", torch.float16: "2^-11"}
+# the recipes whose trained weights are stored in 16 bits with no fp32 master copy, and about
+# where an update rounds away (half the spacing, relative to the weight); no torch here, so
+# the window's first paint does not load it
+ROUNDS_AWAY = {"bf16": "2^-8", "fp16": "2^-11"}
+FP16_TINY = 2.0**-14  # fp16's smallest normal: Adam's epsilon in pure fp16 (engine.run.trial)
 
 
 @dataclass(frozen=True)
@@ -68,26 +69,16 @@ def loss_rule(record: RunRecord, baseline: str, share: float, min_drop: float) -
         None)
 
 
-def _recipe(trial: TrialResult):
-    try:
-        return recipe(trial.precision)
-    except ValueError:  # a user's own label (Recorder runs)
-        return None
-
-
-def _low_weights(trial: TrialResult):
-    """The recipe of a trial whose trained weights are stored in bf16/fp16, else None."""
-    rec = _recipe(trial)
-    if rec is None or rec.lora or rec.weight_dtype not in ROUNDS_AWAY:
-        return None
-    return rec
+def _pure(trial: TrialResult) -> str | None:
+    """"bf16" or "fp16" for a recipe that trains 16-bit weights with no master copy."""
+    name = recipe_name(trial.precision)
+    return name if name in ROUNDS_AWAY else None
 
 
 def lost_updates_reason(trial: TrialResult, most: float) -> tuple[str, str, str] | None:
     """(judgement, note, the headline's phrase) when the trial's lost updates rule it out."""
-    rec = _low_weights(trial)
-    name = "bf16" if rec is not None and rec.weight_dtype == torch.bfloat16 else "fp16"
-    remedy = REMEDY[name]
+    name = _pure(trial)
+    remedy = REMEDY[name or "bf16"]
     lu = trial.lost_updates
     if lu is not None:
         share = lost_share(lu)
@@ -98,10 +89,10 @@ def lost_updates_reason(trial: TrialResult, most: float) -> tuple[str, str, str]
         lose = f"would lose {share:.0%} of its updates at lr {lu.min_lr:g}"
         return ("loses updates", f"{lose} ({how}; more than {most:.0%}): train in {remedy}",
                 f"{trial.precision} {lose}: train in {remedy}")
-    if rec is None or rec.master_weights or (rec.optimizer or "") in STOCHASTIC:
+    if name is None or (split_label(trial.precision)[1] or "") in STOCHASTIC:
         return None
     away = (f"pure {name} weights, no fp32 master copy: an update under about "
-            f"{ROUNDS_AWAY[rec.weight_dtype]} of a weight rounds away")
+            f"{ROUNDS_AWAY[name]} of a weight rounds away")
     return "not measured", (
         f"{away}, and this report did not measure the lost-update share: profile it again "
         f"with this AmpScope to measure it, or train in {remedy}"), (
@@ -116,14 +107,10 @@ def excluded_text(excluded: dict[str, str]) -> str:
 
 def changed_optimizer(trial: TrialResult, optimizer: str = "adamw") -> str | None:
     """The optimiser change a recipe forced (pure fp16 raises Adam's epsilon), or None."""
-    rec = _low_weights(trial)
-    name = (rec.optimizer or optimizer) if rec is not None else optimizer
-    if rec is None or name == "sgd" or torch.tensor(1e-8, dtype=rec.weight_dtype).item() != 0:
+    if _pure(trial) != "fp16" or (split_label(trial.precision)[1] or optimizer) == "sgd":
         return None
-    dtype = str(rec.weight_dtype).removeprefix("torch.")
-    eps = torch.finfo(rec.weight_dtype).tiny
-    return (f"a changed optimizer: Adam's epsilon raised from 1e-8 to {eps:.2g} (1e-8 rounds "
-            f"to 0 in {dtype})")
+    return (f"a changed optimizer: Adam's epsilon raised from 1e-8 to {FP16_TINY:.2g} (1e-8 "
+            "rounds to 0 in float16)")
 
 
 def changed_optimizers(record: RunRecord) -> list[str]:
