@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from engine.core.events import TrialResult
 from engine.measure.contention import CONTENTION_RULE, contention_problems
+from engine.numerics.lost_updates_text import cell as lost_cell
 from engine.record import spread
 from engine.record.run_record import RunRecord
 
@@ -50,6 +51,8 @@ class ComparisonRow:
     final_loss_diff_vs_fp32: float | None  # final loss minus fp32's final loss
     # GPU energy per token over fp32's (NVML energy counter); None without a counter
     energy_per_token_vs_fp32: float | None = None
+    # the share of an update 16-bit weights lost at the smallest lr (lost_updates_text.cell)
+    lost_updates: str | None = None
 
 
 def baseline_label(record: RunRecord) -> str:
@@ -134,6 +137,7 @@ def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) ->
         final_loss_diff_vs_fp32=loss_diff,
         energy_per_token_vs_fp32=_ratio(s.energy_per_token_j if s else None,
                                         b.energy_per_token_j if b else None),
+        lost_updates=lost_cell(trial) or None,
     )
 
 
@@ -371,12 +375,13 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
     ("skipped_steps", "Skipped steps", lambda v: f"{v:d}"),
     ("final_loss_diff_vs_fp32", "Final loss vs fp32", lambda v: f"{v:+.4f}"),
     ("energy_per_token_vs_fp32", "Energy/token vs fp32", lambda v: f"{v:.2f}x"),
+    ("lost_updates", "Lost updates (min lr)", str),
     ("reason", "Reason", str),
 ]
 """(row field, header, formatter of a non-None value), in display order."""
 
 _FORMATTERS = {key: fmt for key, _, fmt in COLUMNS}
-_TEXT_KEYS = {"precision", "status", "trained", "reason", "speed_verdict"}
+_TEXT_KEYS = {"precision", "status", "trained", "reason", "speed_verdict", "lost_updates"}
 
 
 def format_cell(key: str, value) -> str:
