@@ -7,7 +7,7 @@ update; stochastic rounding (``+adamw-bf16-sr``) keeps each update on average.
 
 The measurement, in an untimed step after the measured ones: one backward on a training
 batch, then, at each learning rate, (1) the *intended* update, the same optimiser step
-computed in fp32 on fp32 copies of the weights, gradients and optimiser state, and (2)
+computed in float64 on copies of the weights, gradients and optimiser state, and (2)
 the *real* step on the stored weights, after which the weights and the optimiser state
 are put back. An element is lost when its intended update is non-zero and its stored
 weight did not change.
@@ -29,9 +29,10 @@ GROUPS = ("embeddings", "norms", "matmul weights", "other")
 SUPPORTED = ("adamw", "sgd", "adamw-bf16-sr")
 METHOD = (
     "one untimed optimiser step after the measured ones, from the trial's own optimiser "
-    "state and one training batch's gradients: the intended update is the same step in fp32 "
-    "(torch AdamW/SGD on fp32 copies of weights, gradients and state); an element is lost "
-    "when that update is non-zero and the stored weight did not change in the real step. "
+    "state and one training batch's gradients: the intended update is the same step in "
+    "float64 (torch AdamW/SGD on float64 copies of weights, gradients and state, one tensor "
+    "at a time); an element is lost when that update is non-zero and the stored weight did "
+    "not change in the real step. "
     "element_share: lost elements / updated elements; norm_share: ||update on lost "
     "elements|| / ||update||; kept_share: (applied change . update) / ||update||^2. At the "
     f"configured lr and at the schedule's smallest, lr x {MIN_LR_FRACTION:g} (a cosine "
@@ -78,43 +79,44 @@ def _set_lr(optimizer, lr: float) -> None:
             group["lr"] = lr
 
 
-def _intended(optimizer, name: str, params, grads, lr: float) -> list[torch.Tensor]:
-    """The step the optimiser means, computed in fp32 on fp32 copies."""
+def _intended(optimizer, name: str, p: torch.Tensor, grad: torch.Tensor, lr: float
+              ) -> torch.Tensor:
+    """The step the optimiser means for one parameter, computed in float64 on copies (one
+    tensor at a time: the copies of a large model's weights and state never coexist)."""
     group = optimizer.param_groups[0]
-    shadow = [p.detach().float().clone().requires_grad_(True) for p in params]
-    for s, g in zip(shadow, grads, strict=True):
-        s.grad = g.float()
+    shadow = p.detach().double().clone().requires_grad_(True)
+    shadow.grad = grad.double()
     if name == "sgd":
-        opt = torch.optim.SGD(shadow, lr=lr)
+        opt = torch.optim.SGD([shadow], lr=lr, foreach=False)
     else:
-        opt = torch.optim.AdamW(shadow, lr=lr, betas=group["betas"], eps=group["eps"],
+        opt = torch.optim.AdamW([shadow], lr=lr, betas=group["betas"], eps=group["eps"],
                                 weight_decay=group["weight_decay"],
-                                amsgrad=group.get("amsgrad", False))
-        for p, s in zip(params, shadow, strict=True):
-            st = optimizer.state.get(p)
-            if st:
-                opt.state[s] = {"step": torch.tensor(float(st["step"])),
-                                "exp_avg": st["exp_avg"].float().clone(),
-                                "exp_avg_sq": st["exp_avg_sq"].float().clone()}
+                                amsgrad=group.get("amsgrad", False), foreach=False)
+        st = optimizer.state.get(p)
+        if st:
+            opt.state[shadow] = {"step": torch.tensor(float(st["step"])),
+                                 "exp_avg": st["exp_avg"].double(),
+                                 "exp_avg_sq": st["exp_avg_sq"].double()}
     opt.step()
-    return [s.detach() - p.detach().float() for s, p in zip(shadow, params, strict=True)]
+    return shadow.detach() - p.detach().double()
 
 
 def _applied(optimizer, params, weights, grads, saved_state, lr: float) -> list[torch.Tensor]:
-    """The real step on the stored weights, as changes in fp32; then everything is put back."""
+    """The stored weights after the real step; then weights and state are put back."""
     _set_lr(optimizer, lr)
     with torch.no_grad():
         for p, w, g in zip(params, weights, grads, strict=True):
             p.copy_(w)
             p.grad = g.clone()
     optimizer.step()
-    changes = [p.detach().float() - w.float() for p, w in zip(params, weights, strict=True)]
-    optimizer.load_state_dict(saved_state)
+    after = [p.detach().clone() for p in params]
+    # a copy: load_state_dict adopts the tensors it is given, which the next step would change
+    optimizer.load_state_dict(copy.deepcopy(saved_state))
     with torch.no_grad():
-        for p, w in zip(params, weights, strict=True):
+        for p, w, g in zip(params, weights, grads, strict=True):
             p.copy_(w)
-            p.grad = None
-    return changes
+            p.grad = g
+    return after
 
 
 class _Tally:
@@ -129,10 +131,10 @@ class _Tally:
         lost = moved & (change == 0)
         self.n += int(moved.sum())
         self.lost += int(lost.sum())
-        u = intended.double()
+        u = intended
         self.sq += float((u * u).sum())
         self.lost_sq += float((u * u * lost).sum())
-        self.dot += float((change.double() * u).sum())
+        self.dot += float((change * u).sum())
 
     def shares(self) -> tuple[float | None, float | None, float | None]:
         if not self.n or not self.sq:
@@ -140,13 +142,15 @@ class _Tally:
         return self.lost / self.n, (self.lost_sq / self.sq) ** 0.5, self.dot / self.sq
 
 
-def count(intended: list[torch.Tensor], changes: list[torch.Tensor], groups: list[str]
+def count(optimizer, name: str, params, weights, after, groups: list[str], lr: float
           ) -> dict[str, _Tally]:
-    """Per group (and "all"): the tallies of intended updates against applied changes."""
+    """Per group (and "all"): the intended updates against the applied changes."""
     tallies = {g: _Tally() for g in ("all", *GROUPS)}
-    for u, c, g in zip(intended, changes, groups, strict=True):
-        tallies["all"].add(u, c)
-        tallies[g].add(u, c)
+    for p, w, a, g in zip(params, weights, after, groups, strict=True):
+        u = _intended(optimizer, name, p, p.grad, lr)
+        change = a.double() - w.double()
+        tallies["all"].add(u, change)
+        tallies[g].add(u, change)
     return tallies
 
 
@@ -167,11 +171,12 @@ def measure(model: nn.Module, params: list[torch.Tensor], optimizer, optimizer_n
     results = []
     try:
         for rate in rates:
-            intended = _intended(optimizer, optimizer_name, live, grads, rate)
-            changes = _applied(optimizer, live, weights, grads, saved, rate)
-            results.append(count(intended, changes, groups))
+            after = _applied(optimizer, live, weights, grads, saved, rate)
+            results.append(count(optimizer, optimizer_name, live, weights, after, groups, rate))
     finally:
         _set_lr(optimizer, configured)
+        for p in live:
+            p.grad = None
     at_lr, at_min = results
     by_group = [LostUpdateGroup(g, rate, t[g].n, *t[g].shares())
                 for rate, t in zip(rates, results, strict=True) for g in GROUPS if t[g].n]
