@@ -175,3 +175,55 @@ def test_gated_and_failed_precisions_are_named_and_their_reasons_kept():
     assert "fp8 did not run: fp8 training needs compute capability 8.9+" in v.reasons
     why = {f.precision: f.note for f in v.figures}
     assert why["fp16"] == "fp16 failed in the test"  # the trial's own reason, under "Why"
+
+
+def _lost(norm_share_at_min: float, rounding: str = "nearest", kept: float = 0.5):
+    from engine.core.events import LostUpdates
+
+    return LostUpdates("test", "bfloat16", rounding, 1e-4, 1e-5, 0.1, 0.1, 0.9,
+                       norm_share_at_min, norm_share_at_min, kept)
+
+
+def _held(before: float, after: float, steps: int = 12):
+    from engine.core.events import HeldOutLoss
+
+    return HeldOutLoss("test", 2, 2048, before, after, steps)
+
+
+def test_a_recipe_that_loses_its_updates_is_not_recommended_however_fast():
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    amp = trial("bf16-amp", 60.0, 6 * GiB, 3.0, seed=1)
+    bf16 = dataclasses.replace(trial("bf16", 40.0, 4 * GiB, 3.0, seed=2),
+                               lost_updates=_lost(0.7))
+    v = verdict(record(fp32, amp, bf16))
+    assert v.precision == "bf16-amp"
+    assert v.headline.endswith(
+        "Not recommended: bf16 would lose 70% of its updates at lr 1e-05: train in bf16-amp, "
+        "or bf16+adamw-bf16-sr (stochastic rounding)")
+    assert {f.precision: f.judgement for f in v.figures}["bf16"] == "loses updates"
+    # under the stated share it qualifies; stochastic rounding is judged by the kept share
+    few = dataclasses.replace(bf16, lost_updates=_lost(0.04))
+    assert verdict(record(fp32, amp, few)).precision == "bf16"
+    sr = dataclasses.replace(bf16, precision="bf16+adamw-bf16-sr",
+                             lost_updates=_lost(0.8, "stochastic", kept=0.99))
+    assert verdict(record(fp32, amp, sr)).precision == "bf16+adamw-bf16-sr"
+
+
+def test_the_loss_is_judged_against_fp32s_own_held_out_drop():
+    fp32 = dataclasses.replace(trial("fp32", 100.0, 8 * GiB, 3.0),
+                               heldout_loss=_held(4.0, 3.5))  # fp32's drop: 0.5
+    near = dataclasses.replace(trial("bf16-amp", 50.0, 5 * GiB, 3.0, seed=1),
+                               heldout_loss=_held(4.0, 3.5 + 0.04))  # within 10% of 0.5
+    far = dataclasses.replace(trial("fp16-amp", 50.0, 5 * GiB, 3.0, seed=2),
+                              heldout_loss=_held(4.0, 3.5 + 0.06))  # learned 12% less
+    v = verdict(record(fp32, near, far))
+    judged = {f.precision: f.judgement for f in v.figures}
+    assert judged == {"fp32": "baseline", "bf16-amp": "recommended",
+                      "fp16-amp": "learned less"}
+    assert any("fp32's loss fell 0.5 in 12 steps" in r for r in v.reasons)
+    # fp32 barely learned: the loss cannot be judged, and the headline says so
+    flat = dataclasses.replace(fp32, heldout_loss=_held(4.0, 3.99))
+    v = verdict(record(flat, near, far))
+    assert "cannot judge the loss after 12 steps: fp32's held-out loss fell only 0.01" \
+        in v.headline
+    assert "learned less" not in {f.judgement for f in v.figures}
