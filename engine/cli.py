@@ -287,7 +287,7 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
                                {r.precision: r.final_loss_diff_vs_fp32 for r in rows})
     if quant:
         _say(quant)
-    from engine.numerics.lost_updates_text import format_lost_updates
+    from engine.measure.lost_updates_text import format_lost_updates
 
     lost = format_lost_updates(record.trials)
     if lost:

@@ -29,10 +29,10 @@ from PySide6.QtWidgets import (
 )
 
 from engine.core.config import PRECISIONS
-from engine.numerics.lost_updates_text import EXPLANATION as LOST_EXPLANATION
-from engine.numerics.lost_updates_text import HEADERS as LOST_HEADERS
-from engine.numerics.lost_updates_text import TITLE as LOST_TITLE
-from engine.numerics.lost_updates_text import lost_rows
+from engine.measure.lost_updates_text import EXPLANATION as LOST_EXPLANATION
+from engine.measure.lost_updates_text import HEADERS as LOST_HEADERS
+from engine.measure.lost_updates_text import TITLE as LOST_TITLE
+from engine.measure.lost_updates_text import lost_rows
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.plain_text import as_html, plain_label
 

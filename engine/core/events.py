@@ -254,7 +254,7 @@ class QuantError:
 
 @dataclass(frozen=True)
 class LostUpdateGroup:
-    """One parameter group's lost updates at one learning rate (engine.numerics.lost_updates).
+    """One parameter group's lost updates at one learning rate (engine.measure.lost_updates).
 
     Of the elements whose intended update (the optimiser's step computed in fp32) was
     non-zero, the share whose stored weight did not change, and that share's part of the
@@ -293,7 +293,7 @@ class LostUpdates:
 @dataclass(frozen=True)
 class HeldOutLoss:
     """The mean loss on batches no step trained on, before the first step and after the
-    last (engine.measure.heldout); the same batches for every precision of a run."""
+    last (engine.models.heldout); the same batches for every precision of a run."""
 
     method: str
     batches: int

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from engine.core.events import TrialResult
 from engine.measure.contention import CONTENTION_RULE, contention_problems
-from engine.numerics.lost_updates_text import cell as lost_cell
+from engine.measure.lost_updates_text import cell as lost_cell
 from engine.record import spread
 from engine.record.run_record import RunRecord
 

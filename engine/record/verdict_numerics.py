@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from engine.core.config import recipe_name, split_label
 from engine.core.events import TrialResult
-from engine.numerics.lost_updates_text import STOCHASTIC, lost_share
+from engine.measure.lost_updates_text import STOCHASTIC, lost_share
 from engine.record.run_record import RunRecord
 
 # what to train in instead of pure low-precision weights

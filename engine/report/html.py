@@ -18,14 +18,14 @@ from engine.core.config import BF16_EMULATED
 from engine.core.events import TrialResult
 from engine.core.resources import RESOURCES
 from engine.distributed.summary_text import wire_dtype
+from engine.measure.lost_updates_text import EXPLANATION as LOST_EXPLANATION
+from engine.measure.lost_updates_text import HEADERS as LOST_HEADERS
+from engine.measure.lost_updates_text import TITLE as LOST_TITLE
+from engine.measure.lost_updates_text import lost_rows
 from engine.measure.quant_error_text import EXACT as QUANT_EXACT
 from engine.measure.quant_error_text import HEADERS as QUANT_HEADERS
 from engine.measure.quant_error_text import TITLE as QUANT_TITLE
 from engine.measure.quant_error_text import quant_rows
-from engine.numerics.lost_updates_text import EXPLANATION as LOST_EXPLANATION
-from engine.numerics.lost_updates_text import HEADERS as LOST_HEADERS
-from engine.numerics.lost_updates_text import TITLE as LOST_TITLE
-from engine.numerics.lost_updates_text import lost_rows
 from engine.record import spread
 from engine.record.colors import color_of
 from engine.record.compare import (

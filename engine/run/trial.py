@@ -46,8 +46,15 @@ from engine.core.recipes import (
     run_description,
 )
 from engine.measure import flops as flops_mod
-from engine.measure import heldout as held_out
-from engine.measure import inventory, matmul_peak, memtrack, nvml, peak_choice, quant_error
+from engine.measure import (
+    inventory,
+    lost_updates,
+    matmul_peak,
+    memtrack,
+    nvml,
+    peak_choice,
+    quant_error,
+)
 from engine.measure.device import DeviceInfo
 from engine.measure.gpm import GpmWindow
 from engine.measure.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_bytes, profile_step
@@ -55,6 +62,7 @@ from engine.measure.memory_breakdown import watched_memory
 from engine.measure.peaks import PeakLookup
 from engine.measure.peaks import mfu as mfu_of
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
+from engine.models import heldout as held_out
 from engine.models.load import (
     dims,
     float8_scaling,
@@ -66,7 +74,6 @@ from engine.models.load import (
 )
 from engine.models.memory_model import predict_memory, with_errors
 from engine.models.memory_model import shape_of as memory_shape
-from engine.numerics import lost_updates
 from engine.record.summary import summarise
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps

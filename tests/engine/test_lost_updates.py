@@ -1,4 +1,4 @@
-"""Lost updates (engine.numerics.lost_updates) against a count written here.
+"""Lost updates (engine.measure.lost_updates) against a count written here.
 
 The module computes the intended update by running torch's AdamW in fp32 on copies; this
 test computes it from Adam's formula in float64 by hand, takes the real step on the stored
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from engine.core.recipes import autocast_for, recipe
+from engine.measure import lost_updates
 from engine.models.load import load_model, make_batches
-from engine.numerics import lost_updates
 from engine.run.trial import adam_eps, make_optimizer
 from tests.engine.families import FAMILIES
 

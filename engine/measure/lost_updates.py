@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from engine.core.events import LostUpdateGroup, LostUpdates
-from engine.numerics.lost_updates_text import STOCHASTIC
+from engine.measure.lost_updates_text import STOCHASTIC
 
 # an LR schedule's floor: nanoGPT's and GPT-3's cosine schedules decay to a tenth of the peak
 MIN_LR_FRACTION = 0.1
