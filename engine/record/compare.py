@@ -13,6 +13,7 @@ precisions at all (``NOISY_RULE``); a noisy run says so instead of ranking.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import textwrap
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from engine.core.events import TrialResult
 from engine.measure.contention import CONTENTION_RULE, contention_problems
 from engine.measure.lost_updates_text import cell as lost_cell
-from engine.record import spread
+from engine.record import like_with_like, spread
 from engine.record.run_record import RunRecord
 
 BASELINE = "fp32"
@@ -191,6 +192,9 @@ class SpeedVerdict:
     problems: tuple[str, ...] = ()
     ranking: tuple[tuple[str, ...], ...] | None = None
     suggestion: str | None = None
+    # precisions whose speed was left out: they ran compiled where the baseline ran eagerly
+    # (or the reverse), engine.record.like_with_like
+    unmatched: tuple[str, ...] = ()
 
     @property
     def noisy(self) -> bool:
@@ -241,7 +245,16 @@ def _groups(trials: list[TrialResult]) -> list[list[TrialResult]]:
 
 
 def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
-    """Apply ``NOISY_RULE`` to the finished trials."""
+    """Apply ``NOISY_RULE`` to the finished trials that ran the same way (compiled or eager)
+    as the baseline; the others are named in the text and in ``unmatched``."""
+    kept, unmatched, note = like_with_like.split(trials)
+    verdict = _rank_speeds(kept)
+    if not unmatched:
+        return verdict
+    return dataclasses.replace(verdict, text=verdict.text + note, unmatched=unmatched)
+
+
+def _rank_speeds(trials: list[TrialResult]) -> SpeedVerdict:
     # an emulated trial's speed is not its format's hardware's (engine/measure/gating.py): unranked
     done = [t for t in trials if t.status == "ok" and t.summary is not None
             and t.summary.median_step_ms and t.support != "emulated"]
@@ -301,6 +314,8 @@ def _row_verdict(trial: TrialResult, base: TrialResult | None,
         return None
     if trial.support == "emulated":  # with or without a baseline to compare with
         return EMULATED_TEXT
+    if trial.precision in verdict.unmatched:
+        return like_with_like.UNMATCHED_TEXT
     if base is None:
         return None
     if trial is base:

@@ -212,7 +212,8 @@ def verdict(record: RunRecord) -> Verdict:
             judgement, note = lost[:2]
         else:
             # an emulated format (gating) has no speed to judge: memory and loss only
-            group = None if trial.support == "emulated" else _group(speed, row.precision)
+            group = (None if trial.support == "emulated" or row.precision in speed.unmatched
+                     else _group(speed, row.precision))
             emulated = bf16_emulated and recipe_name(row.precision) in BF16_COMPUTE
             if emulated and group is not None and base_group is not None:
                 group = max(group, base_group)  # never faster on emulated bf16
@@ -279,6 +280,8 @@ def verdict(record: RunRecord) -> Verdict:
     speed_part = (_speed_text(best) if best.speedup_vs_fp32 is not None else "speed n/a")
     if record.trial(best.precision).support == "emulated":
         speed_part = f"speed {EMULATED_TEXT}"
+    elif best.precision in speed.unmatched:
+        speed_part = "speed not compared (compiled vs eager: not like with like)"
     elif bf16_emulated and recipe_name(best.precision) in BF16_COMPUTE:
         speed_part += " (bf16 emulated here: not judged on speed)"
     elif groups[best.precision] == base_group:

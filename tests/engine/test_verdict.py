@@ -227,3 +227,27 @@ def test_the_loss_is_judged_against_fp32s_own_held_out_drop():
     assert "cannot judge the loss after 12 steps: fp32's held-out loss fell only 0.01" \
         in v.headline
     assert "learned less" not in {f.judgement for f in v.figures}
+
+
+def test_compiled_fp8_is_not_ranked_against_eager_trials():
+    from engine.core.recipes import recipe, run_description
+
+    def ran(t, compiled):
+        return dataclasses.replace(t, recipe=run_description(recipe(t.precision), "cuda",
+                                                             "adamw", compiled))
+
+    fp32 = ran(trial("fp32", 100.0, 8 * GiB, 3.0), False)
+    amp = ran(trial("bf16-amp", 58.0, 6 * GiB, 3.0, seed=1), False)
+    fp8 = ran(trial("fp8", 31.4, 6 * GiB, 3.0, seed=2), True)  # compiled: 1.85x bf16-amp
+    v = verdict(record(fp32, amp, fp8))
+    assert v.precision == "bf16-amp"
+    speed = next(r for r in v.reasons if r.startswith("speed: "))
+    assert "fp8 ran compiled while fp32 ran eager: not like with like, so its speed is " \
+           "left out of the ranking" in speed
+    assert "fp8" not in speed.split(";")[0]  # the ranking itself
+    figure = {f.precision: f for f in v.figures}["fp8"]
+    # its speed is not judged: it qualifies on memory alone, as bf16-amp does
+    assert (figure.judgement, figure.note) == ("qualifies", "uses less memory")
+    # all compiled (--compile): ranked together
+    same = verdict(record(ran(fp32, True), ran(amp, True), fp8))
+    assert same.precision == "fp8"
