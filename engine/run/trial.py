@@ -46,20 +46,13 @@ from engine.core.recipes import (
     run_description,
 )
 from engine.measure import flops as flops_mod
-from engine.measure import (
-    inventory,
-    lost_updates,
-    matmul_peak,
-    memtrack,
-    nvml,
-    peak_choice,
-    quant_error,
-)
+from engine.measure import inventory, matmul_peak, memtrack, nvml, peak_choice, quant_error
 from engine.measure.device import DeviceInfo
 from engine.measure.gpm import GpmWindow
 from engine.measure.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_bytes, profile_step
+from engine.measure.lost_updates import measure_trial as measure_lost_updates
 from engine.measure.memory_breakdown import watched_memory
-from engine.measure.peaks import PeakLookup
+from engine.measure.peaks import PeakLookup, over_peak
 from engine.measure.peaks import mfu as mfu_of
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
 from engine.models import heldout as held_out
@@ -440,6 +433,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
                            cancelled, gpm)
     state.gpm = gpm.stop()
+    if matmul_peak.beaten_by(state.steps[state.step_offset:]):
+        _remeasure_peak(state, log)
     if state.compiled:
         note, breaks = _compile_note(compiles_before, _compile_counts())
         state.notes.append(note)
@@ -492,7 +487,7 @@ def _untimed_tail(state: _State, model, params, optimizer, scaler, batch, held) 
     except Exception as exc:
         state.heldout_reason = f"the held-out forward failed: {type(exc).__name__}: {exc}"
     try:
-        state.lost_updates, reason = lost_updates.measure_trial(
+        state.lost_updates, reason = measure_lost_updates(
             model, params, optimizer, state.optimizer, scaler, state.rec, batch, device,
             config.lr)
         state.lost_updates_reason = reason or ""
@@ -501,6 +496,23 @@ def _untimed_tail(state: _State, model, params, optimizer, scaler, batch, held) 
         state.lost_updates_reason = (f"the lost-update step failed: {type(exc).__name__}: "
                                      f"{exc}")
     _release(device)
+
+
+def _remeasure_peak(state: _State, log) -> None:
+    """A step beat the cached matmul peak, so it was measured low (under load): measure again,
+    keep the best, and recompute this trial's MFU against it; a figure still above 100% is
+    n/a (engine.measure.peaks.over_peak)."""
+    best = max(s.mfu_measured for s in state.steps[state.step_offset:] if s.mfu_measured)
+    why = f"a {state.rec.precision} step reached {best:.0%} of it"
+    log(f"this run beat the measured matmul peak ({why}): measuring it again", "warning")
+    rates = matmul_peak.remeasure(state.device_info, why)
+    state.measured_peak = peak_choice.measured_peak(rates, state.rec, state.flops.by_peak_dtype)
+
+    def again(s: StepSample) -> StepSample:
+        mfu = mfu_of(s.tflops * 1e12, state.measured_peak) if s.tflops is not None else None
+        return dataclasses.replace(s, mfu_measured=None if over_peak(mfu) else mfu)
+
+    state.steps[state.step_offset:] = [again(s) for s in state.steps[state.step_offset:]]
 
 
 def _compile_counts() -> tuple[int, dict]:
