@@ -43,6 +43,11 @@ def test_noisy_run_recommends_nothing_and_says_what_to_do():
     assert v.headline.startswith("No recommendation: step times too noisy to rank (")
     assert "CV above 10%" in v.headline
     assert "idle machine" in v.advice
+    # beside "No recommendation" nothing "qualifies": each figure says what it lacks
+    bf16 = {f.precision: f for f in v.figures}["bf16-amp"]
+    assert bf16.judgement == "speed not ranked"
+    assert bf16.note == ("uses less memory, but its speed could not be ranked: step times "
+                         "too noisy to rank")
 
 
 def test_single_precision_has_nothing_to_compare():
