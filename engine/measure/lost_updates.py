@@ -101,6 +101,18 @@ def _intended(optimizer, name: str, p: torch.Tensor, grad: torch.Tensor, lr: flo
     return shadow.detach() - p.detach().double()
 
 
+def _on_host(value):
+    """A copy of a state dict with its tensors in host memory (load_state_dict moves them
+    back to each parameter's device)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _on_host(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_on_host(v) for v in value)
+    return copy.deepcopy(value)
+
+
 def _applied(optimizer, params, weights, grads, saved_state, lr: float) -> list[torch.Tensor]:
     """The stored weights after the real step; then weights and state are put back."""
     _set_lr(optimizer, lr)
@@ -109,7 +121,7 @@ def _applied(optimizer, params, weights, grads, saved_state, lr: float) -> list[
             p.copy_(w)
             p.grad = g.clone()
     optimizer.step()
-    after = [p.detach().clone() for p in params]
+    after = [p.detach().to("cpu", copy=True) for p in params]
     # a copy: load_state_dict adopts the tensors it is given, which the next step would change
     optimizer.load_state_dict(copy.deepcopy(saved_state))
     with torch.no_grad():
@@ -147,7 +159,7 @@ def count(optimizer, name: str, params, weights, after, groups: list[str], lr: f
     """Per group (and "all"): the intended updates against the applied changes."""
     tallies = {g: _Tally() for g in ("all", *GROUPS)}
     for p, w, a, g in zip(params, weights, after, groups, strict=True):
-        u = _intended(optimizer, name, p, p.grad, lr)
+        u = _intended(optimizer, name, p, p.grad, lr).cpu()
         change = a.double() - w.double()
         tallies["all"].add(u, change)
         tallies[g].add(u, change)
@@ -162,9 +174,11 @@ def measure(model: nn.Module, params: list[torch.Tensor], optimizer, optimizer_n
     kinds = param_groups(model)
     live = [p for p in params if p.grad is not None]
     groups = [kinds.get(id(p), "other") for p in live]
-    weights = [p.detach().clone() for p in live]
+    # the copies that wait (weights, optimiser state) are kept in host memory: on a GPU the
+    # trial's model may leave little room
+    weights = [p.detach().to("cpu", copy=True) for p in live]
     grads = [p.grad.detach().clone() for p in live]
-    saved = copy.deepcopy(optimizer.state_dict())
+    saved = _on_host(optimizer.state_dict())
     configured = optimizer.param_groups[0]["lr"]
     configured = float(configured) if isinstance(configured, torch.Tensor) else configured
     rates = (lr, lr * MIN_LR_FRACTION)
