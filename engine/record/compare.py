@@ -54,6 +54,10 @@ class ComparisonRow:
     energy_per_token_vs_fp32: float | None = None
     # the share of an update 16-bit weights lost at the smallest lr (lost_updates_text.cell)
     lost_updates: str | None = None
+    # whether the timed steps ran under torch.compile; None: not known (older reports)
+    compiled: bool | None = None
+    # model FLOPs / time / one peak for every recipe (engine.measure.peaks.COMMON_CONVENTION)
+    mfu_common: float | None = None
 
 
 def baseline_label(record: RunRecord) -> str:
@@ -139,6 +143,8 @@ def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) ->
         energy_per_token_vs_fp32=_ratio(s.energy_per_token_j if s else None,
                                         b.energy_per_token_j if b else None),
         lost_updates=lost_cell(trial) or None,
+        compiled=trial.compiled,
+        mfu_common=s.mfu_common if s else None,
     )
 
 
@@ -382,6 +388,7 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
     ("speedup_vs_fp32", "Speed-up vs fp32", lambda v: f"{v:.2f}x"),
     ("speedup_ci", f"Speed-up {spread.CI_LEVEL:.0%} CI", _range(lambda v: f"{v:.2f}", "x")),
     ("speed_verdict", "Speed-up verdict", str),
+    ("mfu_common", "MFU vs common 16-bit peak", _percent),
     ("mfu", "MFU (model FLOPs) vs datasheet peak", _percent),
     ("mfu_measured", "MFU (model FLOPs) vs measured matmul peak", _percent),
     ("hfu", "HFU (hardware FLOPs)", _percent),
@@ -391,6 +398,7 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
     ("final_loss_diff_vs_fp32", "Final loss vs fp32", lambda v: f"{v:+.4f}"),
     ("energy_per_token_vs_fp32", "Energy/token vs fp32", lambda v: f"{v:.2f}x"),
     ("lost_updates", "Lost updates (min lr)", str),
+    ("compiled", "Compiled", lambda v: "yes" if v else "no"),
     ("reason", "Reason", str),
 ]
 """(row field, header, formatter of a non-None value), in display order."""
@@ -444,6 +452,17 @@ def _aligned(headers: list[str], cells: list[list[str]], text: set[int]) -> list
     return [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in cells)]
 
 
+def _compiled_lines(rows: list[ComparisonRow]) -> list[str]:
+    """Which trials' timed steps ran under torch.compile (a column would not fit 120)."""
+    said = [row for row in rows if row.compiled is not None]
+    if not any(row.compiled for row in said):
+        return []
+    compiled = ", ".join(row.precision for row in said if row.compiled)
+    eager = ", ".join(row.precision for row in said if not row.compiled)
+    text = f"compiled (torch.compile): {compiled}" + (f"; eager: {eager}" if eager else "")
+    return textwrap.wrap(text, TABLE_WIDTH, initial_indent="  ", subsequent_indent="    ")
+
+
 def format_table(rows: list[ComparisonRow], wide: bool = False) -> str:
     """A plain aligned text table. By default it fits 120 columns: speed, memory and loss
     per precision, with what each trained and why it did not run wrapped below;
@@ -463,6 +482,7 @@ def format_table(rows: list[ComparisonRow], wide: bool = False) -> str:
         if row.reason:
             lines += textwrap.wrap(f"{row.precision}: {row.reason}", TABLE_WIDTH,
                                    initial_indent="  ", subsequent_indent="    ")
+    lines += _compiled_lines(rows)
     emulated = [row.precision for row in rows if row.speed_verdict == EMULATED_TEXT]
     if emulated:
         lines += textwrap.wrap(f"{EMULATED_TEXT}: {', '.join(emulated)} ran without their "

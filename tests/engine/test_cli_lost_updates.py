@@ -1,9 +1,11 @@
 """Lost updates, held-out loss and the verdict through the real ``python3 main.py`` process:
 a CPU run of the tiny preset at fp32, bf16, fp16 and bf16+adamw-bf16-sr, and the real H200
-report (tests/data/README.md), whose pure bf16/fp16 trials were never measured."""
+report (tests/data/README.md, h200-2026-11-27), whose pure bf16/fp16 trials were never
+measured."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -12,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-H200 = (ROOT / "tests/data/h200-trimmed/"
-        "01-gpt2-fp32_tf32_fp16-amp_bf16-amp_fp16_bf16.json")
+H200 = (ROOT / "tests/data/h200-2026-11-27/reports/"
+        "01-gpt2-fp32_tf32_fp16-amp_bf16-amp_fp16_bf16.json.gz")
 EMBEDDINGS, NORMS = ("wte", "wpe"), ("ln_",)
 
 
@@ -88,8 +90,10 @@ def test_each_low_precision_trial_reports_its_lost_updates(run):
 
 
 def test_h200_report_recommends_an_amp_recipe_and_says_why_not_pure_weights(tmp_path):
+    report = tmp_path / H200.name.removesuffix(".gz")  # the real file, as it was written
+    report.write_bytes(gzip.decompress(H200.read_bytes()))
     out = tmp_path / "h200.html"
-    proc = subprocess.run([sys.executable, "main.py", "report", str(H200), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "main.py", "report", str(report), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
