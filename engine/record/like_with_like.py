@@ -18,13 +18,12 @@ UNMATCHED_TEXT = "not like with like"
 
 
 def ran_compiled(trial: TrialResult) -> bool | None:
-    """Whether the trial's steps ran under torch.compile (None: not known). A per-trial
-    ``compiled`` field is read where the result has one; otherwise the recipe text, which
-    says "compiled with torch.compile" for a compiled non-float8 trial and "ran eagerly" for
-    an eager float8 one (engine.core.recipes.run_description): float8 compiles by default."""
-    flag = getattr(trial, "compiled", None)
-    if isinstance(flag, bool):
-        return flag
+    """Whether the trial's steps ran under torch.compile (None: not known): its ``compiled``
+    field; in older reports, which lack it, the recipe text, which says "compiled with
+    torch.compile" for a compiled non-float8 trial and "ran eagerly" for an eager float8 one
+    (engine.core.recipes.run_description): float8 compiles by default."""
+    if trial.compiled is not None:
+        return trial.compiled
     text = trial.recipe or ""
     if trial.status != "ok" or not text:
         return None

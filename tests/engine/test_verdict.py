@@ -256,3 +256,14 @@ def test_compiled_fp8_is_not_ranked_against_eager_trials():
     # all compiled (--compile): ranked together
     same = verdict(record(ran(fp32, True), ran(amp, True), fp8))
     assert same.precision == "fp8"
+
+
+def test_the_trials_compiled_flag_decides_like_with_like():
+    fp32 = dataclasses.replace(trial("fp32", 100.0, 8 * GiB, 3.0), compiled=False)
+    amp = dataclasses.replace(trial("bf16-amp", 24.0, 6 * GiB, 3.0, seed=1), compiled=True)
+    v = verdict(record(fp32, amp))
+    speed = next(r for r in v.reasons if r.startswith("speed: "))
+    assert "bf16-amp ran compiled while fp32 ran eager: not like with like" in speed
+    figure = {f.precision: f for f in v.figures}["bf16-amp"]
+    assert v.precision == "bf16-amp" and figure.note == "uses less memory"
+    assert "speed not compared (compiled vs eager: not like with like)" in v.headline
