@@ -204,7 +204,7 @@ def verdict(record: RunRecord) -> Verdict:
             judgement, note = "diverged", f"final loss is {loss}"
         elif loss_rule.judged and loss_rule.diff(record, row) is None:
             judgement, note = "no loss", f"no {loss_rule.source} loss to compare with fp32's"
-        elif loss_rule.judged and abs(loss_rule.diff(record, row)) > loss_rule.tolerance:
+        elif loss_rule.judged and not abs(loss_rule.diff(record, row)) <= loss_rule.tolerance:
             judgement, note = "learned less", (
                 f"{loss_rule.source} loss {loss_rule.diff(record, row):+.3g} vs fp32, beyond "
                 f"{LOSS_DROP_SHARE:.0%} of fp32's drop ({loss_rule.tolerance:.3g})")

@@ -226,6 +226,10 @@ def test_the_loss_is_judged_against_fp32s_own_held_out_drop():
     assert judged == {"fp32": "baseline", "bf16-amp": "recommended",
                       "fp16-amp": "learned less"}
     assert any("fp32's loss fell 0.5 in 12 steps" in r for r in v.reasons)
+    # a held-out loss that overflowed is beyond any tolerance
+    nan = dataclasses.replace(near, heldout_loss=_held(4.0, float("nan")))
+    assert {f.precision: f.judgement for f in verdict(record(fp32, nan)).figures}[
+        "bf16-amp"] == "learned less"
     # fp32 barely learned: the loss cannot be judged, and the headline says so
     flat = dataclasses.replace(fp32, heldout_loss=_held(4.0, 3.99))
     v = verdict(record(flat, near, far))
