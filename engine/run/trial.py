@@ -513,7 +513,7 @@ def _untimed_tail(state: _State, model, params, optimizer, scaler, batch, held) 
     config, device = state.config, state.device_info.torch_device
     try:
         after = held_out.loss(model, state.rec, held, device)
-        steps = config.warmup + config.steps + 1 + (state.profiled is not None)
+        steps = warmup_steps(config.warmup) + config.steps + 1 + (state.profiled is not None)
         state.heldout = held_out.result(state.heldout_before, after, held, steps)
     except Exception as exc:
         state.heldout_reason = f"the held-out forward failed: {type(exc).__name__}: {exc}"
