@@ -301,6 +301,11 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
                                {r.precision: r.final_loss_diff_vs_fp32 for r in rows})
     if quant:
         _say(quant)
+    from engine.measure.lost_updates_text import format_lost_updates
+
+    lost = format_lost_updates(record.trials)
+    if lost:
+        _say(lost)
     if record.config.get("strategy", "none") != "none":
         from engine.distributed.summary_text import distributed_lines
 

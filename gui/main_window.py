@@ -708,11 +708,13 @@ class MainWindow(QMainWindow):
     def show_results(self, record: RunRecord, only_shown: bool = False) -> None:
         """Rebuild the Compare and Model views (tens of ms each); during a run only the one
         on screen, the others when their tab is shown."""
-        self._stale_views = {self.compare_view, self.model_view, self.kernel_view}
+        self._stale_views = {self.compare_view, self.model_view, self.kernel_view,
+                             self.numerics_view}
         if not only_shown:
             self._refresh_view(self.compare_view)
             self._refresh_view(self.model_view)
             self._refresh_view(self.kernel_view)
+            self._refresh_view(self.numerics_view)
         else:
             self._refresh_view(self.tabs.currentWidget())
 

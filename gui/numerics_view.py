@@ -30,6 +30,10 @@ from PySide6.QtWidgets import (
 )
 
 from engine.core.config import PRECISIONS
+from engine.measure.lost_updates_text import EXPLANATION as LOST_EXPLANATION
+from engine.measure.lost_updates_text import HEADERS as LOST_HEADERS
+from engine.measure.lost_updates_text import TITLE as LOST_TITLE
+from engine.measure.lost_updates_text import lost_rows
 from gui import plot_style  # noqa: F401 (sets pyqtgraph's colours before any plot)
 from gui.plain_text import as_html, plain_label
 
@@ -129,6 +133,17 @@ class NumericsView(QWidget):
         self.trace = _table(TRACE_HEADERS)
         self.trace_note = plain_label()
         self.advice = QTextBrowser()
+        # the run's lost updates (per trial), with the master-weights explanation a click away
+        self.lost_title = plain_label("Lost updates: shown for a run whose weights are stored "
+                                      "below fp32 (bf16, fp16, +adamw-bf16-sr)")
+        self.lost_title.setToolTip(as_html(LOST_TITLE))
+        self.lost = _table(LOST_HEADERS)
+        self.why_lost = QPushButton("Why updates get lost: master weights")
+        self.why_lost.setCheckable(True)
+        self.lost_explanation = plain_label(LOST_EXPLANATION)
+        self.lost_explanation.setWordWrap(True)
+        self.lost_explanation.setVisible(False)
+        self.why_lost.toggled.connect(self.lost_explanation.setVisible)
         self.charts = pg.GraphicsLayoutWidget()
         self.histogram = self.charts.addPlot(row=0, col=0)
         self.histogram.setTitle("Gradients of one step (unscaled)", size="10pt")
@@ -152,7 +167,13 @@ class NumericsView(QWidget):
         left = QSplitter(Qt.Orientation.Vertical)
         left.addWidget(self.formats)
         left.addWidget(self.demos)
-        left.setSizes([230, 550])
+        lost_box = QWidget()
+        lost_layout = QVBoxLayout(lost_box)
+        lost_layout.setContentsMargins(0, 0, 0, 0)
+        for widget in (self.lost_title, self.lost, self.why_lost, self.lost_explanation):
+            lost_layout.addWidget(widget)
+        left.addWidget(lost_box)
+        left.setSizes([230, 400, 200])
         trace_box = QWidget()
         trace_layout = QVBoxLayout(trace_box)
         trace_layout.setContentsMargins(0, 0, 0, 0)
@@ -210,6 +231,16 @@ class NumericsView(QWidget):
         self.trace_note.setText("")
         self.advice.clear()
         self.status.setText(message)
+
+    def show_record(self, record) -> None:
+        """The run's per-trial lost updates (the lab's own figures come from its dict)."""
+        rows = lost_rows(record.trials)
+        width = len(LOST_HEADERS)
+        _fill(self.lost, [list(r) if len(r) == width else [r[0], r[1], *[""] * (width - 2)]
+                          for r in rows])
+        self.lost_title.setText(f"{LOST_TITLE}." if rows else (
+            f"Run {record.run_id}: no trial measured lost updates (fp32 weights, or a report "
+            "from before the measurement)"))
 
     def show_numerics(self, numerics: dict) -> None:
         self.numerics = numerics

@@ -258,6 +258,57 @@ class QuantError:
 
 
 @dataclass(frozen=True)
+class LostUpdateGroup:
+    """One parameter group's lost updates at one learning rate (engine.measure.lost_updates).
+
+    Of the elements whose intended update (the optimiser's step computed in fp32) was
+    non-zero, the share whose stored weight did not change, and that share's part of the
+    intended update's L2 norm. ``kept_share`` is the applied change projected on the
+    intended update, over its squared norm: about 1 when the update lands on average
+    (stochastic rounding), about 1 - lost when round-to-nearest drops it."""
+
+    group: str  # "embeddings", "norms", "matmul weights", "other" (biases, ...)
+    lr: float
+    updated_elements: int  # elements whose intended update was non-zero
+    element_share: float | None
+    norm_share: float | None
+    kept_share: float | None
+
+
+@dataclass(frozen=True)
+class LostUpdates:
+    """What share of one optimiser step the stored (below-fp32) weights lost, overall at the
+    configured rate (``element_share``, ``norm_share``, ``kept_share``) and by group at both
+    rates (``groups``: the configured ``lr`` and the schedule's smallest ``min_lr``)."""
+
+    method: str
+    weight_dtype: str  # the trained weights' storage dtype, e.g. "bfloat16"
+    rounding: str  # "nearest" or "stochastic": how the optimiser writes the weights back
+    lr: float
+    min_lr: float
+    element_share: float | None
+    norm_share: float | None
+    kept_share: float | None
+    min_lr_element_share: float | None
+    min_lr_norm_share: float | None
+    min_lr_kept_share: float | None
+    groups: list[LostUpdateGroup] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HeldOutLoss:
+    """The mean loss on batches no step trained on, before the first step and after the
+    last (engine.models.heldout); the same batches for every precision of a run."""
+
+    method: str
+    batches: int
+    tokens: int
+    loss_before: float
+    loss_after: float
+    steps: int  # optimiser steps between the two evaluations
+
+
+@dataclass(frozen=True)
 class ModuleInfo:
     """One node of the module tree, with the bytes of its own and its children's params."""
 
@@ -620,6 +671,13 @@ class TrialResult:
     # whether the timed steps ran under torch.compile (fp8 compiles by default on a GPU
     # whatever the run's --compile); None: the trial never reached its steps, older reports
     compiled: bool | None = None
+    # the share of one optimiser step the stored weights lost (weights below fp32 only);
+    # None with the reason where the weights are fp32 or it was not measured (older reports)
+    lost_updates: LostUpdates | None = None
+    lost_updates_reason: str | None = None
+    # the loss on held-out batches before and after training; None in older reports
+    heldout_loss: HeldOutLoss | None = None
+    heldout_loss_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,17 @@ def mfu(achieved_flops_per_s: float | None, lookup: PeakLookup) -> float | None:
     return achieved_flops_per_s / lookup.flops_per_s
 
 
+def over_peak(mfu: float | None) -> bool:
+    """An MFU above 1: the run beat the peak, so the peak was low (measured under load)."""
+    return mfu is not None and mfu > 1.0
+
+
+OVER_PEAK_REASON = (
+    "n/a: this run beat the measured matmul peak (more than 100%), so the peak was measured "
+    "low, under load; it was measured again and this run still beat it: measure it on an "
+    "idle machine (main.py profile --measure-peak)")
+
+
 # one denominator for every recipe on a device, so an MFU column compares like with like
 COMMON_DTYPES = ("bf16", "fp16")
 COMMON_CONVENTION = (

@@ -13,6 +13,7 @@ precisions at all (``NOISY_RULE``); a noisy run says so instead of ranking.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import textwrap
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 
 from engine.core.events import TrialResult
 from engine.measure.contention import CONTENTION_RULE, contention_problems
-from engine.record import spread
+from engine.measure.lost_updates_text import cell as lost_cell
+from engine.record import like_with_like, spread
 from engine.record.run_record import RunRecord
 
 BASELINE = "fp32"
@@ -50,6 +52,8 @@ class ComparisonRow:
     final_loss_diff_vs_fp32: float | None  # final loss minus fp32's final loss
     # GPU energy per token over fp32's (NVML energy counter); None without a counter
     energy_per_token_vs_fp32: float | None = None
+    # the share of an update 16-bit weights lost at the smallest lr (lost_updates_text.cell)
+    lost_updates: str | None = None
     # whether the timed steps ran under torch.compile; None: not known (older reports)
     compiled: bool | None = None
     # model FLOPs / time / one peak for every recipe (engine.measure.peaks.COMMON_CONVENTION)
@@ -138,6 +142,7 @@ def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) ->
         final_loss_diff_vs_fp32=loss_diff,
         energy_per_token_vs_fp32=_ratio(s.energy_per_token_j if s else None,
                                         b.energy_per_token_j if b else None),
+        lost_updates=lost_cell(trial) or None,
         compiled=trial.compiled,
         mfu_common=s.mfu_common if s else None,
     )
@@ -193,6 +198,9 @@ class SpeedVerdict:
     problems: tuple[str, ...] = ()
     ranking: tuple[tuple[str, ...], ...] | None = None
     suggestion: str | None = None
+    # precisions whose speed was left out: they ran compiled where the baseline ran eagerly
+    # (or the reverse), engine.record.like_with_like
+    unmatched: tuple[str, ...] = ()
 
     @property
     def noisy(self) -> bool:
@@ -243,7 +251,16 @@ def _groups(trials: list[TrialResult]) -> list[list[TrialResult]]:
 
 
 def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
-    """Apply ``NOISY_RULE`` to the finished trials."""
+    """Apply ``NOISY_RULE`` to the finished trials that ran the same way (compiled or eager)
+    as the baseline; the others are named in the text and in ``unmatched``."""
+    kept, unmatched, note = like_with_like.split(trials)
+    verdict = _rank_speeds(kept)
+    if not unmatched:
+        return verdict
+    return dataclasses.replace(verdict, text=verdict.text + note, unmatched=unmatched)
+
+
+def _rank_speeds(trials: list[TrialResult]) -> SpeedVerdict:
     # an emulated trial's speed is not its format's hardware's (engine/measure/gating.py): unranked
     done = [t for t in trials if t.status == "ok" and t.summary is not None
             and t.summary.median_step_ms and t.support != "emulated"]
@@ -303,6 +320,8 @@ def _row_verdict(trial: TrialResult, base: TrialResult | None,
         return None
     if trial.support == "emulated":  # with or without a baseline to compare with
         return EMULATED_TEXT
+    if trial.precision in verdict.unmatched:
+        return like_with_like.UNMATCHED_TEXT
     if base is None:
         return None
     if trial is base:
@@ -378,13 +397,14 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
     ("skipped_steps", "Skipped steps", lambda v: f"{v:d}"),
     ("final_loss_diff_vs_fp32", "Final loss vs fp32", lambda v: f"{v:+.4f}"),
     ("energy_per_token_vs_fp32", "Energy/token vs fp32", lambda v: f"{v:.2f}x"),
+    ("lost_updates", "Lost updates (min lr)", str),
     ("compiled", "Compiled", lambda v: "yes" if v else "no"),
     ("reason", "Reason", str),
 ]
 """(row field, header, formatter of a non-None value), in display order."""
 
 _FORMATTERS = {key: fmt for key, _, fmt in COLUMNS}
-_TEXT_KEYS = {"precision", "status", "trained", "reason", "speed_verdict"}
+_TEXT_KEYS = {"precision", "status", "trained", "reason", "speed_verdict", "lost_updates"}
 
 
 def format_cell(key: str, value) -> str:

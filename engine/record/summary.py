@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 
 from engine.core.events import MemoryBreakdown, StepSample, TrialSummary
-from engine.measure.peaks import PeakLookup
+from engine.measure.peaks import OVER_PEAK_REASON, PeakLookup, over_peak
 from engine.measure.peaks import mfu as mfu_of
 from engine.record.spread import step_spread
 
@@ -62,7 +62,9 @@ def summarise(steps: list[StepSample], *, tokens_per_step: int | None,
     else:
         mfu_reason = None if mfu is not None else (no_flops_reason if measured
                                                    else no_steps_reason)
-    if mfu_measured is not None:
+    if over_peak(mfu_measured):  # never shown as MFU: the peak was measured low
+        mfu_measured, measured_reason = None, OVER_PEAK_REASON
+    elif mfu_measured is not None:
         measured_reason = None
     elif measured_peak is not None and measured_peak.flops_per_s is None:
         measured_reason = measured_peak.reason

@@ -50,7 +50,7 @@ MAX_BYTES = 2**60
 MAX_INT = 2**63
 # measurements that may legitimately be non-finite: a loss or gradient norm that
 # overflowed is kept as Infinity/NaN (docs/report-schema.md, "the null rule")
-NONFINITE_FIELDS = frozenset({"loss", "final_loss", "grad_norm"})
+NONFINITE_FIELDS = frozenset({"loss", "final_loss", "grad_norm", "loss_before", "loss_after"})
 # the numerics lab writes non-finite floats as these strings (engine.numerics.lab)
 NONFINITE_TEXT = frozenset({"inf", "-inf", "nan"})
 # RunRecord fields that are not part of the file

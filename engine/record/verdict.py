@@ -9,11 +9,13 @@ one from the comparison table.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cmp_to_key
 
 from engine.core.config import BF16_COMPUTE, recipe_name
+from engine.record import verdict_numerics as vn
 from engine.record.compare import (
     BUSY_TEXT,
     EMULATED_TEXT,
@@ -27,14 +29,21 @@ from engine.record.compare import (
 )
 from engine.record.run_record import RunRecord
 
-LOSS_TOLERANCE_REL = 0.02  # final loss within 2% of fp32's (same data and seed) ...
-LOSS_TOLERANCE_ABS = 0.01  # ... or this much, whichever is larger
+LOSS_DROP_SHARE = 0.10  # final loss within 10% of fp32's own loss drop of fp32's final loss
+MIN_LOSS_DROP = 0.05  # nats: below this fp32's drop is too small to judge a loss against
+LOST_UPDATES_MAX = 0.05  # share of the update's norm a recipe may lose at the smallest lr
 MEMORY_MIN_SAVING = 0.05  # a peak at least 5% below fp32's counts as using less memory
 RULES = (
     "a precision is recommended over fp32 when it finished, trains all weights (int8 and "
     "nf4 train LoRA adapters over a frozen base: not a like-for-like replacement), its "
-    f"final loss is finite and within {LOSS_TOLERANCE_REL:.0%} of fp32's (at least "
-    f"{LOSS_TOLERANCE_ABS}) after the same steps, it is not significantly slower, and it is "
+    f"final loss is finite and within {LOSS_DROP_SHARE:.0%} of fp32's own loss drop of "
+    "fp32's final loss (on held-out batches no step trained on; in reports without them, on "
+    f"the training batches), not judged when fp32's drop is under {MIN_LOSS_DROP} (too few "
+    "steps); weights stored below fp32 lose at most "
+    f"{LOST_UPDATES_MAX:.0%} of an update's norm at the schedule's smallest learning rate "
+    "(measured in an untimed step; a report without the measurement recommends no pure "
+    "bf16/fp16 weights without an fp32 master copy or stochastic rounding); it is not "
+    "significantly slower, and it is "
     "either significantly faster (the 95% CI of its speed-up excludes 1.0, judged only when "
     "the run's speeds can be ranked; never for bf16 where the device emulates bf16) or its "
     f"peak memory is at least {MEMORY_MIN_SAVING:.0%} below fp32's. Among several: the "
@@ -169,8 +178,10 @@ def verdict(record: RunRecord) -> Verdict:
     lab = _lab_choice(record)
     if lab:
         reasons.append(f"the numerics lab recommends {lab}")
-    tolerance = max(LOSS_TOLERANCE_ABS, LOSS_TOLERANCE_REL * abs(record.trial(baseline)
-                                                                  .summary.final_loss or 0.0))
+    loss_rule = vn.loss_rule(record, baseline, LOSS_DROP_SHARE, MIN_LOSS_DROP)
+    reasons.append(loss_rule.text)
+    reasons.extend(vn.changed_optimizers(record))
+    excluded: dict[str, str] = {}  # precision: why it is not recommended, for the headline
     figures = {baseline: _figure(base, base, "baseline", "the reference every ratio uses")}
     good: list[ComparisonRow] = []
     groups: dict[str, int | None] = {}
@@ -179,6 +190,10 @@ def verdict(record: RunRecord) -> Verdict:
             continue
         trial = record.trial(row.precision)
         loss = trial.summary.final_loss if trial.summary else None
+        lost = (vn.lost_updates_reason(trial, LOST_UPDATES_MAX) if row.status == "ok"
+                else None)
+        if lost is not None:  # named in the headline whatever else rules the trial out
+            excluded[row.precision] = lost[2]
         if row.status != "ok":
             judgement, note = row.status, row.reason or row.status
         elif trial.lora is not None:
@@ -187,14 +202,18 @@ def verdict(record: RunRecord) -> Verdict:
             judgement, note = "no step time", "every measured step was skipped"
         elif loss is None or not math.isfinite(loss):
             judgement, note = "diverged", f"final loss is {loss}"
-        elif row.final_loss_diff_vs_fp32 is None:
-            judgement, note = "no loss", "no final loss to compare with fp32's"
-        elif abs(row.final_loss_diff_vs_fp32) > tolerance:
-            judgement, note = "diverged", (f"loss {row.final_loss_diff_vs_fp32:+.3g} vs fp32, "
-                                           f"beyond the tolerance of {tolerance:.3g}")
+        elif loss_rule.judged and loss_rule.diff(record, row) is None:
+            judgement, note = "no loss", f"no {loss_rule.source} loss to compare with fp32's"
+        elif loss_rule.judged and not abs(loss_rule.diff(record, row)) <= loss_rule.tolerance:
+            judgement, note = "learned less", (
+                f"{loss_rule.source} loss {loss_rule.diff(record, row):+.3g} vs fp32, beyond "
+                f"{LOSS_DROP_SHARE:.0%} of fp32's drop ({loss_rule.tolerance:.3g})")
+        elif lost is not None:
+            judgement, note = lost[:2]
         else:
             # an emulated format (gating) has no speed to judge: memory and loss only
-            group = None if trial.support == "emulated" else _group(speed, row.precision)
+            group = (None if trial.support == "emulated" or row.precision in speed.unmatched
+                     else _group(speed, row.precision))
             emulated = bf16_emulated and recipe_name(row.precision) in BF16_COMPUTE
             if emulated and group is not None and base_group is not None:
                 group = max(group, base_group)  # never faster on emulated bf16
@@ -210,14 +229,22 @@ def verdict(record: RunRecord) -> Verdict:
             else:
                 judgement, note = "not better", ("neither significantly faster nor "
                                                  f"{MEMORY_MIN_SAVING:.0%} smaller")
-        figures[row.precision] = _figure(row, base, judgement, note)
+        changed = (vn.changed_optimizer(trial, (record.config or {}).get("optimizer") or "adamw")
+                   if row.status == "ok" else None)
+        figures[row.precision] = _figure(row, base, judgement,
+                                         f"{note}; {changed}" if changed else note)
+    not_rec = vn.excluded_text(excluded)
     if speed.noisy:  # the first problem in the headline, all of them in the reasons
         what = ("speeds not ranked, the machine was busy" if speed.text.startswith(BUSY_TEXT)
                 else "step times too noisy to rank")
         more = f"; and {len(speed.problems) - 1} more" if len(speed.problems) > 1 else ""
         first = f" ({speed.problems[0]}{more})" if speed.problems else ""
-        return _none(what + first, speed.suggestion, tuple(figures.values()),
-                     [*speed.problems, *reasons[1:]])
+        unranked = {p: dataclasses.replace(f, judgement="speed not ranked", note=(
+            f"{f.note}, but its speed could not be ranked: {what}"))
+            for p, f in figures.items() if f.judgement == "qualifies"}
+        figures.update(unranked)
+        return _none(what + first + (f". {not_rec}" if not_rec else ""), speed.suggestion,
+                     tuple(figures.values()), [*speed.problems, *reasons[1:]])
 
     def better(a: ComparisonRow, b: ComparisonRow) -> int:
         """Negative when ``a`` is the better choice (faster, then smaller, then numerics)."""
@@ -244,6 +271,8 @@ def verdict(record: RunRecord) -> Verdict:
                     f"{MEMORY_MIN_SAVING:.0%} smaller without diverging or being slower"
                     + (f"; {others}" if others else ""))
         figures[baseline] = _figure(base, base, "recommended", "nothing beat it")
+        headline += f". {not_rec}" if not_rec else ""
+        headline += f"; {loss_rule.caveat}" if loss_rule.caveat else ""
         return Verdict(baseline, headline, tuple(figures.values()), tuple(reasons),
                        speed.suggestion)
     ranked = sorted(good, key=cmp_to_key(better))
@@ -251,14 +280,18 @@ def verdict(record: RunRecord) -> Verdict:
     speed_part = (_speed_text(best) if best.speedup_vs_fp32 is not None else "speed n/a")
     if record.trial(best.precision).support == "emulated":
         speed_part = f"speed {EMULATED_TEXT}"
+    elif best.precision in speed.unmatched:
+        speed_part = "speed not compared (compiled vs eager: not like with like)"
     elif bf16_emulated and recipe_name(best.precision) in BF16_COMPUTE:
         speed_part += " (bf16 emulated here: not judged on speed)"
     elif groups[best.precision] == base_group:
         speed_part += " (not significantly faster)"
     headline = (f"Train in {best.precision}: {speed_part}, {_memory_text(best, base)}, "
                 f"{_loss_text(best, _steps(record, best.precision))}")
+    headline += f" ({loss_rule.caveat})" if loss_rule.caveat else ""
     if len(ranked) > 1:
         headline += "; " + _runner_up(ranked[1], best, groups, base, lab)
+    headline += f". {not_rec}" if not_rec else ""  # why the faster pure recipes lost
     figures[best.precision] = _figure(best, base, "recommended", figures[best.precision].note)
     return Verdict(best.precision, headline, tuple(figures.values()), tuple(reasons),
                    speed.suggestion)

@@ -18,6 +18,10 @@ from engine.core.config import BF16_EMULATED
 from engine.core.events import TrialResult
 from engine.core.resources import RESOURCES
 from engine.distributed.summary_text import wire_dtype
+from engine.measure.lost_updates_text import EXPLANATION as LOST_EXPLANATION
+from engine.measure.lost_updates_text import HEADERS as LOST_HEADERS
+from engine.measure.lost_updates_text import TITLE as LOST_TITLE
+from engine.measure.lost_updates_text import lost_rows
 from engine.measure.quant_error_text import HEADERS as QUANT_HEADERS
 from engine.measure.quant_error_text import TITLE as QUANT_TITLE
 from engine.measure.quant_error_text import layer_db, quant_rows
@@ -242,7 +246,22 @@ def _comparison(record: RunRecord) -> str:
     return (_columns_table(rows, PRIMARY_COLUMNS) + baseline + _speed_note(record, verdict)
             + "<details><summary>More columns: throughput, spread, MFU/HFU, energy, trained "
             f"parameters, reasons</summary>{_columns_table(rows, secondary)}</details>"
-            + _quant_error(record, {r.precision: r.final_loss_diff_vs_fp32 for r in rows}))
+            + _quant_error(record, {r.precision: r.final_loss_diff_vs_fp32 for r in rows})
+            + _lost_updates(record))
+
+
+def _lost_updates(record: RunRecord) -> str:
+    """Each trial's lost-update shares, with the master-weights explanation a click away."""
+    rows = lost_rows(record.trials)
+    if not rows:
+        return ""
+    body = [[_swatch(r[0]), *(_e(v) for v in r[1:])] if len(r) == len(LOST_HEADERS) else
+            [_swatch(r[0]), f'<span class="na">{_e(r[1])}</span>', "", "", "", ""]
+            for r in rows]
+    return (f'<h3 id="lost-updates">Lost updates</h3><p class="note">{_e(LOST_TITLE)}.</p>'
+            + _table(list(LOST_HEADERS), body, numeric={2, 3, 4})
+            + f"<details><summary>Why updates get lost: master weights</summary>"
+            f"<p>{_e(LOST_EXPLANATION)}</p></details>")
 
 
 def _quant_error(record: RunRecord, loss_diffs: dict) -> str:

@@ -32,6 +32,7 @@ from engine.core.events import (
     TrialStarted,
 )
 from engine.core.quiet import quiet_libraries
+from engine.measure.busy_notice import BusyNotice
 from engine.measure.contention import cpu_count, summarise
 from engine.measure.device import DeviceInfo
 from engine.measure.environment import collect
@@ -167,7 +168,9 @@ class Runner:
                 "warning", f"bf16: {BF16_EMULATED}: this CPU has no bf16 matrix instructions, "
                 f"so {' and '.join(emulated)} run bf16 in emulation, slower than fp32; their "
                 "speeds say nothing about bf16 hardware", None, time.time()))
-        monitor = Monitor.for_device(info, self._emit, self.config.monitor_hz, self._load)
+        busy = BusyNotice(cpu_count(), self._emit)  # says so within the first trial
+        monitor = Monitor.for_device(info, lambda e: (self._emit(e), busy.observe(e)),
+                                     self.config.monitor_hz, self._load)
         monitor.start()
         try:
             rounds, why = choose_rounds(self.config, info=info)

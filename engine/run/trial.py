@@ -27,7 +27,9 @@ from engine.core.config import (
 from engine.core.events import (
     FlopsInfo,
     GpmMetrics,
+    HeldOutLoss,
     LogEvent,
+    LostUpdates,
     MemoryBreakdown,
     ModuleInfo,
     ParamInfo,
@@ -55,11 +57,13 @@ from engine.measure import inventory, matmul_peak, memtrack, nvml, peak_choice, 
 from engine.measure.device import DeviceInfo
 from engine.measure.gpm import GpmWindow
 from engine.measure.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_bytes, profile_step
+from engine.measure.lost_updates import measure_trial as measure_lost_updates
 from engine.measure.memory_breakdown import watched_memory
-from engine.measure.peaks import PeakLookup
+from engine.measure.peaks import PeakLookup, over_peak
 from engine.measure.peaks import mfu as mfu_of
 from engine.measure.step_basis import against_measured, measured_median_ms
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
+from engine.models import heldout as held_out
 from engine.models.load import (
     dims,
     float8_scaling,
@@ -239,6 +243,11 @@ class _State:
     lora: dict | None = None
     quant_error: QuantError | None = None
     quant_error_reason: str | None = "not measured: the trial ended before its first step"
+    heldout_before: float | None = None
+    heldout: HeldOutLoss | None = None
+    heldout_reason: str = "not measured: the trial ended before its untimed tail"
+    lost_updates: LostUpdates | None = None
+    lost_updates_reason: str = "not measured: the trial ended before its untimed tail"
 
     def phase(self, emit, phase: str) -> None:
         emit(PhaseChanged(self.rec.precision, phase, time.time(), self.round_index))
@@ -281,6 +290,10 @@ class _State:
             quant_error=self.quant_error,
             quant_error_reason=None if self.quant_error else self.quant_error_reason,
             compiled=self.compiled,
+            lost_updates=self.lost_updates,
+            lost_updates_reason=None if self.lost_updates else self.lost_updates_reason,
+            heldout_loss=self.heldout,
+            heldout_loss_reason=None if self.heldout else self.heldout_reason,
         )
 
     def _summary(self) -> TrialSummary:
@@ -432,6 +445,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
         state.notes.append(f"emulated: {verdict.reason}")
     _probe(state, loaded, batches[0])
     _quant_error(state, model, batches[0], device)
+    held = held_out.batches(loaded.config, loaded.task, config, device)
+    state.heldout_before = held_out.loss(model, rec, held, device)
     state.peak = peak_choice.datasheet_peak(info, rec, state.flops.by_peak_dtype)
     state.measured_peak = peak_choice.measured_peak(rates, rec, state.flops.by_peak_dtype)
     state.common_peak = peak_choice.common_peak(info)
@@ -449,6 +464,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
                            cancelled, gpm)
     state.gpm = gpm.stop()
+    if matmul_peak.beaten_by(state.steps[state.step_offset:]):
+        _remeasure_peak(state, log)
     if state.compiled:
         note, breaks = _compile_note(compiles_before, _compile_counts())
         state.notes.append(note)
@@ -485,7 +502,48 @@ def _measure(state: _State, emit, cancelled) -> bool:
     elif not cancelled():
         state.phase(emit, "profiled step")
         _profiled_step(state, step_model, params, optimizer, scaler, batches, log)
+    if not cancelled():
+        _untimed_tail(state, model, params, optimizer, scaler, batches[0], held)
     return False
+
+
+def _untimed_tail(state: _State, model, params, optimizer, scaler, batch, held) -> None:
+    """After every step: the held-out loss, then the step that counts lost updates (it puts
+    the weights back). A failure here costs only these figures."""
+    config, device = state.config, state.device_info.torch_device
+    try:
+        after = held_out.loss(model, state.rec, held, device)
+        steps = warmup_steps(config.warmup) + config.steps + 1 + (state.profiled is not None)
+        state.heldout = held_out.result(state.heldout_before, after, held, steps)
+    except Exception as exc:
+        state.heldout_reason = f"the held-out forward failed: {type(exc).__name__}: {exc}"
+    try:
+        state.lost_updates, reason = measure_lost_updates(
+            model, params, optimizer, state.optimizer, scaler, state.rec, batch, device,
+            config.lr)
+        state.lost_updates_reason = reason or ""
+    except Exception as exc:
+        optimizer.zero_grad(set_to_none=True)
+        state.lost_updates_reason = (f"the lost-update step failed: {type(exc).__name__}: "
+                                     f"{exc}")
+    _release(device)
+
+
+def _remeasure_peak(state: _State, log) -> None:
+    """A step beat the cached matmul peak, so it was measured low (under load): measure again,
+    keep the best, and recompute this trial's MFU against it; a figure still above 100% is
+    n/a (engine.measure.peaks.over_peak)."""
+    best = max(s.mfu_measured for s in state.steps[state.step_offset:] if s.mfu_measured)
+    why = f"a {state.rec.precision} step reached {best:.0%} of it"
+    log(f"this run beat the measured matmul peak ({why}): measuring it again", "warning")
+    rates = matmul_peak.remeasure(state.device_info, why)
+    state.measured_peak = peak_choice.measured_peak(rates, state.rec, state.flops.by_peak_dtype)
+
+    def again(s: StepSample) -> StepSample:
+        mfu = mfu_of(s.tflops * 1e12, state.measured_peak) if s.tflops is not None else None
+        return dataclasses.replace(s, mfu_measured=None if over_peak(mfu) else mfu)
+
+    state.steps[state.step_offset:] = [again(s) for s in state.steps[state.step_offset:]]
 
 
 def _compile_counts() -> tuple[int, dict]:

@@ -144,3 +144,22 @@ def test_a_cpu_without_bf16_units_is_said_to_emulate_bf16(busy_run):
     assert any(m.startswith("bf16: emulated (no AVX512-BF16/AMX), slow: ") and "bf16-amp" in m
                for m in warnings), warnings
     assert any("bf16 is emulated" in r for r in verdict(record).reasons)
+
+
+def test_a_busy_host_is_said_within_the_first_trial_with_what_to_do():
+    from engine.core.events import LogEvent
+
+    load = PhasedLoad()
+    load.phase = BUSY
+    events = []
+    # enough steps that the first trial outlasts the notice's window on a fast machine too
+    config = RunConfig(model="tiny", precisions=("fp32", "bf16-amp"), batch_size=1, seq_len=16,
+                       steps=150, warmup=1, device="cpu", isolation="inline", interleave="off",
+                       profile_step=False, monitor_hz=20.0)
+    Runner(config, events.append, journal=False, load=load).run()
+    said = [i for i, e in enumerate(events) if isinstance(e, LogEvent)
+            and e.message.startswith("the machine is busy (1-minute load average 171.3")]
+    first_done = next(i for i, e in enumerate(events) if isinstance(e, TrialFinished))
+    assert len(said) == 1 and said[0] < first_done  # once, before the first trial ended
+    message = events[said[0]].message
+    assert "speeds will not be ranked" in message and "To do: stop the run" in message

@@ -219,3 +219,50 @@ def test_a_slow_dtype_stops_growing_at_the_size_its_budget_can_time(cache, monke
     assert measured.tflops and set(measured.sizes) == set(measured.tflops)
     for dtype, n in measured.sizes.items():
         assert n < 16384 and n >= matmul_peak.SMALLEST and n & (n - 1) == 0, (dtype, n)
+
+
+def test_a_peak_measured_under_load_that_a_run_beats_is_measured_again(cache):
+    """A cached fp32 peak of 1 MFLOP/s, as if taken on a machine busy with other work: the
+    first measured step beats it, the trial measures again, keeps the best of both, and no
+    MFU above 100% is shown."""
+    key = matmul_peak.cache_key(CPU.name, CPU.kind)
+    slow = {"key": key, "device": CPU.name, "torch_version": torch.__version__,
+            "sizes": {"fp32": 256}, "measured_at_s": 1.0, "tflops": {"fp32": 1e-6},
+            "reasons": {}, "failed": [], "load_avg_1m": 9.5, "cpu_count": 2}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({key: slow}), encoding="utf-8")
+    assert "busy: the peak may be low" in matmul_peak.cached(CPU).lookup("fp32").source
+    config = RunConfig(model="tiny", batch_size=1, seq_len=16, steps=2, warmup=1,
+                       device="cpu", isolation="inline", profile_step=False)
+    events = []
+    result = run_trial(config, "fp32", CPU, events.append, lambda: False)
+    assert result.status == "ok", result.reason
+    warned = [e.message for e in events if getattr(e, "level", "") == "warning"
+              and "beat the measured matmul peak" in e.message]
+    assert len(warned) == 1 and "a fp32 step reached" in warned[0]
+    entry = _entry(cache)
+    assert entry["tflops"]["fp32"] > 1e-6  # measured again: the best of old and new
+    assert entry["remeasured_because"].startswith("a fp32 step reached")
+    assert entry["load_avg_1m"] is not None and entry["cpu_count"] >= 1
+    s = result.summary
+    assert s.measured_peak_flops == pytest.approx(
+        _blended(result.flops.by_peak_dtype, entry["tflops"]))
+    assert "measured again: a fp32 step reached" in s.measured_peak_source
+    assert "under a load average of" in s.measured_peak_source
+    shown = [st.mfu_measured for st in result.steps if st.mfu_measured is not None]
+    assert all(v <= 1.0 for v in shown)
+    assert s.mfu_measured is None and s.mfu_measured_reason.startswith(
+        "n/a: this run beat the measured matmul peak") or 0 < s.mfu_measured <= 1.0
+
+
+def test_an_mfu_above_one_is_never_a_figure():
+    from engine.measure.peaks import OVER_PEAK_REASON, PeakLookup
+    from engine.record.summary import summarise
+    from tests.engine.verdict_records import trial
+
+    steps = trial("fp32", 100.0, 1, 3.0).steps  # 100 ms steps
+    low = PeakLookup(1e9, "a peak measured under load", None)  # 1 GFLOP/s
+    s = summarise(steps, tokens_per_step=512, model_flops_per_step=1e9,
+                  counted_flops_per_step=None, peak=None, measured_peak=low)
+    assert s.tflops * 1e12 > low.flops_per_s  # 10 GFLOP/s achieved: 1000% of that peak
+    assert s.mfu_measured is None and s.mfu_measured_reason == OVER_PEAK_REASON

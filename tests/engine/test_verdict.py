@@ -43,6 +43,11 @@ def test_noisy_run_recommends_nothing_and_says_what_to_do():
     assert v.headline.startswith("No recommendation: step times too noisy to rank (")
     assert "CV above 10%" in v.headline
     assert "idle machine" in v.advice
+    # beside "No recommendation" nothing "qualifies": each figure says what it lacks
+    bf16 = {f.precision: f for f in v.figures}["bf16-amp"]
+    assert bf16.judgement == "speed not ranked"
+    assert bf16.note == ("uses less memory, but its speed could not be ranked: step times "
+                         "too noisy to rank")
 
 
 def test_single_precision_has_nothing_to_compare():
@@ -65,15 +70,18 @@ def test_no_fp32_baseline_is_no_recommendation():
     assert v.precision is None and "no fp32 trial" in v.headline
 
 
-@pytest.mark.parametrize("fp16_loss", [float("nan"), 3.0 + 0.5])
-def test_diverged_fp16_is_never_recommended_however_fast(fp16_loss):
+@pytest.mark.parametrize(("fp16_loss", "judged_as"),
+                         [(float("nan"), "diverged"), (3.0 + 0.5, "learned less")])
+def test_diverged_fp16_is_never_recommended_however_fast(fp16_loss, judged_as):
     fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
     bf16 = trial("bf16-amp", 60.0, 6 * GiB, 3.01)
     fp16 = trial("fp16", 30.0, 4 * GiB, fp16_loss)  # faster and smaller, but diverged
     v = verdict(record(fp32, bf16, fp16))
     assert v.precision == "bf16-amp"
     judged = {f.precision: f.judgement for f in v.figures}
-    assert judged == {"fp32": "baseline", "bf16-amp": "recommended", "fp16": "diverged"}
+    assert judged == {"fp32": "baseline", "bf16-amp": "recommended", "fp16": judged_as}
+    # pure fp16 weights with no lost-update measurement are named in the headline too
+    assert "Not recommended: fp16 (pure fp16 weights, no fp32 master copy" in v.headline
 
 
 def test_nothing_better_recommends_fp32_and_says_why_not_the_others():
@@ -172,3 +180,94 @@ def test_gated_and_failed_precisions_are_named_and_their_reasons_kept():
     assert "fp8 did not run: fp8 training needs compute capability 8.9+" in v.reasons
     why = {f.precision: f.note for f in v.figures}
     assert why["fp16"] == "fp16 failed in the test"  # the trial's own reason, under "Why"
+
+
+def _lost(norm_share_at_min: float, rounding: str = "nearest", kept: float = 0.5):
+    from engine.core.events import LostUpdates
+
+    return LostUpdates("test", "bfloat16", rounding, 1e-4, 1e-5, 0.1, 0.1, 0.9,
+                       norm_share_at_min, norm_share_at_min, kept)
+
+
+def _held(before: float, after: float, steps: int = 12):
+    from engine.core.events import HeldOutLoss
+
+    return HeldOutLoss("test", 2, 2048, before, after, steps)
+
+
+def test_a_recipe_that_loses_its_updates_is_not_recommended_however_fast():
+    fp32 = trial("fp32", 100.0, 8 * GiB, 3.0)
+    amp = trial("bf16-amp", 60.0, 6 * GiB, 3.0, seed=1)
+    bf16 = dataclasses.replace(trial("bf16", 40.0, 4 * GiB, 3.0, seed=2),
+                               lost_updates=_lost(0.7))
+    v = verdict(record(fp32, amp, bf16))
+    assert v.precision == "bf16-amp"
+    assert v.headline.endswith(
+        "Not recommended: bf16 would lose 70% of its updates at lr 1e-05: train in bf16-amp, "
+        "or bf16+adamw-bf16-sr (stochastic rounding)")
+    assert {f.precision: f.judgement for f in v.figures}["bf16"] == "loses updates"
+    # under the stated share it qualifies; stochastic rounding is judged by the kept share
+    few = dataclasses.replace(bf16, lost_updates=_lost(0.04))
+    assert verdict(record(fp32, amp, few)).precision == "bf16"
+    sr = dataclasses.replace(bf16, precision="bf16+adamw-bf16-sr",
+                             lost_updates=_lost(0.8, "stochastic", kept=0.99))
+    assert verdict(record(fp32, amp, sr)).precision == "bf16+adamw-bf16-sr"
+
+
+def test_the_loss_is_judged_against_fp32s_own_held_out_drop():
+    fp32 = dataclasses.replace(trial("fp32", 100.0, 8 * GiB, 3.0),
+                               heldout_loss=_held(4.0, 3.5))  # fp32's drop: 0.5
+    near = dataclasses.replace(trial("bf16-amp", 50.0, 5 * GiB, 3.0, seed=1),
+                               heldout_loss=_held(4.0, 3.5 + 0.04))  # within 10% of 0.5
+    far = dataclasses.replace(trial("fp16-amp", 50.0, 5 * GiB, 3.0, seed=2),
+                              heldout_loss=_held(4.0, 3.5 + 0.06))  # learned 12% less
+    v = verdict(record(fp32, near, far))
+    judged = {f.precision: f.judgement for f in v.figures}
+    assert judged == {"fp32": "baseline", "bf16-amp": "recommended",
+                      "fp16-amp": "learned less"}
+    assert any("fp32's loss fell 0.5 in 12 steps" in r for r in v.reasons)
+    # a held-out loss that overflowed is beyond any tolerance
+    nan = dataclasses.replace(near, heldout_loss=_held(4.0, float("nan")))
+    assert {f.precision: f.judgement for f in verdict(record(fp32, nan)).figures}[
+        "bf16-amp"] == "learned less"
+    # fp32 barely learned: the loss cannot be judged, and the headline says so
+    flat = dataclasses.replace(fp32, heldout_loss=_held(4.0, 3.99))
+    v = verdict(record(flat, near, far))
+    assert "cannot judge the loss after 12 steps: fp32's held-out loss fell only 0.01" \
+        in v.headline
+    assert "learned less" not in {f.judgement for f in v.figures}
+
+
+def test_compiled_fp8_is_not_ranked_against_eager_trials():
+    from engine.core.recipes import recipe, run_description
+
+    def ran(t, compiled):
+        return dataclasses.replace(t, recipe=run_description(recipe(t.precision), "cuda",
+                                                             "adamw", compiled))
+
+    fp32 = ran(trial("fp32", 100.0, 8 * GiB, 3.0), False)
+    amp = ran(trial("bf16-amp", 58.0, 6 * GiB, 3.0, seed=1), False)
+    fp8 = ran(trial("fp8", 31.4, 6 * GiB, 3.0, seed=2), True)  # compiled: 1.85x bf16-amp
+    v = verdict(record(fp32, amp, fp8))
+    assert v.precision == "bf16-amp"
+    speed = next(r for r in v.reasons if r.startswith("speed: "))
+    assert "fp8 ran compiled while fp32 ran eager: not like with like, so its speed is " \
+           "left out of the ranking" in speed
+    assert "fp8" not in speed.split(";")[0]  # the ranking itself
+    figure = {f.precision: f for f in v.figures}["fp8"]
+    # its speed is not judged: it qualifies on memory alone, as bf16-amp does
+    assert (figure.judgement, figure.note) == ("qualifies", "uses less memory")
+    # all compiled (--compile): ranked together
+    same = verdict(record(ran(fp32, True), ran(amp, True), fp8))
+    assert same.precision == "fp8"
+
+
+def test_the_trials_compiled_flag_decides_like_with_like():
+    fp32 = dataclasses.replace(trial("fp32", 100.0, 8 * GiB, 3.0), compiled=False)
+    amp = dataclasses.replace(trial("bf16-amp", 24.0, 6 * GiB, 3.0, seed=1), compiled=True)
+    v = verdict(record(fp32, amp))
+    speed = next(r for r in v.reasons if r.startswith("speed: "))
+    assert "bf16-amp ran compiled while fp32 ran eager: not like with like" in speed
+    figure = {f.precision: f for f in v.figures}["bf16-amp"]
+    assert v.precision == "bf16-amp" and figure.note == "uses less memory"
+    assert "speed not compared (compiled vs eager: not like with like)" in v.headline
