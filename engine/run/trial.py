@@ -213,6 +213,7 @@ class _State:
     lora: dict | None = None
     quant_error: QuantError | None = None
     quant_error_reason: str | None = "not measured: the trial ended before its first step"
+    memory_timeline: object = None  # the memory step's MemoryTimeline
 
     def phase(self, emit, phase: str) -> None:
         emit(PhaseChanged(self.rec.precision, phase, time.time(), self.round_index))
@@ -254,6 +255,7 @@ class _State:
             support_reason=verdict.reason if verdict else None,
             quant_error=self.quant_error,
             quant_error_reason=None if self.quant_error else self.quant_error_reason,
+            memory_timeline=self.memory_timeline,
         )
 
     def _summary(self) -> TrialSummary:
@@ -438,6 +440,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
         log(state.memory.notes, "warning")
     else:
         state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
+        state.memory_timeline = measured.timeline
         if rec.quant and info.kind != "cuda":
             state.notes.append(BNB_TEMPORARIES_NOTE)
         if state.optimizer in TORCHAO_STEP:
@@ -787,6 +790,7 @@ def tracked_step(config: RunConfig, rec: Recipe, device: torch.device, model, op
         else:
             optimizer.step()
         watcher.mark_optimizer_state(optimizer)
+        watcher.mark("zero_grad")
         optimizer.zero_grad(set_to_none=True)
     return watcher.result()
 
