@@ -87,6 +87,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def plan_html(result) -> str:
     """The answer first: recipe x card, fits or not, with headroom."""
     from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
+    from engine.report.charts import plan_timeline_html
     from engine.run.plan import size_text
 
     cards = [c.card for c in result.trials[0].cards] if result.trials else []
@@ -116,6 +117,7 @@ def plan_html(result) -> str:
     return (f"<!doctype html><meta charset='utf-8'><title>{title}</title><h1>{title}</h1>"
             f"<table border='1'><tr><th>recipe</th><th>traced peak</th><th>measured peak</th>"
             f"{head}</tr>{''.join(rows)}</table>{_side_by_side_html(result)}"
+            f"{plan_timeline_html(result)}"
             "<p>Usable memory is the card's memory as the driver reports "
             f"it minus a CUDA context allowance of {result.context_bytes / 2**30:.2f} GiB. "
             "Step times are roofline predictions, not measurements: the longer of the "

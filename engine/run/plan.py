@@ -50,6 +50,7 @@ from engine.measure.peaks import memory_bandwidth, peak_flops, table
 from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
 from engine.measure.traffic import ByteCounter
 from engine.run.plan_measured import MeasuredTrial, find_measured, read_report
+from engine.run.plan_timeline import traced_timeline
 
 # What CUDA holds outside the allocator (context, loaded kernels, cuBLAS handles); a
 # stated allowance, not a measurement: `profile` on the card reports its context gap.
@@ -173,6 +174,8 @@ class PlanTrial:
     measured: MeasuredTrial | None = None
     # engine.measure.traffic's count of the traced step; None: not traced
     bytes_moved: int | None = None
+    # the traced step's MemoryTimeline (engine.run.plan_timeline); None: not traced
+    memory_timeline: object = None
 
 
 @dataclass(frozen=True)
@@ -491,6 +494,7 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
         bytes_moved = None
         memory, method, trace_s = None, "traced", None
         buckets = 0  # DDP's gradient buckets, held beside the traced step
+        timeline = None
         if reason is None:
             log(f"{precision}: tracing one step at batch {config.batch_size}")
             start = time.perf_counter()
@@ -513,6 +517,7 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
                     buckets = measured.at_phase_start["optimizer"]["grads"]
                     memory = _with_ddp_buckets(memory, buckets, config.nproc_per_node)
                 peaks[config.batch_size] = memory.total_bytes
+                timeline = traced_timeline(measured, buckets)
         if memory is None and config.strategy != "none":
             method = "n/a"
             reason += "; the memory model predicts one process only"
@@ -545,7 +550,8 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
                  for card in config.cards]
         trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards,
                                 trial_optimizer(config, precision),
-                                _measured(config, precision, reports), bytes_moved))
+                                _measured(config, precision, reports), bytes_moved,
+                                memory_timeline=timeline))
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum, strategy=config.strategy,
