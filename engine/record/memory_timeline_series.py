@@ -51,6 +51,11 @@ class TimelineSeries:
     ops: int
     levels: list[Level] = field(default_factory=list)
     note: str = ""
+    # another step's total on the same axes (plan: the measured trial), its x scaled to this
+    # step's op count (the two ran different numbers of ops); empty: none
+    overlay_label: str = ""
+    overlay_x: list[float] = field(default_factory=list)
+    overlay_bytes: list[int] = field(default_factory=list)
 
     def totals(self) -> list[int]:
         return [sum(col) for col in zip(*self.values, strict=True)] if self.values else []
@@ -130,5 +135,24 @@ def trial_series(trial, environment: dict | None) -> TimelineSeries | None:
 
 def shared_top(all_series: list[TimelineSeries]) -> int:
     """The top of the one byte axis every chart of a comparison shares."""
-    tops = [max([s.peak_bytes, *(lv.bytes for lv in s.levels)]) for s in all_series]
+    tops = [max([s.peak_bytes, *(lv.bytes for lv in s.levels), *s.overlay_bytes])
+            for s in all_series]
     return max(tops, default=0)
+
+
+def plan_series(trial) -> TimelineSeries | None:
+    """A plan trial's traced step (engine.run.plan.PlanTrial) with each card's usable memory,
+    and the measured trial's total where one recorded a timeline; None where not traced."""
+    if trial.memory_timeline is None:
+        return None
+    levels = [Level("usable", f"{c.card} usable", c.usable_bytes) for c in trial.cards
+              if c.usable_bytes is not None]
+    traced = series(trial.memory_timeline, f"{trial.precision} (traced)", levels)
+    measured = trial.measured
+    if measured is None or measured.memory_timeline is None:
+        return traced
+    other = series(measured.memory_timeline, "", [])
+    ratio = traced.ops / max(other.ops, 1)
+    return dataclasses.replace(
+        traced, overlay_label=f"measured total (run {measured.run_id})",
+        overlay_x=[x * ratio for x in other.x], overlay_bytes=other.totals())

@@ -21,8 +21,7 @@ from engine.record.colors import color_of
 from engine.record.compare import baseline_reason, comparison_rows, format_cell, record_precisions
 from engine.record.memory_timeline_series import (
     CATEGORY_STYLE,
-    Level,
-    series,
+    plan_series,
     shared_top,
     size_text,
     trial_series,
@@ -433,11 +432,36 @@ def _draw_timeline(ax, s, scale: float, x_of) -> None:
     ax.annotate(f"peak {size_text(s.peak_bytes)}", (x_of(s.peak_x), s.peak_bytes / scale),
                 xytext=(-4 if right else 4, 4), textcoords="offset points", fontsize=7,
                 ha="right" if right else "left")
+    if s.overlay_x:
+        ax.plot([x_of(x) for x in s.overlay_x], [v / scale for v in s.overlay_bytes],
+                color="black", linewidth=1.2, drawstyle="steps-post", label=s.overlay_label)
     for level in s.levels:
         color, style = _LEVEL_STYLE.get(level.key, ("black", "-"))
         ax.axhline(level.bytes / scale, color=color, linestyle=style, linewidth=1,
                    label=level.label)
     _phase_marks(ax, s, x_of)
+
+
+def _timeline_figure(drawn: list, xlabel: str) -> str:
+    """One row per series, one byte axis for all, one legend."""
+    top = shared_top(drawn)
+    scale, unit = _byte_unit(top)
+    fig = Figure(figsize=(7.5, 1.9 * len(drawn) + 0.8), layout="constrained")
+    axes = fig.subplots(len(drawn), 1, sharey=True, squeeze=False)[:, 0]
+    handles, labels = [], []
+    for ax, s in zip(axes, drawn, strict=True):
+        _draw_timeline(ax, s, scale, float)
+        precision = s.title.split(" ")[0]
+        ax.set_ylabel(f"{s.title}\n({unit})", color=_color(precision))
+        ax.set_xlim(0, s.ops)
+        ax.set_ylim(0, top / scale * 1.08)
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    axes[-1].set_xlabel(xlabel)
+    fig.legend(handles, labels, loc="outside right upper")
+    return _svg(fig)
 
 
 @_styled
@@ -449,75 +473,26 @@ def memory_timeline_chart(record: RunRecord) -> Chart:
     if not drawn:
         return Chart(title, None, "no trial recorded a memory timeline (reports before it, "
                                   "user runs, stopped trials)")
-    scale, unit = _byte_unit(shared_top(drawn))
-    fig = Figure(figsize=(7.5, 1.9 * len(drawn) + 0.8), layout="constrained")
-    axes = fig.subplots(len(drawn), 1, sharey=True, squeeze=False)[:, 0]
-    for ax, s in zip(axes, drawn, strict=True):
-        _draw_timeline(ax, s, scale, float)
-        ax.set_ylabel(f"{s.title}\n({unit})", color=_color(s.title))
-        ax.set_xlim(0, s.ops)
-        ax.set_ylim(0, shared_top(drawn) / scale * 1.08)
-    axes[-1].set_xlabel("aten ops into the step")
-    handles, labels = axes[0].get_legend_handles_labels()
-    for ax in axes[1:]:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="outside right upper")
+    svg = _timeline_figure(drawn, "aten ops into the step")
     notes = sorted({s.note for s in drawn if s.note})
-    return Chart(title, _svg(fig), "; ".join(notes + [
+    return Chart(title, svg, "; ".join(notes + [
         "each point is a real moment of the step (a few hundred kept of every allocation "
         "change, the peak exact); shaded: a checkpointed layer's forward rerunning"]))
 
 
 def plan_timeline_html(result) -> str:
     """The plan's traced steps across time, each with its cards' usable memory; where a
-    measured trial of the same recipe recorded a timeline, its total on the same axes
-    (x as the share of each step's ops: the two ran different op counts)."""
+    measured trial of the same recipe recorded a timeline, its total on the same axes."""
     import html
 
-    traced = [t for t in result.trials if t.memory_timeline is not None]
-    if not traced:
+    drawn = [s for t in result.trials if (s := plan_series(t)) is not None]
+    if not drawn:
         return ""
     with mpl.rc_context(_STYLE):
-        built = []
-        for t in traced:
-            levels = [Level("usable", f"{c.card} usable", c.usable_bytes) for c in t.cards
-                      if c.usable_bytes is not None]
-            built.append((t, series(t.memory_timeline, f"{t.precision} (traced)", levels)))
-        top = shared_top([s for _, s in built] + [
-            series(t.measured.memory_timeline, "", []) for t in traced
-            if t.measured is not None and t.measured.memory_timeline is not None])
-        scale, unit = _byte_unit(top)
-        fig = Figure(figsize=(7.5, 2.1 * len(built) + 0.8), layout="constrained")
-        axes = fig.subplots(len(built), 1, sharey=True, squeeze=False)[:, 0]
-        for ax, (t, s) in zip(axes, built, strict=True):
-
-            def share(x, ops=s.ops):
-                return 100 * x / max(ops, 1)
-
-            _draw_timeline(ax, s, scale, share)
-            m = t.measured
-            if m is not None and m.memory_timeline is not None:
-                ms = series(m.memory_timeline, "measured", [])
-                ax.plot([100 * x / max(ms.ops, 1) for x in ms.x],
-                        [v / scale for v in ms.totals()], color="black", linewidth=1.2,
-                        drawstyle="steps-post", label=f"measured total (run {m.run_id})")
-            ax.set_ylabel(f"{t.precision}\n({unit})", color=_color(t.precision))
-            ax.set_xlim(0, 100)
-            ax.set_ylim(0, top / scale * 1.08)
-        axes[-1].set_xlabel("share of the step's aten ops (%)")
-        handles, labels = [], []
-        for ax in axes:
-            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        fig.legend(handles, labels, loc="outside right upper")
-        svg = _svg(fig)
+        svg = _timeline_figure(drawn, "aten ops into the traced step (a measured step "
+                                      "scaled to the same length)")
     measured = ", and measured where a real trial exists" if any(
-        t.measured for t in traced) else ""
+        s.overlay_x for s in drawn) else ""
     note = html.escape("Stacked: the traced step's bytes by category at each allocation "
                        "change (a few hundred kept, the peak exact); lines: each card's usable "
                        "memory; a black line: the measured trial's total over its own step.")

@@ -125,4 +125,4 @@ def test_plan_measured_draws_the_measured_step_on_the_traced_axes(report, tmp_pa
     texts = _texts((tmp_path / "plan.html").read_text(encoding="utf-8"))
     run_id = read_run(str(report)).run_id
     assert f"measured total (run {run_id})" in texts
-    assert "share of the step's aten ops (%)" in texts
+    assert "aten ops into the traced step (a measured step scaled to the same length)" in texts
