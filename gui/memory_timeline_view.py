@@ -35,6 +35,7 @@ MIB = 2**20
 EMPTY_TEXT = ("No memory timeline: a trial records one in its memory step (reports from "
               "before it, user runs and stopped trials have none).")
 _LEVEL_PENS = {"usable": ("#222222", Qt.PenStyle.SolidLine),
+               "allocated": ("#997700", Qt.PenStyle.DashDotLine),
                "reserved": ("#994455", Qt.PenStyle.DashLine),
                "nvml": ("#004488", Qt.PenStyle.DotLine)}
 

@@ -135,8 +135,9 @@ class MeasuredPeak:
 class MemoryWatcher(TorchDispatchMode):
     """Watch one step on ``device``. Use as a context; ``phase`` is set by the caller."""
 
-    def __init__(self, device: torch.device | str):
+    def __init__(self, device: torch.device | str, timeline: bool = True):
         super().__init__()
+        self._logging = timeline  # off: no change log, no timeline (benchmarks/memory_timeline)
         self.device = torch.device(device)
         self._phase = "forward"
         self._at_phase: dict = {}
@@ -263,9 +264,10 @@ class MemoryWatcher(TorchDispatchMode):
             with self._lock:
                 record = _Record(nbytes, category, len(self._all))
                 record.ref = weakref.ref(st, lambda _, k=key: self._free(k))
-                self._all.append(record)
-                self._log.append((self._ops, record.index, nbytes, self._segment,
-                                  self._stack[-1]))
+                if self._logging:
+                    self._all.append(record)
+                    self._log.append((self._ops, record.index, nbytes, self._segment,
+                                      self._stack[-1]))
                 self._records[key] = record
                 self._live += nbytes
                 if self._live > self._peak:
@@ -278,8 +280,9 @@ class MemoryWatcher(TorchDispatchMode):
             record = self._records.pop(key, None)
             if record is not None:
                 self._live -= record.nbytes
-                self._log.append((self._ops, record.index, -record.nbytes, self._segment,
-                                  self._stack[-1]))
+                if self._logging:
+                        self._log.append((self._ops, record.index, -record.nbytes,
+                                      self._segment, self._stack[-1]))
 
     def _relabel(self, tensors: Iterable, category: str) -> None:
         for t in tensors:
@@ -394,7 +397,7 @@ class MemoryWatcher(TorchDispatchMode):
             categories = [CATEGORIES.index(r.category) for r in self._all]
             timeline = build_timeline(self._log, self._entered, categories, CATEGORIES,
                                       self._segments, self._modules, self._ops) \
-                if len(self._log) > self._entered else None
+                if self._logging and len(self._log) > self._entered else None
             return MeasuredPeak(
                 peak_bytes=self._peak,
                 at_peak={c: at_peak.get(c, 0) for c in CATEGORIES},

@@ -103,6 +103,9 @@ def gpu_levels(memory) -> list[Level]:
     if memory is None:
         return []
     out = []
+    if memory.peak_allocated_bytes is not None:
+        out.append(Level("allocated", "allocator allocated (peak, measured steps)",
+                         memory.peak_allocated_bytes))
     if memory.peak_reserved_bytes is not None:
         out.append(Level("reserved", "allocator reserved (peak, measured steps)",
                          memory.peak_reserved_bytes))
@@ -130,6 +133,11 @@ def trial_series(trial, environment: dict | None) -> TimelineSeries | None:
         return None
     card, why = card_level(environment, trial.memory)
     levels = ([card] if card else []) + gpu_levels(trial.memory)
+    if getattr(trial, "compiled", None):
+        why = "; ".join(filter(None, [why, (
+            f"{trial.precision}: its timed steps were compiled; this watched step ran eagerly, "
+            "which keeps what compiled kernels fuse away (the compiled steps' own peak is "
+            "the allocator's, where the device has one)")]))
     return dataclasses.replace(series(trial.memory_timeline, trial.precision, levels), note=why)
 
 

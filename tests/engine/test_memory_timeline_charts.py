@@ -76,11 +76,13 @@ def test_a_gpu_trial_draws_the_card_the_allocator_and_nvml_beside_the_stack(repo
     levels = {lv.key: lv.bytes for lv in drawn.levels}
     device = H200["environment"]["device"]
     assert levels == {"usable": device["total_memory_bytes"] - gpu.context_gap_bytes,
+                      "allocated": gpu.peak_allocated_bytes,
                       "reserved": gpu.peak_reserved_bytes, "nvml": gpu.nvml_process_bytes}
     chart = memory_timeline_chart(dataclasses.replace(record, trials=[trial],
                                                       environment=H200["environment"]))
     texts = _texts(chart.svg)
     for label in ("card usable (CUDA's figure - measured context)",
+                  "allocator allocated (peak, measured steps)",
                   "allocator reserved (peak, measured steps)", "NVML process memory"):
         assert label in texts
     # one byte axis up to the card: its ticks reach GiB

@@ -159,7 +159,8 @@ def test_a_gpu_record_draws_reserved_and_nvml_levels(qtbot, report, tmp_path):
     usable = h200["environment"]["device"]["total_memory_bytes"] - memory.context_gap_bytes
     assert f"card usable (CUDA's figure - measured context) {usable / 2**30:.2f} GiB" in labels
     assert {round(line.value() * MIB) for line in lines} == {
-        memory.peak_reserved_bytes, memory.nvml_process_bytes, usable}
+        memory.peak_allocated_bytes, memory.peak_reserved_bytes, memory.nvml_process_bytes,
+        usable}
 
 
 def test_plan_tab_draws_the_traced_step_with_the_cards_usable_memory(qtbot):
