@@ -189,9 +189,10 @@ def test_plan_tab_draws_the_traced_step_with_the_cards_usable_memory(qtbot):
     (usable,) = [i for i in chart.plots[0].items if isinstance(i, pg.InfiniteLine)
                  and i.angle == 0]
     assert round(usable.value() * MIB) == trial.cards[0].usable_bytes
-    # tiny's step is a sliver under a 24 GiB card's line: planned again for a card without
-    # a memory figure (no level), its stack fills the axis and a recompute can be hovered
-    type_into(view.cards, "T4")
+    # tiny's step is a sliver under a 24 GiB card's line: planned again for a card whose
+    # memory is n/a (sold in two sizes, none named), its stack fills the axis and a
+    # recompute can be hovered
+    type_into(view.cards, "NVIDIA A100 PCIe")
     with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
         click(view.plan_button)
     QTest.qWait(100)
