@@ -95,6 +95,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def plan_html(result) -> str:
     """The answer first: recipe x card, fits or not, with headroom."""
     from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
+    from engine.report.charts import plan_timeline_html
     from engine.run.plan import duration_text, measured_over_predicted, size_text
 
     cards = [c.card for c in result.trials[0].cards] if result.trials else []
@@ -130,6 +131,7 @@ def plan_html(result) -> str:
             f"{answers}<table border='1'><tr><th>recipe</th><th>traced peak</th>"
             "<th>measured peak</th>"
             f"{head}</tr>{''.join(rows)}</table>{_side_by_side_html(result)}"
+            f"{plan_timeline_html(result)}"
             "<p>Usable memory is the card's memory as the driver reports "
             f"it minus a CUDA context allowance of {result.context_bytes / 2**30:.2f} GiB. "
             "Step times are roofline predictions, not measurements: the longer of the "

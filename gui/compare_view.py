@@ -42,6 +42,7 @@ from engine.record.verdict import figure_text
 from engine.record.verdict import verdict as recommend
 from gui.chart_specs import COMPARE_CHARTS, MFU_TITLES
 from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
+from gui.memory_timeline_view import MemoryTimelineView
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
 from gui.plain_text import as_html, plain_label
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
@@ -154,6 +155,8 @@ class CompareView(QWidget):
         self.tables = QTabWidget()  # the comparison table, and each trial's SQNR beside it
         self.tables.addTab(table_box, "Comparison table")
         self.tables.addTab(self.quant_error, "Quantisation error (SQNR)")
+        self.timeline = MemoryTimelineView()  # each precision's memory step, side by side
+        self.tables.addTab(self.timeline, "Memory across the step")
         splitter.addWidget(self.tables)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(2, 1)
@@ -175,6 +178,7 @@ class CompareView(QWidget):
         rows = comparison_rows(record, verdict)
         self.model.set_rows(rows)
         self.quant_error.show_record(record, {r.precision: r.final_loss_diff_vs_fp32 for r in rows})
+        self.timeline.show_record(record)
         reasons = [note, baseline_reason(record)]
         self.note.setText("  ".join(r for r in reasons if r))
         suggestion = f" Suggestion: {verdict.suggestion}." if verdict.suggestion else ""

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.core.config import STRATEGIES
+from gui.memory_timeline_view import MemoryTimelineView
 from gui.palette import precision_color
 from gui.plain_text import plain_label
 
@@ -172,6 +173,8 @@ class PlanView(QWidget):
         layout.addWidget(self.plan_button)
         layout.addWidget(self.status)
         layout.addWidget(self.table, 1)
+        self.timeline = MemoryTimelineView()  # each recipe's traced step across time
+        layout.addWidget(self.timeline, 2)
 
     def config(self):
         from engine.run.plan import PlanConfig
@@ -242,6 +245,7 @@ class PlanView(QWidget):
             self.table.setItem(row, 2, _cell(*measured_text(trial)))
             for col, card in enumerate(trial.cards, start=3):
                 self.table.setItem(row, col, _cell(*card_text(card)))
+        self.timeline.show_plan(result)
         accum = f" x {result.grad_accum} micro-batches" if result.grad_accum > 1 else ""
         if result.strategy != "none":
             accum += f"; {result.strategy.upper()}, per rank of {result.nproc_per_node}"

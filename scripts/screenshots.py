@@ -105,6 +105,18 @@ def main() -> int:
         _settle(app)
         window.grab().save(str(out / f"{name}.png"))
 
+    # the Compare tab's memory timeline, given the room a reader would drag it to
+    compare = window.compare_view
+    window.tabs.setCurrentWidget(compare)
+    compare.tables.setCurrentWidget(compare.timeline)
+    splitter = compare.tables.parentWidget()
+    sizes = splitter.sizes()
+    splitter.setSizes([sizes[0] // 3, 0, sum(sizes) - sizes[0] // 3])
+    _settle(app)
+    window.grab().save(str(out / "compare-timeline.png"))
+    splitter.setSizes(sizes)
+    compare.tables.setCurrentIndex(0)
+
     window.numerics_view.precision.setCurrentText("fp16-amp")
     window.start_lab("fp16-amp")
     _wait_for(window.lab_worker.finished)
@@ -124,6 +136,20 @@ def main() -> int:
     window.tabs.setCurrentWidget(history)
     _settle(app)
     window.grab().save(str(out / "history.png"))
+
+    plan = window.plan_view  # GPT-2 traced on fake tensors, planned for an RTX 4090
+    plan.model.setText("gpt2")
+    plan.precisions.setText("fp32,bf16-amp")
+    plan.batch.setValue(4)
+    plan.seq.setValue(512)
+    plan.checkpointing.setChecked(True)
+    plan.cards.setText("RTX 4090")
+    plan.max_batch.setValue(0)
+    plan.start_plan()
+    _wait_for(plan.worker.finished)
+    window.tabs.setCurrentWidget(plan)
+    _settle(app)
+    window.grab().save(str(out / "plan.png"))
     window.close()
     print(f"screenshots written to {out}")
     return 0

@@ -358,6 +358,31 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True)
+class MemoryTimelinePoint:
+    """One moment of the watched step: the bytes each category held right after one
+    allocation or release (or at a phase's start)."""
+
+    op_index: int  # aten ops the step had dispatched by then (the x axis)
+    phase: str  # "forward", "backward", "recompute <layer>", "optimizer", "zero_grad"
+    category_bytes: list[int]  # in MemoryTimeline.categories' order; they sum to the total
+    module: str | None = None  # the module whose forward was running; None: not in one
+
+
+@dataclass(frozen=True)
+class MemoryTimeline:
+    """Bytes by category across one watched step (engine.measure.memory_timeline), thinned:
+    every kept point is a real moment, unchanged; the peak is always kept."""
+
+    categories: list[str]  # engine.measure.memtrack.CATEGORIES
+    points: list[MemoryTimelinePoint]
+    peak_index: int  # the point holding the peak (the first moment it was reached)
+    peak_bytes: int  # its total: the trial's memory.total_bytes
+    ops: int  # aten ops the step dispatched
+    changes: int  # allocation changes logged, before thinning
+    method: str = ""  # what a point is and how the points were chosen
+
+
+@dataclass(frozen=True)
 class PredictedMemory:
     """What an analytic model of the recipe expects, in bytes."""
 
@@ -678,6 +703,10 @@ class TrialResult:
     # the loss on held-out batches before and after training; None in older reports
     heldout_loss: HeldOutLoss | None = None
     heldout_loss_reason: str | None = None
+
+    # bytes by category across the memory step (its peak is ``memory.total_bytes``); None
+    # where no step was watched (older reports, user runs, a stopped trial)
+    memory_timeline: MemoryTimeline | None = None
 
 
 @dataclass(frozen=True)

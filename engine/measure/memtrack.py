@@ -16,6 +16,12 @@ including the forward that gradient checkpointing reruns in backward, is an *act
 anything else (backward's intermediates, the optimiser's scratch) a *temporary*. A storage
 that becomes a ``.grad`` or optimiser state is relabelled when it does.
 
+Every change of the live bytes is also logged (engine.measure.memory_timeline turns the
+log into the step's timeline): which storage, how many bytes, the aten op count, the
+phase and the module whose forward was running. A storage counts in the timeline under
+the category it ends with, as it does at the peak, so the timeline's highest point is
+the peak with the same categories.
+
 What it cannot see: scratch memory a kernel allocates and frees inside one op (cuBLAS
 workspaces, attention's tiles) and the caching allocator's rounding beyond 512-byte
 blocks; on a GPU the allocator's own peak stands beside this figure for that reason.
@@ -33,6 +39,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
+
+from engine.measure.memory_timeline import build_timeline
 
 CATEGORIES = ("params", "buffers", "quant_state", "optimizer", "inputs", "grads",
               "weight_copies", "activations", "temporaries")
@@ -103,10 +111,10 @@ def optimizer_tensors(optimizer) -> list[torch.Tensor]:
 
 
 class _Record:
-    __slots__ = ("nbytes", "category", "ref")
+    __slots__ = ("nbytes", "category", "ref", "index")
 
-    def __init__(self, nbytes: int, category: str):
-        self.nbytes, self.category, self.ref = nbytes, category, None
+    def __init__(self, nbytes: int, category: str, index: int):
+        self.nbytes, self.category, self.ref, self.index = nbytes, category, None, index
 
 
 @dataclass(frozen=True)
@@ -120,13 +128,16 @@ class MeasuredPeak:
     # phase -> category -> bytes held when that phase first began: at "backward", what the
     # forward saved for backward; at "optimizer", every gradient
     at_phase_start: dict = field(default_factory=dict)
+    # engine.core.events.MemoryTimeline of the watched step; None where no step was watched
+    timeline: object = None
 
 
 class MemoryWatcher(TorchDispatchMode):
     """Watch one step on ``device``. Use as a context; ``phase`` is set by the caller."""
 
-    def __init__(self, device: torch.device | str):
+    def __init__(self, device: torch.device | str, timeline: bool = True):
         super().__init__()
+        self._logging = timeline  # off: no change log, no timeline (benchmarks/memory_timeline)
         self.device = torch.device(device)
         self._phase = "forward"
         self._at_phase: dict = {}
@@ -139,6 +150,18 @@ class MemoryWatcher(TorchDispatchMode):
         self._start = 0
         self._depth = 0
         self._hooks: list = []
+        # the timeline's raw log: one (ops, record index, bytes, segment, module) per change
+        self._log: list[tuple[int, int, int, int, int]] = []
+        self._all: list[_Record] = []  # every record, by index: its category at the end
+        self._ops = 0  # aten ops dispatched while watching
+        self._segments: list[str] = ["before the step"]
+        self._segment = 0
+        self._modules: list[str | None] = [None]  # module names by index; 0: none known
+        self._layers: list[str | None] = [None]  # the layer (a ModuleList's item) holding each
+        self._segment_row = 0  # the log row where the current segment began
+        self._module_index: dict[int, int] = {}  # id(module) -> index in _modules
+        self._stack: list[int] = [0]  # the modules whose forward is running, innermost last
+        self._entered = 0  # the log's length when the step began
 
     @property
     def phase(self) -> str:
@@ -149,6 +172,33 @@ class MemoryWatcher(TorchDispatchMode):
         if value != "forward" and value not in self._at_phase:
             self._at_phase[value] = self.live()
         self._phase = value
+        self.mark(value)
+
+    def mark(self, segment: str) -> None:
+        """Begin a segment of the timeline (a phase, or a part of one such as zero_grad)
+        without changing what the categories mean."""
+        with self._lock:
+            if self._segments[self._segment] == segment:
+                return
+            self._segments.append(segment)
+            self._segment = len(self._segments) - 1
+            self._segment_row = len(self._log)
+            self._log.append((self._ops, 0, 0, self._segment, self._stack[-1]))
+
+    def _recompute(self, layer: str) -> None:
+        """A checkpointed layer's forward reruns in backward; its submodules are called one
+        by one (transformers checkpoints the layer's bare ``forward``), and the ops between
+        them (residual adds) belong to the same recompute, not to backward."""
+        label = f"recompute {layer}"
+        with self._lock:
+            before = self._segment - 1
+            if self._segments[self._segment] == "backward" and self._segments[before] == label:
+                self._log[self._segment_row:] = [row[:3] + (before,) + row[4:]
+                                                 for row in self._log[self._segment_row:]]
+                self._segments.pop()
+                self._segment = before
+            else:
+                self.mark(label)
 
     # --- what existed before the step ------------------------------------------
 
@@ -170,6 +220,15 @@ class MemoryWatcher(TorchDispatchMode):
         for p in model.parameters():
             if p.requires_grad:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        named = list(model.named_modules())
+        items = {f"{name}.{key}" if name else key for name, m in named
+                 if isinstance(m, nn.ModuleList) for key in m._modules}
+        for name, module in named:
+            self._module_index[id(module)] = len(self._modules)
+            self._modules.append(name or type(module).__name__)
+            parts = name.split(".")
+            outer = (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+            self._layers.append(next((p for p in outer if p in items), self._modules[-1]))
         self._start = self._live
 
     def held_at_rest(self, model: nn.Module, optimizer=None, batch: dict | None = None) -> dict:
@@ -202,9 +261,13 @@ class MemoryWatcher(TorchDispatchMode):
                 continue
             if self.device.type == "cuda":
                 nbytes = -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
-            record = _Record(nbytes, category)
-            record.ref = weakref.ref(st, lambda _, k=key: self._free(k))
             with self._lock:
+                record = _Record(nbytes, category, len(self._all))
+                record.ref = weakref.ref(st, lambda _, k=key: self._free(k))
+                if self._logging:
+                    self._all.append(record)
+                    self._log.append((self._ops, record.index, nbytes, self._segment,
+                                      self._stack[-1]))
                 self._records[key] = record
                 self._live += nbytes
                 if self._live > self._peak:
@@ -217,6 +280,9 @@ class MemoryWatcher(TorchDispatchMode):
             record = self._records.pop(key, None)
             if record is not None:
                 self._live -= record.nbytes
+                if self._logging:
+                        self._log.append((self._ops, record.index, -record.nbytes,
+                                      self._segment, self._stack[-1]))
 
     def _relabel(self, tensors: Iterable, category: str) -> None:
         for t in tensors:
@@ -264,6 +330,7 @@ class MemoryWatcher(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        self._ops += 1
         category = self._creator(func, args)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -273,10 +340,18 @@ class MemoryWatcher(TorchDispatchMode):
     # --- module forward depth (checkpointing reruns forwards inside backward) -----
 
     def _enter_forward(self, module, args):
+        index = self._module_index.get(id(module), 0)
+        if self._depth == 0 and self._phase == "backward":  # a checkpointed layer reruns
+            self._recompute(self._layers[index] or type(module).__name__)
         self._depth += 1
+        self._stack.append(index)
 
     def _leave_forward(self, module, args, output):
         self._depth -= 1
+        if len(self._stack) > 1:
+            self._stack.pop()
+        if self._depth == 0 and self._phase == "backward":
+            self.mark("backward")
 
     # --- the CPU generator's state, which no aten op returns ------------------------
 
@@ -295,6 +370,8 @@ class MemoryWatcher(TorchDispatchMode):
                                                               always_call=True))
         # checkpointing looks torch.get_rng_state up at each call: seen for this step only
         self._get_rng_state, torch.get_rng_state = torch.get_rng_state, self._rng_state
+        self._entered = len(self._log)
+        self.mark(self._phase)
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -317,10 +394,15 @@ class MemoryWatcher(TorchDispatchMode):
             at_peak = Counter()
             for record in self._peak_records:
                 at_peak[record.category] += record.nbytes
+            categories = [CATEGORIES.index(r.category) for r in self._all]
+            timeline = build_timeline(self._log, self._entered, categories, CATEGORIES,
+                                      self._segments, self._modules, self._ops) \
+                if self._logging and len(self._log) > self._entered else None
             return MeasuredPeak(
                 peak_bytes=self._peak,
                 at_peak={c: at_peak.get(c, 0) for c in CATEGORIES},
                 phase=self._peak_phase,
                 start_bytes=self._start,
                 at_phase_start=dict(self._at_phase),
+                timeline=timeline,
             )

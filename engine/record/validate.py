@@ -19,7 +19,7 @@ import typing
 from functools import cache
 
 from engine.core.config import MAX_STEPS  # any step index or step count
-from engine.core.events import _hints
+from engine.core.events import MemoryTimeline, _hints
 from engine.record.lab_results import (
     ActivationStats,
     Advice,
@@ -76,6 +76,7 @@ class _Bad(ValueError):
 def _at(exc: _Bad, part: str | int) -> _Bad:
     exc.path.append(part)
     return exc
+
 
 
 def _describe(value) -> str:
@@ -280,7 +281,37 @@ def _dataclass_checker(cls, numerics: bool, skip: frozenset = frozenset()):
                 sub(value[name], depth + 1)
             except _Bad as exc:
                 raise _at(exc, name) from None
+        if cls in _SHAPE_CHECKS:
+            _SHAPE_CHECKS[cls](value)
     return check
+
+
+MAX_TIMELINE_POINTS = 20_000  # engine.measure.memory_timeline keeps a few hundred
+
+
+def _check_timeline(value: dict) -> None:
+    """A memory timeline a chart can draw: one byte count per category at each point,
+    none negative, in op order, its peak point holding ``peak_bytes``."""
+    points, width = value["points"], len(value["categories"])
+    if len(points) > MAX_TIMELINE_POINTS:
+        raise _at(_Bad(f"{len(points):,} points are more than a report keeps "
+                       f"({MAX_TIMELINE_POINTS:,})"), "points")
+    last = 0
+    for i, point in enumerate(points):
+        sizes = point["category_bytes"]
+        if len(sizes) != width or any(b < 0 for b in sizes):
+            bad = _Bad(f"expected {width} byte counts of 0 or more, one per category")
+            raise _at(_at(_at(bad, "category_bytes"), i), "points")
+        if point["op_index"] < last:
+            raise _at(_at(_at(_Bad("op indices go backwards"), "op_index"), i), "points")
+        last = point["op_index"]
+    index = value["peak_index"]
+    if points and not (0 <= index < len(points)
+                       and sum(points[index]["category_bytes"]) == value["peak_bytes"]):
+        raise _at(_Bad("is not the point holding peak_bytes"), "peak_index")
+
+
+_SHAPE_CHECKS = {MemoryTimeline: _check_timeline}
 
 
 @cache

@@ -19,6 +19,13 @@ from matplotlib.ticker import MaxNLocator
 
 from engine.record.colors import color_of
 from engine.record.compare import baseline_reason, comparison_rows, format_cell, record_precisions
+from engine.record.memory_timeline_series import (
+    CATEGORY_STYLE,
+    plan_series,
+    shared_top,
+    size_text,
+    trial_series,
+)
 from engine.record.run_record import RunRecord
 
 _STYLE = {
@@ -389,8 +396,113 @@ def report_charts(record: RunRecord) -> list[Chart]:
         throughput_chart(record),
         *mfu_charts(record),
         memory_chart(record),
+        memory_timeline_chart(record),
         loss_chart(record),
         loss_scale_chart(record),
         step_time_chart(record),
         monitor_chart(record),
     ]
+
+
+# --- memory across the step (engine/record/memory_timeline_series.py) ---------------------
+
+_LEVEL_STYLE = {"usable": ("black", "-"), "allocated": ("#997700", "-."),
+                "reserved": ("#994455", "--"),
+                "nvml": ("#004488", ":")}
+
+
+def _phase_marks(ax, s, x_of) -> None:
+    """Shade each checkpointed layer's recompute, draw a line where a phase begins, and
+    label the spans wide enough to hold a word."""
+    width = max(x_of(s.ops) - x_of(0), 1)
+    labelled = set()
+    for first, last, phase in s.spans:
+        left, right = x_of(first), x_of(last)
+        if phase.startswith("recompute"):
+            ax.axvspan(left, right, color="#BBBBBB", alpha=0.35, linewidth=0)
+        else:
+            ax.axvline(left, color="#555555", linewidth=0.6)
+        short = "recompute" if phase.startswith("recompute") else phase
+        if (right - left) / width >= 0.07 and (short, round(left)) not in labelled:
+            ax.text((left + right) / 2, 1.0, short, transform=ax.get_xaxis_transform(),
+                    ha="center", va="bottom", fontsize=7, color="#333333")
+            labelled.add((short, round(left)))
+
+
+def _draw_timeline(ax, s, scale: float, x_of) -> None:
+    xs = [x_of(x) for x in s.x]
+    ax.stackplot(xs, [[v / scale for v in vals] for vals in s.values],
+                 colors=[CATEGORY_STYLE.get(n, (n, _OTHER_COLOR))[1] for n in s.categories],
+                 labels=[CATEGORY_STYLE.get(n, (n, ""))[0] for n in s.categories],
+                 step="post", linewidth=0, rasterized=True)  # hundreds of vertices each
+    ax.plot([x_of(s.peak_x)], [s.peak_bytes / scale], marker="v", color="black",
+            linestyle="none", label="peak")
+    right = x_of(s.peak_x) > (x_of(0) + x_of(s.ops)) / 2  # the label stays inside the axes
+    ax.annotate(f"peak {size_text(s.peak_bytes)}", (x_of(s.peak_x), s.peak_bytes / scale),
+                xytext=(-4 if right else 4, 4), textcoords="offset points", fontsize=7,
+                ha="right" if right else "left")
+    if s.overlay_x:
+        ax.plot([x_of(x) for x in s.overlay_x], [v / scale for v in s.overlay_bytes],
+                color="black", linewidth=1.2, drawstyle="steps-post", label=s.overlay_label)
+    for level in s.levels:
+        color, style = _LEVEL_STYLE.get(level.key, ("black", "-"))
+        ax.axhline(level.bytes / scale, color=color, linestyle=style, linewidth=1,
+                   label=level.label)
+    _phase_marks(ax, s, x_of)
+
+
+def _timeline_figure(drawn: list, xlabel: str) -> str:
+    """One row per series, one byte axis for all, one legend."""
+    top = shared_top(drawn)
+    scale, unit = _byte_unit(top)
+    fig = Figure(figsize=(7.5, 1.9 * len(drawn) + 0.8), layout="constrained")
+    axes = fig.subplots(len(drawn), 1, sharey=True, squeeze=False)[:, 0]
+    handles, labels = [], []
+    for ax, s in zip(axes, drawn, strict=True):
+        _draw_timeline(ax, s, scale, float)
+        precision = s.title.split(" ")[0]
+        ax.set_ylabel(f"{s.title}\n({unit})", color=_color(precision))
+        ax.set_xlim(0, s.ops)
+        ax.set_ylim(0, top / scale * 1.08)
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    axes[-1].set_xlabel(xlabel)
+    fig.legend(handles, labels, loc="outside right upper")
+    return _svg(fig)
+
+
+@_styled
+def memory_timeline_chart(record: RunRecord) -> Chart:
+    """One stacked area per precision, on one shared byte axis."""
+    title = "Memory across one training step, by category (the memory step)"
+    drawn = [s for t in record.trials
+             if (s := trial_series(t, record.environment)) is not None]
+    if not drawn:
+        return Chart(title, None, "no trial recorded a memory timeline (reports before it, "
+                                  "user runs, stopped trials)")
+    svg = _timeline_figure(drawn, "aten ops into the step")
+    notes = sorted({s.note for s in drawn if s.note})
+    return Chart(title, svg, "; ".join(notes + [
+        "each point is a real moment of the step (a few hundred kept of every allocation "
+        "change, the peak exact); shaded: a checkpointed layer's forward rerunning"]))
+
+
+def plan_timeline_html(result) -> str:
+    """The plan's traced steps across time, each with its cards' usable memory; where a
+    measured trial of the same recipe recorded a timeline, its total on the same axes."""
+    import html
+
+    drawn = [s for t in result.trials if (s := plan_series(t)) is not None]
+    if not drawn:
+        return ""
+    with mpl.rc_context(_STYLE):
+        svg = _timeline_figure(drawn, "aten ops into the traced step (a measured step "
+                                      "scaled to the same length)")
+    measured = ", and measured where a real trial exists" if any(
+        s.overlay_x for s in drawn) else ""
+    note = html.escape("Stacked: the traced step's bytes by category at each allocation "
+                       "change (a few hundred kept, the peak exact); lines: each card's usable "
+                       "memory; a black line: the measured trial's total over its own step.")
+    return f"<h2>Memory across one training step (traced{measured})</h2>{svg}<p>{note}</p>"

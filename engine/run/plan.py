@@ -50,6 +50,7 @@ from engine.measure.peaks import memory_bandwidth, peak_flops, table
 from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
 from engine.measure.traffic import FUSED_CONVENTION, ByteCounter
 from engine.run.plan_measured import MeasuredTrial, find_measured, read_report
+from engine.run.plan_timeline import traced_timeline
 
 # What CUDA holds outside the allocator (context, loaded kernels, cuBLAS handles); a
 # stated allowance, not a measurement: `profile` on the card reports its context gap.
@@ -187,6 +188,8 @@ class PlanTrial:
     # recipe compiled (float8 is: it is fast only compiled), so its roofline uses that count
     bytes_moved_fused: int | None = None
     compiled: bool = False
+    # the traced step's MemoryTimeline (engine.run.plan_timeline); None: not traced
+    memory_timeline: object = None
 
 
 @dataclass(frozen=True)
@@ -536,6 +539,7 @@ def _plan(config: PlanConfig, log) -> PlanResult:
         compiled = config.compile or recipe(base_precision(precision)).fp8
         memory, method, trace_s = None, "traced", None
         buckets = 0  # DDP's gradient buckets, held beside the traced step
+        timeline = None
         if reason is None:
             log(f"{precision}: tracing one step at batch {config.batch_size}")
             start = time.perf_counter()
@@ -558,6 +562,7 @@ def _plan(config: PlanConfig, log) -> PlanResult:
                     buckets = measured.at_phase_start["optimizer"]["grads"]
                     memory = _with_ddp_buckets(memory, buckets, config.nproc_per_node)
                 peaks[config.batch_size] = memory.total_bytes
+                timeline = traced_timeline(measured, buckets)
         if memory is None and config.strategy != "none":
             method = "n/a"
             reason += "; the memory model predicts one process only"
@@ -592,7 +597,7 @@ def _plan(config: PlanConfig, log) -> PlanResult:
         trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards,
                                 trial_optimizer(config, precision),
                                 _measured(config, precision, reports), bytes_moved, fused,
-                                compiled))
+                                compiled, memory_timeline=timeline))
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum, strategy=config.strategy,

@@ -25,6 +25,7 @@ class MeasuredTrial:
     device: str  # what the trial ran on, as the trial names it
     memory: MemoryBreakdown  # the trial's own breakdown (a distributed run: its largest rank)
     step_ms: float | None = None  # its median step time (the roofline's lower bound beside it)
+    memory_timeline: object = None  # the trial's MemoryTimeline, where it recorded one
 
 
 def _model_key(text: str) -> str:
@@ -117,5 +118,6 @@ def find_measured(plan_config, precision: str, param_count: Callable[[], int],
         if trial is not None:
             summary = getattr(trial, "summary", None)
             return MeasuredTrial(str(source), record.run_id, trial.device, trial.memory,
-                                 getattr(summary, "median_step_ms", None))
+                                 getattr(summary, "median_step_ms", None),
+                                 trial.memory_timeline)
     return None

@@ -249,6 +249,8 @@ class _State:
     lost_updates: LostUpdates | None = None
     lost_updates_reason: str = "not measured: the trial ended before its untimed tail"
 
+    memory_timeline: object = None  # the memory step's MemoryTimeline
+
     def phase(self, emit, phase: str) -> None:
         emit(PhaseChanged(self.rec.precision, phase, time.time(), self.round_index))
 
@@ -294,6 +296,8 @@ class _State:
             lost_updates_reason=None if self.lost_updates else self.lost_updates_reason,
             heldout_loss=self.heldout,
             heldout_loss_reason=None if self.heldout else self.heldout_reason,
+
+            memory_timeline=self.memory_timeline,
         )
 
     def _summary(self) -> TrialSummary:
@@ -486,6 +490,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
         log(state.memory.notes, "warning")
     else:
         state.memory = _memory(measured, alloc, info, state.compiled, state.nvml_baseline_bytes)
+        state.memory_timeline = measured.timeline
         if rec.quant and info.kind != "cuda":
             state.notes.append(BNB_TEMPORARIES_NOTE)
         if state.optimizer in TORCHAO_STEP:
@@ -877,6 +882,7 @@ def tracked_step(config: RunConfig, rec: Recipe, device: torch.device, model, op
         else:
             optimizer.step()
         watcher.mark_optimizer_state(optimizer)
+        watcher.mark("zero_grad")
         optimizer.zero_grad(set_to_none=True)
     return watcher.result()
 
