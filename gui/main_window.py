@@ -66,7 +66,7 @@ from gui.plan_view import PlanView
 from gui.run_origin import from_elsewhere, local_device, run_device, run_summary
 from gui.trial_table import TrialTable, trial_units
 from gui.watch_actions import WatchActions
-from gui.worker import LabWorker, RunWorker
+from gui.worker import ENGINE_IMPORTS, LabWorker, RunWorker
 
 LOADING = "loading model…"
 
@@ -418,12 +418,13 @@ class MainWindow(QMainWindow):
     def _too_big(self, config: RunConfig, what: str = "Run") -> str | None:
         """Why ``config`` is refused for the memory it would need (engine.run.fits), or None;
         a prediction that cannot be made is logged and does not stop the run."""
-        from engine.run.fits import check
-
         self.statusBar().showMessage("Checking that the run fits in the free memory…")
         QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
         try:
-            fit = check(config)
+            with ENGINE_IMPORTS:  # not beside the device probe's own imports
+                from engine.run.fits import check
+
+                fit = check(config)
         finally:
             QApplication.restoreOverrideCursor()
         if fit.note:

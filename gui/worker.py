@@ -20,6 +20,11 @@ from PySide6.QtCore import QObject, Signal
 
 from engine.core.config import RunConfig
 
+# Held while a thread imports the engine (torch, transformers): two threads importing the
+# same modules at once can each be handed the other's half-built module (Python breaks the
+# import deadlock that way), which once killed the probe's thread ('prims' has no 'sum').
+ENGINE_IMPORTS = threading.Lock()
+
 
 class RunWorker(QObject):
     started = Signal()
@@ -40,7 +45,8 @@ class RunWorker(QObject):
         if self.is_running():
             raise RuntimeError("a run is already in progress: stop it before starting another")
         # imported here so the window opens before torch and transformers have loaded
-        from engine.run.runner import Runner
+        with ENGINE_IMPORTS:
+            from engine.run.runner import Runner
 
         with self._lock:
             self._runner = Runner(config, self.event.emit)
@@ -155,9 +161,10 @@ class DeviceProbe(QObject):
             self._thread.start()
 
     def _serve(self) -> None:
-        from engine.measure.device import (
-            probe,  # torch loads here, not on the window's start-up path
-        )
+        with ENGINE_IMPORTS:
+            from engine.measure.device import (
+                probe,  # torch loads here, not on the window's start-up path
+            )
 
         warmed = False
         while True:
@@ -167,11 +174,12 @@ class DeviceProbe(QObject):
             if not _tell(self.answered, device, *_answer(probe, device)):
                 return
             if not warmed and self._requests.empty():
-                import engine.models.model_health  # noqa: F401 (the run's model check)
-                import engine.run.runner  # noqa: F401
-                from engine.models.hf import load_transformers
+                with ENGINE_IMPORTS:
+                    import engine.models.model_health  # noqa: F401 (the run's model check)
+                    import engine.run.runner  # noqa: F401
+                    from engine.models.hf import load_transformers
 
-                load_transformers()
+                    load_transformers()
                 warmed = True
                 if not _tell(self.engine_loaded):
                     return
