@@ -65,6 +65,9 @@ def run_plan(args: argparse.Namespace) -> int:
                         max_batch=args.max_batch, measured=tuple(args.measured),
                         history=not args.no_history)
     check_model(config.model, config.seq_len)  # bad input exits 2 before any tracing
+    from engine.run.plan_bounds import check_plan_bounds
+
+    check_plan_bounds(config)  # a trace this machine cannot finish is refused first
 
     def log(msg: str) -> None:
         if not args.quiet:
