@@ -1180,6 +1180,7 @@ class Recorder:
             model_flops_per_step=next(iter(self._measured_flops)) if same_flops else None,
             counted_flops_per_step=self._counted.total if self._counted is not None else None,
             peak=self._peak, memory=self._memory(),
+            common_peak=peak_choice.common_peak(self.device_info),
             no_steps_reason=(f"no steps measured after the warm-up and FLOP-counting steps "
                              f"(0..{COUNT_STEP})"),
             no_flops_reason=self._flops.analytic_formula if self._flops else "no model FLOPs",

@@ -15,7 +15,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from engine import VERSION
 from engine.core.config import (
     INTERLEAVE,
     OPTIMIZERS,
@@ -23,6 +22,7 @@ from engine.core.config import (
     RunConfig,
     parse_precisions,
     recipe_name,
+    warmup_steps,
 )
 
 EXIT_FAILED = 1  # trials failed, or the report could not be written
@@ -62,7 +62,8 @@ def _add_model_args(p: argparse.ArgumentParser, precisions_default: str) -> None
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="main.py", description="AmpScope: mixed-precision training profiler")
-    parser.add_argument("--version", action="version", version=f"AmpScope {VERSION}")
+    parser.add_argument("--version", action="store_true",
+                        help="list the versions in use against the tested ranges, and exit")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     prof = sub.add_parser("profile", help="train each precision for timed steps and compare")
@@ -152,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.peak_cli import add_peak_parser
 
     add_peak_parser(sub)
+    from engine.trace_cli import add_trace_parser
+
+    add_trace_parser(sub)
     return parser
 
 
@@ -162,12 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.version:
+            from engine.core.versions import report
+
+            _say(report())
+            return 0
+        _warn_versions()
         if args.command is None:
             parser.print_help()
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
                    "numerics": _numerics, "report": _report, "fit": _fit,
-                   "watch": _watch, "plan": _plan, "peak": _peak}[args.command]
+                   "watch": _watch, "plan": _plan, "peak": _peak,
+                   "trace": _trace}[args.command]
         return handler(args)
     except ValueError as exc:
         _say(f"ampscope: error: {exc}", err=True)
@@ -201,6 +212,9 @@ def _profile(args) -> int:
         from engine.measure.device import probe
 
         matmul_peak.forget(probe(config.device))
+    from engine.run.fits import refuse_if_too_big
+
+    refuse_if_too_big(config)  # a run bigger than the free memory is refused, with figures
     from engine.run.runner import Runner
 
     progress = _Progress(config, enabled=not args.quiet)
@@ -363,6 +377,15 @@ def _journal_note(runner) -> str:
             f"'python main.py report {journal.path} --out other.html'")
 
 
+def _warn_versions() -> None:
+    """One line on stderr when a library is outside the tested range; the command goes on."""
+    from engine.core.versions import warning_line
+
+    line = warning_line(window=False)
+    if line:
+        _say(f"ampscope: {line}", err=True)
+
+
 def _say(text: str, err: bool = False) -> None:
     """Print, surviving a terminal that is gone (SIGHUP): the report matters more."""
     stream = sys.stderr if err else sys.stdout
@@ -429,7 +452,7 @@ class _Progress:
         self.config = config
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
-        self.total = config.warmup + config.steps
+        self.total = warmup_steps(config.warmup) + config.steps
         self.index = 0
 
     def __call__(self, event) -> None:
@@ -449,7 +472,7 @@ class _Progress:
             self.index = event.index + 1
             part = f" round {event.round + 1}/{event.rounds}" if event.rounds > 1 else ""
             # every round warms up again
-            self.total = event.rounds * self.config.warmup + self.config.steps
+            self.total = event.rounds * warmup_steps(self.config.warmup) + self.config.steps
             self._line(f"[{self.index}/{event.total}] {event.precision}{part}: loading", end=True)
         elif isinstance(event, StepSample):
             kind = "warm-up" if event.warmup else "step"
@@ -561,8 +584,8 @@ def _footprint(args) -> int:
 def _presets(args) -> int:
     from engine.models.presets import param_count, presets
 
-    _say("counting each preset's parameters (built on the meta device, no weights)...",
-         err=True)
+    _say("counting each preset's parameters (one and two layers built on the meta device, "
+         "no weights)...", err=True)
     items = []
     for i, p in enumerate(presets(), 1):
         _say(f"[{i}/{len(presets())}] {p.name}", err=True)
@@ -649,6 +672,8 @@ def _report(args) -> int:
     from engine.record.journal import read_run
 
     record = read_run(args.source)
+    if record.repaired:
+        _say(f"ampscope: note: {record.repaired}", err=True)
     if not _write_report(record, out):
         return EXIT_FAILED
     _say(f"report of run {record.run_id} ({record.status}) written to {_written(out)}")
@@ -700,6 +725,12 @@ def _peak(args) -> int:
     from engine.peak_cli import run_peak
 
     return run_peak(args)
+
+
+def _trace(args) -> int:
+    from engine.trace_cli import run_trace
+
+    return run_trace(args)
 
 
 def _plan(args) -> int:

@@ -22,11 +22,16 @@ LIVE_CHARTS: dict[str, tuple[str, str, str | None]] = {
     "step_breakdown": ("Where each step's time went (stacked)", "time", "s"),
     "scalars": ("Logged scalars (rec.log)", "value", None),
 }
+# trial-start lines on the monitor charts carry their precision's name up to this many
+# trials; more names overprinted each other on a 1366 px screen
+NAMED_TRIALS = 4
 # shown for a user's own run only: a profile trial has no scheduler, phases or rec.log
 USER_RUN_CHARTS = ("learning_rate", "grad_norm", "step_breakdown", "scalars")
 
 # the MFU charts' titles once a run says which peak MFU divides by (both: solid and dashed)
 MFU_TITLES = {
+    "common": "MFU (model FLOPs) vs the device's common 16-bit Tensor Core peak "
+              "(one denominator for every recipe)",
     "datasheet": "MFU (model FLOPs) vs datasheet peak",
     "measured": "MFU (model FLOPs) vs measured matmul peak",
     "both": "MFU (model FLOPs): solid vs datasheet peak, dashed vs measured matmul peak",

@@ -240,6 +240,7 @@ class LayerSqnr:
     format: str  # how the recipe rounds this layer's operands, e.g. "fp8 e4m3 tensorwise"
     weight_db: float | None
     input_db: float | None
+    reason: str | None = None  # an n/a dB that is no number (inf/NaN), not an exact one
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,7 @@ class QuantError:
     weight_min_db: float | None = None
     input_median_db: float | None = None
     input_min_db: float | None = None
+    reason: str | None = None  # layers whose SQNR is no number (left out of the above)
 
 
 @dataclass(frozen=True)
@@ -321,6 +323,12 @@ class PredictedMemory:
     quant_state_bytes: int = 0  # bitsandbytes absmax / SCB beside the quantised weights
     weight_copies_bytes: int = 0  # autocast's low-precision weight copies saved for backward
     activations_method: str = ""  # calibrated per-layer model, or the uncalibrated fallback
+    inputs_bytes: int = 0  # the batch
+    # backward's start: the loss's gradient of the logits and of their log-softmax
+    temporaries_bytes: int = 0
+    peak_phase: str = ""  # the formula's phase that is the peak ("backward start", ...)
+    # category -> bytes held in that phase: they add up to total_bytes
+    at_peak_bytes: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -401,6 +409,12 @@ class TrialSummary:
     mfu_measured_reason: str | None = None
     measured_peak_flops: float | None = None
     measured_peak_source: str | None = None
+    # the same model FLOPs against one denominator for every recipe on the device
+    # (engine.measure.peaks.COMMON_CONVENTION): "MFU vs common 16-bit peak" wherever shown
+    mfu_common: float | None = None
+    mfu_common_reason: str | None = None
+    common_peak_flops: float | None = None
+    common_peak_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -467,6 +481,12 @@ class ProfiledStep:
     trace_file: str | None = None  # Chrome trace JSON of this step, when asked for
     memory_snapshot_file: str | None = None  # CUDA allocator snapshot, when asked for
     odd_gemms: list[GemmShapeTime] = field(default_factory=list)  # most time first
+    # the shares' basis (engine/measure/step_basis.py): on a GPU, shares of the measured
+    # median step, step_ms being that median; None where no measured step was known
+    measured_step_ms: float | None = None
+    profiled_step_ms: float | None = None  # the profiled step's own span (GPU) or wall (CPU)
+    kernel_busy_ms: float | None = None  # GPU: union of the profiled step's kernel time
+    basis_note: str | None = None  # the profiled kernels' time is >10% off the measured step
 
 
 @dataclass(frozen=True)
@@ -482,6 +502,7 @@ class GpmMetrics:
     window_s: float | None = None
     window: str = ""
     reason: str | None = None
+    na_reason: str | None = None  # which metrics are None with values around and why (NaN)
 
 
 @dataclass(frozen=True)
@@ -596,6 +617,9 @@ class TrialResult:
     # None with ``quant_error_reason`` where the recipe rounds nothing or it was not measured
     quant_error: QuantError | None = None
     quant_error_reason: str | None = None
+    # whether the timed steps ran under torch.compile (fp8 compiles by default on a GPU
+    # whatever the run's --compile); None: the trial never reached its steps, older reports
+    compiled: bool | None = None
 
 
 @dataclass(frozen=True)

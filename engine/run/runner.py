@@ -39,7 +39,14 @@ from engine.measure.monitor import Monitor
 from engine.models.model_health import preflight
 from engine.record.journal import JournalWriter, journal_path, summary_from_steps
 from engine.record.run_record import RunRecord
-from engine.run.child import StderrFile, become_child, describe_exit, oom_kill_count, sigint_blocked
+from engine.run.child import (
+    StderrFile,
+    become_child,
+    describe_exit,
+    exit_child,
+    oom_kill_count,
+    sigint_blocked,
+)
 from engine.run.rounds import RoundBook, TrialRound, choose_rounds, schedule
 
 TERMINATE_GRACE_S = 5.0  # then killed
@@ -64,7 +71,7 @@ def _child_main(config_dict: dict, precision: str, info: DeviceInfo, out, cancel
     # interpreter exit) can take the process down
     out.close()
     out.join_thread()
-    os._exit(0)
+    exit_child(0)
 
 
 def _lab_main(lab_args: dict, out, parent_pid: int, stderr_path: str) -> None:
@@ -80,7 +87,7 @@ def _lab_main(lab_args: dict, out, parent_pid: int, stderr_path: str) -> None:
         out.put(("error", f"{type(exc).__name__}: {exc}"))
     out.close()
     out.join_thread()
-    os._exit(0)
+    exit_child(0)
 
 
 class Runner:
