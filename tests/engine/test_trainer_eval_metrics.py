@@ -10,6 +10,16 @@ from engine.record.journal import read_journal
 from tests.engine.test_trainer_callback import Collator, dataset
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """A Trainer sets accelerate's process-wide state: later tests in this process (an
+    Accelerator with its own mixed precision) need it gone."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def test_eval_loss_and_the_other_metrics_are_journaled_at_their_step(tmp_path):
     journal = tmp_path / "eval.jsonl"
     torch.manual_seed(0)
