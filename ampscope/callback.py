@@ -14,7 +14,9 @@ How each figure reaches a callback that never sees a batch or a loss:
   ``clip_grad_norm_`` the Trainer calls, kept by the Recorder (the same number);
 - learning rate: read between the optimiser step and the scheduler step
   (``on_optimizer_step``), the one the Trainer logs;
-- loss scale and skipped steps: the GradScaler accelerate keeps on the optimizer.
+- loss scale and skipped steps: the GradScaler accelerate keeps on the optimizer;
+- evaluation metrics (``eval_loss`` and the rest ``on_evaluate`` gets): journaled as
+  scalars at the step the evaluation followed.
 Every ending ends the run: ``trainer.train()`` returning, or any exception or Ctrl-C
 that leaves it (a training step, the data loading, ``optimizer.step``, another callback,
 the Trainer's own bookkeeping): the callback wraps that Trainer instance's ``train`` when
@@ -237,6 +239,16 @@ class AmpScopeCallback(TrainerCallback):
         covers_one_step = (previous[-1] if previous else 0) == state.global_step - 1
         if covers_one_step and "grad_norm" in logs:  # the Trainer's norm of exactly this step
             rec.patch_pending(index, grad_norm=logs["grad_norm"])
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        """The evaluation metrics the Trainer logs (eval_loss...), journaled at the step
+        they follow; an evaluate() after train() returned has no run to go to."""
+        rec = self.recorder
+        if rec is None or rec._finished or not metrics:
+            return
+        numbers = {k: v for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch"}
+        rec.log_at(max(state.global_step - 1, 0), **numbers)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._end(None)

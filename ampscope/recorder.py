@@ -372,6 +372,7 @@ class Recorder:
         self._clip_patch = None
         self._warned: set[str] = set()
         self._failed_steps = 0  # rec.step() calls whose recording failed
+        self._log_step: int | None = None  # log_at's step while it logs
         self._phases: list = []  # this step's time marks (see _Pending.phases)
         self._in_forward = False
         self._in_eval = False  # inside an evaluation forward (model.eval() or no_grad)
@@ -679,7 +680,17 @@ class Recorder:
                 self._warn_once(f"log-{name}", f"rec.log({name}=...) got "
                                 f"{type(value).__name__}: pass a number")
                 continue
-            self._logged.append((self._index, name, value, now))
+            self._logged.append((self._index if self._log_step is None else self._log_step,
+                                 name, value, now))
+
+    def log_at(self, step: int, **scalars) -> None:
+        """``log`` at an optimizer step already taken (the Trainer evaluates after its
+        step ended)."""
+        self._log_step = step
+        try:
+            self.log(**scalars)
+        finally:
+            self._log_step = None
 
     def _emit_logged(self, upto: int | None) -> None:
         """Write the logged scalars of the steps up to ``upto`` (all when None)."""

@@ -73,6 +73,9 @@ def run_plan(args: argparse.Namespace) -> int:
                         history=not args.no_history, levers=not args.no_levers,
                         compile=args.compile)
     check_model(config.model, config.seq_len)  # bad input exits 2 before any tracing
+    from engine.run.plan_bounds import check_plan_bounds
+
+    check_plan_bounds(config)  # a trace this machine cannot finish is refused first
 
     def log(msg: str) -> None:
         if not args.quiet:

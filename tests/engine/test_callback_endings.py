@@ -21,6 +21,16 @@ from engine.record.journal import read_journal
 from tests.engine.test_trainer_callback import ROOT, no_monitor_left, tiny_trainer
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """A Trainer sets accelerate's process-wide state: later tests in this process (an
+    Accelerator with its own mixed precision) need it gone."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def _end_line(journal) -> dict:
     lines = [json.loads(x) for x in journal.read_text().splitlines()]
     assert lines[-1]["e"] == "end", lines[-1]

@@ -74,12 +74,13 @@ def _check_charts(win: MainWindow, seen: dict, journal: Path) -> None:
     for name in ("eval_loss", "accuracy"):
         x, y = charts.curve_data("scalars", name)
         assert list(x) == list(seen[name]) and y == pytest.approx(list(seen[name].values()))
-    # the stacked layers' tops: data, + forward, + backward, + optimizer = the step time
+    # the stacked layers' tops: data, + forward, + backward, + optimizer, + evaluation
     steps = read_journal(journal).trials[0].steps
     top = np.zeros(STEPS)
     for field, name in (("data_ms", "data"), ("forward_ms", "forward"),
-                        ("backward_ms", "backward"), ("optimizer_ms", "optimizer")):
-        top += [getattr(s, field) / 1000 for s in steps]
+                        ("backward_ms", "backward"), ("optimizer_ms", "optimizer"),
+                        ("eval_ms", "evaluation")):  # an evaluation inside a step: its own
+        top += [(getattr(s, field) or 0.0) / 1000 for s in steps]
         x, y = charts.curve_data("step_breakdown", name)
         assert list(x) == list(range(STEPS)) and y == pytest.approx(top)
     assert top == pytest.approx([s.step_ms / 1000 for s in steps])
