@@ -363,7 +363,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
     torch.manual_seed(config.seed)
 
     loaded = load_model(config.model, rec, device, config.seed, config.trust_remote_code,
-                        config.lora_r, config.grad_checkpointing)
+                        config.lora_r, config.grad_checkpointing,
+                        initial_weights=config.initial_weights)
     model = loaded.model
     state.footprint_bytes, state.footprint_note = loaded.footprint_bytes, loaded.footprint_note
     state.dtype_map = inventory.dtype_map(model)
@@ -400,6 +401,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.compiled = compiles(rec, config.compile, config.warmup, verdict)
     if verdict is not None and verdict.support == "emulated":
         state.notes.append(f"emulated: {verdict.reason}")
+    state.phase(emit, "probes")
     _probe(state, loaded, batches[0])
     _quant_error(state, model, batches[0], device)
     state.peak = peak_choice.datasheet_peak(info, rec, state.flops.by_peak_dtype)
