@@ -42,9 +42,9 @@ def phase_cell(trial: TrialResult) -> tuple[str, str]:
 
 def trial_units(config: dict, rounds: int = 1) -> int:
     """Progress units of one precision: every step it runs, the untimed ones included
-    (each interleaved round warms up and runs its untimed steps again)."""
-    extras = 1 + (1 if config.get("profile_step", True) else 0)
-    return max(1, rounds * (config.get("warmup", 0) + extras) + config.get("steps", 0))
+    (each interleaved round warms up and watches memory again; the profiled step runs once)."""
+    profiled = 1 if config.get("profile_step", True) else 0
+    return max(1, rounds * (config.get("warmup", 0) + 1) + profiled + config.get("steps", 0))
 
 
 class TrialTable(QTableWidget):

@@ -189,10 +189,8 @@ class Runner:
                         self._more = any(later.precision not in book.done
                                          for later in plan[index + 1:])
                         result = self._in_child(precision, info, monitor, item, book)
-                    if result.phase_times is not None and item.round:  # rounds add up
-                        earlier = book.latest.get(precision)
-                        result = dataclasses.replace(result, phase_times=add_times(
-                            earlier.phase_times if earlier else None, result.phase_times))
+                    if item.round and precision in book.latest:
+                        result = _with_first_round(result, book.latest[precision])
                     windows.setdefault(precision, []).append((began, time.time()))
                     result = book.finish(item, result)
                     if result is not None:
@@ -257,9 +255,12 @@ class Runner:
                             "loads them and casts them to its dtype", None, time.time()))
 
     def _trial_config(self, item: TrialRound) -> RunConfig:
-        if self._weights is None:
-            return item.config
-        return item.config.replace(initial_weights=str(self._weights))
+        changes = {}
+        if self._weights is not None:
+            changes["initial_weights"] = str(self._weights)
+        if item.round:  # the SQNR forward and the profiled step ran in the first round
+            changes.update(quant_error=False, profile_step=False)
+        return item.config.replace(**changes) if changes else item.config
 
     def _inline(self, precision: str, info: DeviceInfo, item: TrialRound,
                 book: RoundBook) -> TrialResult:
@@ -406,6 +407,15 @@ class Runner:
         tokens = self.config.tokens_per_step
         return TrialResult(precision, status, reason + stderr_note, steps=steps,
                            summary=summary_from_steps(steps, tokens))
+
+
+def _with_first_round(result: TrialResult, earlier: TrialResult) -> TrialResult:
+    """A later round's result with what only the first round measured (the SQNR forward,
+    the profiled step: once per recipe), and the rounds' phase times added up."""
+    return dataclasses.replace(
+        result, quant_error=earlier.quant_error, quant_error_reason=earlier.quant_error_reason,
+        profiled_step=earlier.profiled_step, profiled_step_reason=earlier.profiled_step_reason,
+        phase_times=add_times(earlier.phase_times, result.phase_times))
 
 
 def _ready(clock: PhaseClock, ready: ChildReady, proc: TrialProcess) -> None:
