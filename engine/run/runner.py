@@ -164,7 +164,8 @@ class Runner:
             plan, book = schedule(self.config, rounds), RoundBook()
             if self._in_processes and plan:  # it imports while the weights are drawn
                 self._next = TrialProcess(self.config.model, self.config.trust_remote_code)
-            self._draw_weights(run_id)
+            if _draws_pay(plan):
+                self._draw_weights(run_id)
             windows: dict[str, list[tuple[float, float]]] = {}  # precision -> its rounds' spans
             for index, item in enumerate(plan):
                 precision = item.precision
@@ -407,6 +408,23 @@ class Runner:
         tokens = self.config.tokens_per_step
         return TrialResult(precision, status, reason + stderr_note, steps=steps,
                            summary=summary_from_steps(steps, tokens))
+
+
+def _draws_pay(plan: list[TrialRound]) -> bool:
+    """Whether drawing the weights once pays: several trials share the draw, or the only one
+    would draw its own in half precision (4-5x slower on the CPU than fp32) or save it to
+    quantise while loading; a lone fp32 trial draws its own at the same cost."""
+    import torch
+
+    from engine.core.recipes import recipe
+
+    if len(plan) != 1:
+        return True
+    try:
+        rec = recipe(plan[0].precision)
+    except (KeyError, ValueError):
+        return True
+    return bool(rec.quant) or rec.weight_dtype != torch.float32
 
 
 def _with_first_round(result: TrialResult, earlier: TrialResult) -> TrialResult:
