@@ -555,7 +555,7 @@ def _probe(state: _State, loaded, batch: dict) -> None:
 def _quant_error(state: _State, model, batch: dict, device: torch.device) -> None:
     """Each matmul layer's SQNR on one uncounted forward; a failure costs only this figure."""
     reason = quant_error.reason_none(state.rec)
-    if not state.config.quant_error:
+    if reason is None and not state.config.quant_error:
         reason = "turned off (--no-quant-error)"
     if reason is not None:
         state.quant_error_reason = reason
