@@ -40,7 +40,7 @@ def rounds(script: str, a: list[str], b: list[str], count: int, key: str = "ms",
         got = {name: in_fresh_process(script, args)[key] for name, args in order}
         out.append((got["a"], got["b"]))
         say(f"  round {i + 1}/{count} ({'AB' if i % 2 == 0 else 'BA'}): A {got['a']:.3f}, "
-            f"B {got['b']:.3f}, B/A {got['b'] / got['a']:.4f}")
+            f"B {got['b']:.3f}, B/A {got['b'] / got['a']:.4f}", flush=True)
     return out
 
 

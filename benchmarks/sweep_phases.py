@@ -17,7 +17,11 @@ measured once, in an untimed warm-up run, and cached for all). For each it print
 
     python benchmarks/sweep_phases.py                                 # this checkout only
     python benchmarks/sweep_phases.py --baseline /work/wt/base --repeat 2
+    python benchmarks/sweep_phases.py --precisions fp32   # the window's default run (goal < 90 s)
     python benchmarks/sweep_phases.py --steps 2 --warmup 1 --precisions fp32,bf16  # smoke
+
+The other settings default to the window's (batch 4 x 128, 10 measured steps after 2
+warm-up, interleaving auto, kernel profile and SQNR pass on).
 """
 
 from __future__ import annotations
@@ -159,7 +163,7 @@ def main() -> int:
             if args.baseline is not None:
                 order.append(("baseline", args.baseline, base))
             for tag, checkout, sink in (order if i % 2 == 0 else order[::-1]):
-                print(f"sweep {i + 1}/{args.repeat}: {tag} ({checkout})")
+                print(f"sweep {i + 1}/{args.repeat}: {tag} ({checkout})", flush=True)
                 sink.append(one(checkout, args, data, tmp, f"{tag}-{i}"))
         print(f"\ntiny preset on the CPU, {args.precisions}, {args.steps} measured steps after "
               f"{args.warmup} warm-up, batch {args.batch_size} x {args.seq_len}")
