@@ -102,3 +102,15 @@ def test_inline_trials_time_their_phases_too(tmp_path, monkeypatch):
     (trial,) = Runner(config).run().trials
     assert list(trial.phase_times) == ["build", "probes", "warm-up", "measured",
                                        "memory step", "teardown"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_early_process_starts_no_cuda_before_it_is_handed_its_trial(tmp_path,
+                                                                                 monkeypatch):
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path))
+    events: list = []
+    config = RunConfig(**{**TINY, "device": "cuda"}, precisions=("fp32", "bf16-amp"))
+    first, second = Runner(config, events.append).run().trials
+    assert "waiting" in second.phase_times
+    assert not [e for e in events if isinstance(e, LogEvent) and "started CUDA" in e.message]
+    assert second.phase_starts["build"] >= first.phase_starts["end"]

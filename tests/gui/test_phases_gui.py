@@ -51,7 +51,8 @@ def test_each_phase_is_shown_as_it_happens(qtbot):
     assert [t.status for t in record.trials] == ["ok", "ok"]
 
     phases = [e for e, *_ in seen if isinstance(e, PhaseChanged)]
-    assert len(phases) == 2 * (6 + 6 + 1)  # per precision: 2 rounds of 6 phases, 1 wait
+    # per precision: 6 phases, then 5 (the profiled step runs in the first round only), 1 wait
+    assert len(phases) == 2 * (6 + 5 + 1)
     for event, row, _, bar in seen:
         if isinstance(event, TrialStarted):
             expected = f"loading model… (round {event.round + 1}/2)"
