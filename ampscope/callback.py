@@ -15,12 +15,15 @@ How each figure reaches a callback that never sees a batch or a loss:
 - learning rate: read between the optimiser step and the scheduler step
   (``on_optimizer_step``), the one the Trainer logs;
 - loss scale and skipped steps: the GradScaler accelerate keeps on the optimizer.
-Every ending ends the run: ``trainer.train()`` returning, an exception or Ctrl-C in a
-training step, the data loading or the logging/evaluation/saving between steps (the
-Trainer's own methods, wrapped on that Trainer instance only, re-raise it unchanged), and
-the interpreter exiting with the run still open (any other place). The journal gets its
-end line and the report is written; the monitor thread stops; FLOPs are counted inside
-each training step of the counting step only, so no dispatch mode is left pushed.
+Every ending ends the run: ``trainer.train()`` returning, or any exception or Ctrl-C
+that leaves it (a training step, the data loading, ``optimizer.step``, another callback,
+the Trainer's own bookkeeping): the callback wraps that Trainer instance's ``train`` when
+the Trainer is made (``on_init_end``), and, for a callback added later with
+``add_callback``, the Trainer's methods a step runs through, its callback handler and its
+optimizer's ``step``; each wrapper re-raises the exception unchanged. The interpreter
+exiting with the run still open ends it too. The journal gets its end line and the report
+is written; the monitor thread stops; FLOPs are counted inside each training step of the
+counting step only, so no dispatch mode is left pushed.
 
 A step is written when the next one ends (its log is in by then), as the Recorder reads
 every step one step late.
@@ -130,8 +133,29 @@ class AmpScopeCallback(TrainerCallback):
         self._lr: float | None = None
         self._trainer = None
         self._wrapped: list[str] = []
+        self._patched: list[tuple] = []  # (object, method name, its own attribute before)
 
     # --- Trainer events ------------------------------------------------------------------
+
+    def on_init_end(self, args, state, control, **kwargs):
+        trainer = _calling_trainer()
+        if trainer is not None and "train" not in vars(trainer):
+            trainer.train = self._ending_on_exit(trainer.train)  # this instance only
+
+    def _ending_on_exit(self, train):
+        """``train`` that ends the open run on any way out of it."""
+
+        @functools.wraps(train)
+        def wrapper(*args, **kwargs):
+            try:
+                result = train(*args, **kwargs)
+            except BaseException as exc:
+                self._end(exc)
+                raise
+            self._end(None)  # on_train_end ended it; a callback that stopped early did not
+            return result
+
+        return wrapper
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         precision, recipe = trainer_recipe(args, model)
@@ -145,6 +169,13 @@ class AmpScopeCallback(TrainerCallback):
         self._trainer = _calling_trainer()
         if self._trainer is not None:
             self._wrap(self._trainer)
+        # a failure there leaves train() without passing through the Trainer's methods
+        for owner, name in ((getattr(self._trainer, "callback_handler", None), "call_event"),
+                            (optimizer, "step")):
+            real = getattr(owner, name, None)
+            if real is not None:  # an instance's own (an lr scheduler's wrapper) comes back
+                self._patched.append((owner, name, vars(owner).get(name)))
+                setattr(owner, name, self._ending_on_failure(real, False))
         atexit.register(self._at_exit)
         self.recorder.start()
 
@@ -216,6 +247,12 @@ class AmpScopeCallback(TrainerCallback):
         for name in self._wrapped:  # the instance attributes go: the class's methods return
             trainer.__dict__.pop(name, None)
         self._wrapped = []
+        for owner, name, before in reversed(self._patched):
+            if before is None:
+                vars(owner).pop(name, None)
+            else:
+                setattr(owner, name, before)
+        self._patched = []
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

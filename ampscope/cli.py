@@ -9,8 +9,14 @@ import sys
 def main(argv: list[str]) -> int:
     """No arguments open the window; subcommands run headless."""
     if not argv:
-        from gui.app import main as gui_main
-
+        try:
+            from gui.app import main as gui_main
+        except ImportError as exc:  # a headless install: no PySide6 / pyqtgraph
+            print(f"ampscope: error: the window needs {exc.name or 'PySide6'}, which is not "
+                  "installed: pip install -r requirements.txt (or the checkout's '.[window]'); "
+                  "the headless commands work without it: see 'ampscope --help'",
+                  file=sys.stderr)
+            return 2
         return gui_main()
     from engine.cli import main as cli_main
 

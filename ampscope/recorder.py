@@ -42,7 +42,9 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
+import inspect
 import math
+import numbers
 import os
 import socket
 import sys
@@ -57,6 +59,7 @@ from pathlib import Path
 
 import torch
 
+from ampscope.step_args import learning_rates, token_count
 from engine.core.config import PRECISIONS
 from engine.core.events import (
     ErrorEvent,
@@ -81,6 +84,7 @@ from engine.measure.monitor import Monitor
 from engine.measure.peaks import PeakLookup
 from engine.measure.peaks import mfu as mfu_of
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
+from engine.record.bounded import MAX_NAME, MAX_TEXT, cut
 from engine.record.journal import JournalWriter, journal_path
 from engine.record.rank_journals import rank_journal_path
 from engine.record.run_record import RunRecord
@@ -178,6 +182,8 @@ def _never_raises(method):
         try:
             return method(self, *args, **kwargs)
         except Exception as exc:
+            if method.__name__ in ("step", "end_step"):
+                self._failed_steps += 1
             self._warn_once("internal", f"recording failed in {method.__name__}() "
                             f"({type(exc).__name__}: {exc}); your training goes on and the "
                             f"journal {self.journal_file} keeps what was recorded")
@@ -220,15 +226,23 @@ def _ms(a, b) -> float:
 
 
 def _breakdown(mark, phases: list) -> tuple[float | None, ...]:
-    """(data, forward, backward, optimizer) milliseconds of one step from its time marks:
-    every span between two marks goes to the phase that began it, so they add up."""
+    """(data, forward, backward, optimizer, eval) milliseconds of one step from its time
+    marks: every span between two marks goes to the phase that began it, so they add up;
+    an evaluation (forwards with the model in eval mode or under no_grad, and what runs
+    between them) is its own phase, after which the phase it interrupted goes on."""
     if not any(kind == "forward" for kind, _ in phases):
-        return None, None, None, None
-    totals = {"data": 0.0, "forward": 0.0, "forward_end": 0.0, "optimizer": None}
+        return None, None, None, None, None
+    totals = {"data": 0.0, "forward": 0.0, "forward_end": 0.0, "optimizer": None, "eval": None}
     marks = [("data", mark.start), *phases, ("end", mark.end)]
+    interrupted = "data"
     for (kind, t), (_, following) in zip(marks, marks[1:]):
+        if kind == "eval_end":
+            kind = interrupted
+        else:
+            interrupted = kind if kind != "eval" else interrupted
         totals[kind] = (totals[kind] or 0.0) + _ms(t, following)
-    return totals["data"], totals["forward"], totals["forward_end"], totals["optimizer"]
+    return (totals["data"], totals["forward"], totals["forward_end"], totals["optimizer"],
+            totals["eval"])
 
 
 def _base_optimizer(optimizer):
@@ -279,6 +293,11 @@ class Recorder:
             self.out = check_writable(out)
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.name = name or type(model).__name__
+        if len(str(self.name)) > MAX_NAME:  # the reader refuses longer names: cut, not lost
+            warnings.warn(f"ampscope: the run's name has {len(str(self.name)):,} characters; "
+                          f"the journal keeps the first part ({MAX_NAME:,} at most)",
+                          RuntimeWarning, stacklevel=2)
+        self.name = cut(str(self.name), MAX_NAME)
         self.source = source
         self._precision = precision
         self._recipe_text = recipe
@@ -352,8 +371,10 @@ class Recorder:
         self._measure_norm = True
         self._clip_patch = None
         self._warned: set[str] = set()
+        self._failed_steps = 0  # rec.step() calls whose recording failed
         self._phases: list = []  # this step's time marks (see _Pending.phases)
         self._in_forward = False
+        self._in_eval = False  # inside an evaluation forward (model.eval() or no_grad)
         self._logged: list[tuple[int, str, object, float]] = []  # rec.log(), not yet written
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -425,8 +446,9 @@ class Recorder:
         gradients' norm when the loop gives none: device tensors, read one step late."""
         self._phases.append(("optimizer", self._now()))
         self._watch_phase("optimizer")
-        lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
-        self._step_lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
+        # every parameter group's lr (group 0's is the step's learning_rate)
+        self._step_lr = [lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
+                         for lr in (g.get("lr") for g in optimizer.param_groups)] or None
         if self._measure_norm and self._step_norm is None:
             grads = [p.grad for group in optimizer.param_groups for p in group["params"]
                      if p.grad is not None]
@@ -435,10 +457,31 @@ class Recorder:
         return None
 
     def _patch_clip(self) -> None:
-        """Keep ``torch.nn.utils.clip_grad_norm_``'s result (the pre-clipping norm, which
-        nanoGPT's train.py computes and drops) for the model's own parameters."""
-        real = torch.nn.utils.clip_grad_norm_
+        """Keep ``clip_grad_norm_``'s pre-clipping norm (which nanoGPT's train.py computes
+        and drops) for the model's own parameters. Where torch's ``clip_grad_norm_`` hands
+        its norm to the module's ``_clip_grads_with_norm_`` (looked up in its module at each
+        call), that is where it is kept: a ``clip_grad_norm_`` imported by name before the
+        Recorder started is seen too. Otherwise the public name is wrapped (a name bound
+        earlier is then not seen, and the norm AmpScope measures is the clipped one)."""
+        module = torch.nn.utils.clip_grad
         mine = {id(p) for p in self.model.parameters()}
+        body = inspect.unwrap(getattr(module, "clip_grad_norm_", None))
+        inner = getattr(module, "_clip_grads_with_norm_", None)
+        if inner is not None and "_clip_grads_with_norm_" in getattr(
+                getattr(body, "__code__", None), "co_names", ()):
+
+            def _clip_grads_with_norm_(parameters, max_norm, total_norm, *args, **kwargs):
+                if isinstance(parameters, torch.Tensor):
+                    parameters = [parameters]
+                parameters = list(parameters)
+                if self._measure_norm and any(id(p) in mine for p in parameters):
+                    self._step_norm = (total_norm.detach(), "clip")
+                return inner(parameters, max_norm, total_norm, *args, **kwargs)
+
+            module._clip_grads_with_norm_ = _clip_grads_with_norm_
+            self._clip_patch = (module, "_clip_grads_with_norm_", inner, _clip_grads_with_norm_)
+            return
+        real = torch.nn.utils.clip_grad_norm_
 
         def clip_grad_norm_(parameters, *args, **kwargs):
             if isinstance(parameters, torch.Tensor):
@@ -450,13 +493,13 @@ class Recorder:
             return norm
 
         torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-        self._clip_patch = (real, clip_grad_norm_)
+        self._clip_patch = (torch.nn.utils, "clip_grad_norm_", real, clip_grad_norm_)
 
     def _unpatch_clip(self) -> None:
         if self._clip_patch is not None:
-            real, ours = self._clip_patch
-            if torch.nn.utils.clip_grad_norm_ is ours:  # a later patch stays
-                torch.nn.utils.clip_grad_norm_ = real
+            module, name, real, ours = self._clip_patch
+            if getattr(module, name) is ours:  # a later patch stays
+                setattr(module, name, real)
             self._clip_patch = None
 
     @property
@@ -546,6 +589,9 @@ class Recorder:
 
     @_never_raises
     def _after_forward(self, module, args, output):
+        if self._in_eval:
+            self._in_eval = False
+            self._phases.append(("eval_end", self._now()))
         if self._in_forward:
             self._in_forward = False
             self._phases.append(("forward_end", self._now()))
@@ -565,6 +611,11 @@ class Recorder:
             # its FLOPs
             if self._counter is not None:
                 self._eval_mark = self._tallies()
+            if self._phases and self._phases[-1][0] == "eval_end":
+                self._phases.pop()  # the evaluation goes on: between its forwards too
+            else:
+                self._phases.append(("eval", self._now()))
+            self._in_eval = True
             return None
         self._in_forward = True
         self._phases.append(("forward", self._now()))
@@ -673,6 +724,9 @@ class Recorder:
         if self._index == COUNT_STEP:
             self._stop_watching(completed=True)
             self._stop_counting(completed=True)
+        if tokens is not None:
+            tokens = self._accepted("tokens", token_count(tokens), "the tokens of the "
+                                    "model's training forwards are recorded instead")
         if tokens is None:
             tokens = self._forward_tokens
         self._forward_tokens = []
@@ -680,8 +734,18 @@ class Recorder:
         before, after = self._scales()
         step_lr, self._step_lr = self._step_lr, None
         step_norm, self._step_norm = self._step_norm, None
-        if lr is None:
-            lr = step_lr
+        if lr is not None:
+            groups = _base_optimizer(self.optimizer)
+            lr = self._accepted("lr", learning_rates(
+                lr, len(groups.param_groups) if groups is not None else None),
+                "the lr the optimizer step used is recorded instead")
+        lrs = lr if lr is not None else step_lr
+        lr = lrs[0] if lrs else None
+        for group, value in enumerate(lrs[1:] if lrs else [], start=1):  # journaled, all
+            if value is not None:
+                self._logged.append((self._index, f"lr_group{group}", value, time.time()))
+        grad_norm = self._one_number(grad_norm, "grad_norm", "pass the total norm",
+                                     "AmpScope's own norm is recorded instead")
         if grad_norm is not None:
             self._measure_norm = False  # the loop gives it: AmpScope measures nothing more
             self._norm_methods["given"] += 1
@@ -689,8 +753,7 @@ class Recorder:
             grad_norm, method = step_norm
             self._norm_methods[method] += 1
         loss = self._one_number(loss, "loss", "pass loss.mean() (or the loss you "
-                                "backpropagated)")
-        grad_norm = self._one_number(grad_norm, "grad_norm", "pass the total norm")
+                                "backpropagated)", "not recorded")
         values = {"loss": loss, "grad_norm": grad_norm, "scale_before": before,
                   "scale_after": after, "tokens": _device_tokens(tokens), "lr": lr}
         host = {k: None if isinstance(v, torch.Tensor) else v for k, v in values.items()}
@@ -703,15 +766,23 @@ class Recorder:
         self._index += 1
         self.flush(LAG)
 
-    def _one_number(self, value, name: str, fix: str):
+    def _accepted(self, name: str, checked: tuple, instead: str):
+        """The value of a ``(value, problem)`` check, else None with one warning."""
+        value, problem = checked
+        if problem is not None:
+            self._warn_once(name, f"rec.step({name}=...) {problem}; {instead}")
+        return value
+
+    def _one_number(self, value, name: str, fix: str, instead: str):
         """``value`` when it is one number, else None with a warning (once per name)."""
         if isinstance(value, torch.Tensor) and value.numel() != 1:
             self._warn_once(name, f"rec.step({name}=...) got a tensor of shape "
-                            f"{tuple(value.shape)}, not one number: {fix}; not recorded")
+                            f"{tuple(value.shape)}, not one number: {fix}; {instead}")
             return None
-        if value is not None and not isinstance(value, (torch.Tensor, int, float)):
+        if isinstance(value, bool) or (value is not None and not isinstance(
+                value, (torch.Tensor, numbers.Real))):
             self._warn_once(name, f"rec.step({name}=...) got {type(value).__name__}, not a "
-                            f"number: {fix}; not recorded")
+                            f"number: {fix}; {instead}")
             return None
         return value
 
@@ -758,7 +829,8 @@ class Recorder:
         got = {k: _as_float(p.host[k]) if p.host[k] is not None else device[k]
                for k in _SCALARS}
         # forwards with a mask count on the device, the others on the host: both add up
-        parts = [v for v in (p.host["tokens"], device["tokens"]) if v is not None]
+        parts = [v for v in (p.host["tokens"], device["tokens"])
+                 if v is not None and math.isfinite(v)]
         tokens = int(sum(parts)) if parts else None
         model_flops, formula = self._model_flops(tokens, p.seq_len)
         if self._flops is None and p.index >= COUNT_STEP:
@@ -770,7 +842,7 @@ class Recorder:
         mfu = mfu_of(tflops * 1e12, self._peak) if tflops is not None else None
         counted = self._counted.total if self._counted is not None else None
         hfu = mfu_of(counted / seconds, self._peak) if counted and seconds > 0 else None
-        data, forward, backward, optimizer = _breakdown(p.mark, p.phases)
+        data, forward, backward, optimizer, evaluation = _breakdown(p.mark, p.phases)
         scale, before = got["scale_after"], got["scale_before"]
         skipped = scale is not None and before is not None and scale < before
         norm = None if skipped else got["grad_norm"]
@@ -796,6 +868,7 @@ class Recorder:
             forward_ms=forward,
             backward_ms=backward,
             optimizer_ms=optimizer,
+            eval_ms=evaluation,
         )
         self.steps.append(sample)
         self._emit(sample)
@@ -854,7 +927,7 @@ class Recorder:
 
     def describe_recipe(self) -> str:
         if self._recipe_text:
-            return self._recipe_text
+            return cut(self._recipe_text, MAX_NAME)
         scaler = "GradScaler" if self.scaler is not None and self.scaler.is_enabled() else (
             "no loss scaling")
         seen = self._matmul_dtype() if self._autocast is None else None
@@ -997,10 +1070,15 @@ class Recorder:
             if exc is not None:
                 if isinstance(exc, KeyboardInterrupt):
                     status, reason = "cancelled", "stopped by Ctrl-C in the user's script"
-                else:
-                    status, reason = "error", f"{type(exc).__name__}: {exc}"
+                else:  # any length the user's message has, the journal reads back
+                    status, reason = "error", cut(f"{type(exc).__name__}: {exc}", MAX_TEXT - 40)
                     self._emit(ErrorEvent(f"the user's training raised {reason}",
                                           self.precision, time.time()))
+            elif not self.steps:  # nothing measured is not an ok run
+                status, reason = "error", (
+                    "no step was recorded: call rec.step() once per optimizer step"
+                    + (f" ({self._failed_steps} rec.step() calls failed: see the warning)"
+                       if self._failed_steps else ""))
             result = self._result(status, reason)
             self._emit(TrialFinished(result, time.time()))
             self._emit(RunFinished("ok" if status == "ok" else status, time.time()))
@@ -1043,12 +1121,16 @@ class Recorder:
         total = sum(s.step_ms for s in split)
         if split and total > 0:
             shares = {name: 100 * sum(getattr(s, f"{name}_ms") or 0.0 for s in split) / total
-                      for name in ("data", "forward", "backward", "optimizer")}
+                      for name in ("data", "forward", "backward", "optimizer", "eval")}
+            evaluated = sum(1 for s in split if s.eval_ms)
             notes.append(
                 f"where the step time went over the {len(split)} measured steps: "
                 f"{shares['data']:.0f}% waiting for data (a step's start to its first "
                 f"forward), {shares['forward']:.0f}% forward, {shares['backward']:.0f}% "
-                f"backward (to the optimizer step), {shares['optimizer']:.0f}% optimizer")
+                f"backward (to the optimizer step), {shares['optimizer']:.0f}% optimizer"
+                + (f", {shares['eval']:.0f}% evaluation inside the loop (model.eval() or "
+                   f"no_grad forwards, in {evaluated} step{'s' * (evaluated != 1)})"
+                   if evaluated else ""))
         return notes
 
     def _memory(self) -> MemoryBreakdown:
@@ -1098,6 +1180,7 @@ class Recorder:
             model_flops_per_step=next(iter(self._measured_flops)) if same_flops else None,
             counted_flops_per_step=self._counted.total if self._counted is not None else None,
             peak=self._peak, memory=self._memory(),
+            common_peak=peak_choice.common_peak(self.device_info),
             no_steps_reason=(f"no steps measured after the warm-up and FLOP-counting steps "
                              f"(0..{COUNT_STEP})"),
             no_flops_reason=self._flops.analytic_formula if self._flops else "no model FLOPs",

@@ -15,7 +15,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from engine import VERSION
 from engine.core.config import (
     INTERLEAVE,
     OPTIMIZERS,
@@ -62,7 +61,8 @@ def _add_model_args(p: argparse.ArgumentParser, precisions_default: str) -> None
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="main.py", description="AmpScope: mixed-precision training profiler")
-    parser.add_argument("--version", action="version", version=f"AmpScope {VERSION}")
+    parser.add_argument("--version", action="store_true",
+                        help="list the versions in use against the tested ranges, and exit")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     prof = sub.add_parser("profile", help="train each precision for timed steps and compare")
@@ -165,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.version:
+            from engine.core.versions import report
+
+            _say(report())
+            return 0
+        _warn_versions()
         if args.command is None:
             parser.print_help()
             return 0
@@ -205,6 +211,9 @@ def _profile(args) -> int:
         from engine.measure.device import probe
 
         matmul_peak.forget(probe(config.device))
+    from engine.run.fits import refuse_if_too_big
+
+    refuse_if_too_big(config)  # a run bigger than the free memory is refused, with figures
     from engine.run.runner import Runner
 
     progress = _Progress(config, enabled=not args.quiet)
@@ -365,6 +374,15 @@ def _journal_note(runner) -> str:
         return f"the run could not be journaled either ({why})"
     return (f"the run is kept in the journal {journal.path}: write it with "
             f"'python main.py report {journal.path} --out other.html'")
+
+
+def _warn_versions() -> None:
+    """One line on stderr when a library is outside the tested range; the command goes on."""
+    from engine.core.versions import warning_line
+
+    line = warning_line(window=False)
+    if line:
+        _say(f"ampscope: {line}", err=True)
 
 
 def _say(text: str, err: bool = False) -> None:
@@ -565,8 +583,8 @@ def _footprint(args) -> int:
 def _presets(args) -> int:
     from engine.models.presets import param_count, presets
 
-    _say("counting each preset's parameters (built on the meta device, no weights)...",
-         err=True)
+    _say("counting each preset's parameters (one and two layers built on the meta device, "
+         "no weights)...", err=True)
     items = []
     for i, p in enumerate(presets(), 1):
         _say(f"[{i}/{len(presets())}] {p.name}", err=True)
@@ -653,6 +671,8 @@ def _report(args) -> int:
     from engine.record.journal import read_run
 
     record = read_run(args.source)
+    if record.repaired:
+        _say(f"ampscope: note: {record.repaired}", err=True)
     if not _write_report(record, out):
         return EXIT_FAILED
     _say(f"report of run {record.run_id} ({record.status}) written to {_written(out)}")

@@ -40,6 +40,13 @@ def add_plan_parser(sub) -> None:
                         "traced figures (repeatable); the run history is searched as well")
     p.add_argument("--no-history", action="store_true",
                    help="do not look for measured trials in this machine's run history")
+    p.add_argument("--compile", action="store_true",
+                   help="the card runs the step under torch.compile: the roofline counts a "
+                        "fused step's traffic (float8 recipes always do)")
+    p.add_argument("--no-levers", action="store_true",
+                   help="judge only the recipes asked: do not plan the changes (gradient "
+                        "checkpointing, a low-bit optimizer, a quantised recipe, FSDP2) that "
+                        "would make one fit")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--out", help="report file: .json or .html")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -63,7 +70,8 @@ def run_plan(args: argparse.Namespace) -> int:
                         nproc_per_node=args.nproc_per_node,
                         cards=cards, context_bytes=parse_bytes(args.cuda_context),
                         max_batch=args.max_batch, measured=tuple(args.measured),
-                        history=not args.no_history)
+                        history=not args.no_history, levers=not args.no_levers,
+                        compile=args.compile)
     check_model(config.model, config.seq_len)  # bad input exits 2 before any tracing
 
     def log(msg: str) -> None:
@@ -87,7 +95,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def plan_html(result) -> str:
     """The answer first: recipe x card, fits or not, with headroom."""
     from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
-    from engine.run.plan import size_text
+    from engine.run.plan import duration_text, measured_over_predicted, size_text
 
     cards = [c.card for c in result.trials[0].cards] if result.trials else []
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cards)
@@ -100,7 +108,10 @@ def plan_html(result) -> str:
             else:
                 word = "fits" if c.fits else "does not fit"
                 step = ("" if c.predicted_step_ms is None else
-                        f"; step {c.predicted_step_ms:.3g} ms predicted ({c.bound}-bound)")
+                        f"; step {duration_text(c.predicted_step_ms)} predicted "
+                        f"({c.bound}-bound)")
+                ratio = measured_over_predicted(t, c)
+                step += "" if ratio is None else f", measured / predicted {ratio:.2f}"
                 cells.append(f"<td>{word}, headroom {c.headroom_bytes / 2**30:.2f} GiB"
                              f"{step}</td>")
         peak = (f"{size_text(t.memory.total_bytes)} ({t.method})" if t.memory
@@ -113,8 +124,11 @@ def plan_html(result) -> str:
         title += f", {result.grad_accum} micro-batches accumulated"
     if result.strategy != "none":
         title += f", {result.strategy.upper()} per rank of {result.nproc_per_node}"
+    answers = "".join(f"<li>{html.escape(a.text)}</li>" for a in result.answers)
+    answers = f"<ul class='answer'>{answers}</ul>" if answers else ""
     return (f"<!doctype html><meta charset='utf-8'><title>{title}</title><h1>{title}</h1>"
-            f"<table border='1'><tr><th>recipe</th><th>traced peak</th><th>measured peak</th>"
+            f"{answers}<table border='1'><tr><th>recipe</th><th>traced peak</th>"
+            "<th>measured peak</th>"
             f"{head}</tr>{''.join(rows)}</table>{_side_by_side_html(result)}"
             "<p>Usable memory is the card's memory as the driver reports "
             f"it minus a CUDA context allowance of {result.context_bytes / 2**30:.2f} GiB. "
@@ -129,7 +143,8 @@ def _measured_cell(trial) -> str:
     m = trial.measured
     if m is None:
         return "none in the run history"
-    return html.escape(f"{size_text(m.memory.total_bytes)} (run {m.run_id}, {m.device})")
+    step = "" if m.step_ms is None else f", step {m.step_ms:.1f} ms (median)"
+    return html.escape(f"{size_text(m.memory.total_bytes)} (run {m.run_id}, {m.device}{step})")
 
 
 def _side_by_side_html(result) -> str:

@@ -27,6 +27,8 @@ USER_RUN_CHARTS = ("learning_rate", "grad_norm", "step_breakdown", "scalars")
 
 # the MFU charts' titles once a run says which peak MFU divides by (both: solid and dashed)
 MFU_TITLES = {
+    "common": "MFU (model FLOPs) vs the device's common 16-bit Tensor Core peak "
+              "(one denominator for every recipe)",
     "datasheet": "MFU (model FLOPs) vs datasheet peak",
     "measured": "MFU (model FLOPs) vs measured matmul peak",
     "both": "MFU (model FLOPs): solid vs datasheet peak, dashed vs measured matmul peak",

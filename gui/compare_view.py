@@ -47,6 +47,7 @@ from gui.plain_text import as_html, plain_label
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
 from gui.quant_error_view import QuantErrorView
 from gui.rank_view import RankView
+from gui.run_origin import run_summary
 
 BAR = 0.36  # bar width; measured and predicted memory bars sit side by side
 MIB = 2**20  # memory axes in MiB, the binary unit of the table and the reports
@@ -88,6 +89,12 @@ class CompareView(QWidget):
         self.verdict_label.setObjectName("verdict")
         self.verdict_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.verdict_label.hide()
+        # which run this is: its device, model, shape and versions (a server's report too)
+        self.run_label = plain_label()
+        self.run_label.setObjectName("run_on_show")
+        self.run_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.run_label.setStyleSheet("QLabel#run_on_show { font-weight: 600; }")
+        self.run_label.hide()
         self.note = plain_label(EMPTY_TEXT)
         # the speed verdict: can this run rank the precisions? (names precisions: plain text)
         self.speed_note = plain_label()
@@ -95,15 +102,21 @@ class CompareView(QWidget):
         self.charts = pg.GraphicsLayoutWidget()
         self.plots: dict[str, pg.PlotItem] = {}
         for i, (key, (title, label, units)) in enumerate(COMPARE_CHARTS.items()):
-            plot = self.charts.addPlot(row=i // 2, col=i % 2)
+            if key == "memory":  # its legend in a row of its own above it, off the bars
+                cell = self.charts.addLayout(row=i // 2, col=i % 2)
+                cell.setContentsMargins(0, 0, 0, 0)
+                self.memory_legend = pg.LegendItem(labelTextSize="8pt", colCount=4,
+                                                   frame=False)
+                cell.addItem(self.memory_legend, row=0, col=0)
+                plot = cell.addPlot(row=1, col=0)
+            else:
+                plot = self.charts.addPlot(row=i // 2, col=i % 2)
             plot.setTitle(title, size="10pt")
             plot.setLabel("left", label, units=units)
             plain_axes(plot)
             plot.showGrid(y=True, alpha=0.25)
             plot.setMouseEnabled(x=False, y=False)
             self.plots[key] = plot
-        self.memory_legend = self.plots["memory"].addLegend(
-            offset=(-5, 5), labelTextSize="8pt", colCount=3)
 
         self.model = ComparisonModel(self)
         self.proxy = RawValueSortProxy(self)
@@ -146,6 +159,7 @@ class CompareView(QWidget):
         splitter.setStretchFactor(2, 1)
         splitter.setSizes([480, 300, 380])  # room for the speed note and every row at 768 px
         layout = QVBoxLayout(self)
+        layout.addWidget(self.run_label)
         layout.addWidget(self.verdict_label)
         layout.addWidget(splitter, 1)
 
@@ -153,6 +167,8 @@ class CompareView(QWidget):
 
     def show_record(self, record: RunRecord, note: str | None = None) -> None:
         self.record = record
+        self.run_label.setText(f"Run {record.run_id or 'n/a'} on {run_summary(record)}")
+        self.run_label.show()
         self._show_verdict(record)
         self.ranks.show_record(record)
         verdict = speed_verdict(record.trials)
@@ -185,7 +201,9 @@ class CompareView(QWidget):
         # the datasheet peak where a trial has one; else the measured matmul peak (a CPU)
         kind = "datasheet" if any(values[p].mfu is not None for p in labels) or not any(
             values[p].mfu_measured is not None for p in labels) else "measured"
-        field = "mfu" if kind == "datasheet" else "mfu_measured"
+        if any(values[p].mfu_common is not None for p in labels):
+            kind = "common"  # one denominator: recipes compare like with like
+        field = {"datasheet": "mfu", "measured": "mfu_measured", "common": "mfu_common"}[kind]
         self.plots["mfu"].setTitle(html.escape(MFU_TITLES[kind]), size="10pt")
         mfu = [None if getattr(values[p], field) is None else getattr(values[p], field) * 100
                for p in labels]
@@ -311,7 +329,7 @@ class CompareView(QWidget):
         predicted.setOpts(x=xs, height=heights)
         plot.addItem(predicted)
         legend.addItem(predicted, "predicted total")
-        plot.setYRange(0, top * 2.2, padding=0)  # headroom for the legend (2 rows) above the bars
+        plot.setYRange(0, (top or 1.0) * 1.15, padding=0)  # the legend sits above the plot
 
     # --- clipboard -------------------------------------------------------------------
 

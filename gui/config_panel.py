@@ -72,7 +72,7 @@ FIELD_OF_FLAG = {
     "--interleave": "Interleave precisions", "--rounds": "rounds",
     "--strategy": "Strategy", "--nproc-per-node": "Ranks per node",
     "--reduce-dtype": "Reduce gradients in", "--isolation": "Isolation",
-    "--compile": "torch.compile",
+    "--compile": "torch.compile", "--grad-checkpointing": "Gradient checkpointing",
 }
 _FLAG = re.compile(r"--[a-z0-9-]+")
 _FLAG_WITH_VALUE = re.compile(r"set (--[a-z0-9-]+) (\S+)")
@@ -86,6 +86,7 @@ def in_form_words(message: str) -> str:
                      message)
 
 
+MAX_INT = 2**31 - 1  # the largest a QSpinBox holds
 DEVICES = ("auto", "cpu", "cuda")
 RUN_WHILE_PROBING = ("auto", "cpu")
 RUN_OPTIMIZER = "(the run's optimizer)"
@@ -98,6 +99,20 @@ def describe(name: str) -> str:
     keep = split_keep(name)[1]
     text = precision_descriptions()[f":{keep}" if keep else name]
     return f"{name}: {text.partition(': ')[2] if keep else text}"
+
+
+# the recipes' "compiled by default" clause (engine.core.recipes): float8 emulated on this
+# device runs uncompiled (engine.core.recipes.compiles), so its hint says that instead
+_COMPILED_CLAUSE = re.compile(r"[;,]? *(step )?\bcompiled( with torch\.compile)?( by default)?"
+                              r"( \([^)]*\))?(?=$|[;,.])")
+
+
+def uncompiled(description: str) -> str:
+    """A precision's line as it runs emulated: without its claim to be compiled."""
+    if not _COMPILED_CLAUSE.search(description):
+        return description
+    return _COMPILED_CLAUSE.sub("", description).rstrip(" ;,") + "; runs uncompiled here " \
+        "(emulated float8 is slow either way)"
 
 
 def _swatch(color: QColor) -> QIcon:
@@ -195,7 +210,9 @@ class ConfigPanel(QWidget):
         self.precisions.itemEntered.connect(self._describe_precision)
         self.precisions.currentItemChanged.connect(self._describe_precision)
 
-        self.batch_size = _spin(1, 65536, defaults.batch_size)
+        # no silent ceiling: a batch too big for the machine is refused at Run, with the
+        # predicted memory against the free memory (engine.run.fits)
+        self.batch_size = _spin(1, MAX_INT, defaults.batch_size)
         self.seq_len = _spin(1, 1 << 20, defaults.seq_len)
         self.steps = _spin(1, 1_000_000, defaults.steps)
         self.warmup = _spin(0, 100_000, defaults.warmup)
@@ -518,8 +535,8 @@ class ConfigPanel(QWidget):
                 item.setToolTip(f"{what}\n{name} cannot run here: {reason}")
             else:
                 item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
-                item.setToolTip(f"{what}\n{name} runs emulated here: {verdict.reason}"
-                                if emulated else what)
+                item.setToolTip(f"{uncompiled(what)}\n{name} runs emulated here: "
+                                f"{verdict.reason}" if emulated else what)
         self.precisions.blockSignals(False)
 
     def _on_edit(self, *_args) -> None:

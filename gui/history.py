@@ -28,6 +28,7 @@ import platformdirs
 
 from engine.record.json_report import parse_report
 from engine.record.run_record import RunRecord
+from gui.history_status import record_outcome
 
 DATA_DIR_ENV = "AMPSCOPE_DATA_DIR"
 LOCK_WAIT_S = 0.5  # another program holding a lock: say so soon rather than freeze the window
@@ -184,7 +185,7 @@ class HistoryStore:
             str(record.config.get("model", "")),
             ",".join(precisions),
             device_label(record),
-            record.status,
+            record_outcome(record),  # "1 of 2 trials failed (oom)", not the runner's "ok"
             json.dumps(record.to_dict()),
         )
         with self._connect() as db:

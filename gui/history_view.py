@@ -32,6 +32,7 @@ from gui.history import (
     combine_trials,
     comparison_note,
 )
+from gui.history_status import journal_trial_statuses, outcome
 from gui.palette import precision_color
 from gui.plain_text import as_html
 
@@ -94,8 +95,12 @@ class HistoryView(QWidget):
         self._journals = {j.run_id: j.path for j in journaled}
         # a damaged journal is listed (never a reason not to start): the problem is its tip
         problems = {j.run_id: j.problem for j in journaled if j.problem}
+        # a run that reached its end is "ok" even when its trials ran out of memory: the
+        # trials say how it ended, as the CLI does
         entries += [HistoryEntry(j.run_id, j.started_s, j.model, j.precisions, j.device,
-                                 j.status) for j in journaled]
+                                 outcome(j.status, journal_trial_statuses(j.path))
+                                 if j.status in ("ok", "cancelled", "error") else j.status)
+                    for j in journaled]
         self.empty.setVisible(not entries)
         for entry in sorted(entries, key=lambda e: e.started_s, reverse=True):
             started = datetime.datetime.fromtimestamp(entry.started_s).strftime("%Y-%m-%d %H:%M")

@@ -71,7 +71,8 @@ def summary_cells(trial: TrialResult) -> list[tuple[str, str]]:
     else:
         gpm = (_pct(g.tensor_any_util_pct / 100 if g.tensor_any_util_pct is not None else None),
                f"NVML GPM over {g.window}: HMMA {g.tensor_hmma_util_pct}%, "
-               f"SM active {g.sm_util_pct}%, DRAM bandwidth {g.dram_bw_util_pct}%")
+               f"SM active {g.sm_util_pct}%, DRAM bandwidth {g.dram_bw_util_pct}%"
+               + (f"; {g.na_reason}" if g.na_reason else ""))
     if ps is None:
         why = trial.profiled_step_reason or trial.reason or "not profiled"
         return [("n/a", why)] * (len(SUMMARY_HEADERS) - 2) + [gpm]

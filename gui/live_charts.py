@@ -16,6 +16,7 @@ cover a curve. A loaded report is replayed through the same point mapping
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 from collections.abc import Iterable, Iterator
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtGui import QTextOption
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from engine.core.events import MonitorSample, ScalarLog, StepSample, TrialResult
@@ -35,6 +37,10 @@ from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before an
 from gui.ringbuffer import RingBuffer
 
 REDRAW_HZ = 15
+MIN_CHART_PX = 300  # narrowest column: the grid has as many as the width allows (2 to 4)
+MAX_COLUMNS = 4
+CENTRED = Qt.AlignmentFlag.AlignHCenter
+TITLE_LINE_PX = 17  # a 10 pt title line; titles wrap to their column's width
 CHARTS_PER_TICK = 3  # a repaint costs about its area: each tick redraws a few changed charts
 CAPACITY = 200_000  # points per curve; older ones scroll out
 LEFT_AXIS_PX = 62  # fixed, so that new tick labels never re-lay out the whole grid
@@ -273,9 +279,11 @@ class LiveCharts(QWidget):
         self.layout_widget.ci.setSpacing(0)
         self.layout_widget.ci.setContentsMargins(0, 0, 0, 0)
         QVBoxLayout(self).addWidget(self.layout_widget)
+        self._view_width = 0  # set as the view is resized
         # precisions keep one colour everywhere, so one legend above the plots names them
         self.legend = pg.LegendItem(colCount=len(CHARTS), labelTextSize="9pt", frame=False)
         self.layout_widget.addItem(self.legend, row=0, col=0, colspan=3)
+        self.columns = 3  # set by _arrange from the width
         self.plots: dict[str, pg.PlotItem] = {}
         self.titles: dict[str, str] = {}  # chart -> title shown, without its curve key
         self._notes: dict[str, pg.TextItem] = {}
@@ -290,6 +298,9 @@ class LiveCharts(QWidget):
                           STEP_AXIS_LABEL, units="s" if key in MONITOR_CHARTS else None)
             self.plots[key] = plot
             self._notes[key] = self._make_note(plot.getViewBox())
+            # pyqtgraph sizes a title to its text: here its column's width decides
+            plot.titleLabel.updateMin = functools.partial(self._title_min, plot,
+                                                          plot.titleLabel.updateMin)
         self._series: dict[tuple[str, str], _Series] = {}
         self._x_page: dict[str, float] = {}  # chart -> right end of its x range
         self._trial_lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
@@ -304,6 +315,7 @@ class LiveCharts(QWidget):
         self._timer.start()
         self.clear()
         self.set_source("profile")
+        self.layout_widget.installEventFilter(self)  # new widths re-arrange the grid
 
     @staticmethod
     def _make_note(view: pg.ViewBox) -> pg.TextItem:
@@ -392,15 +404,88 @@ class LiveCharts(QWidget):
 
     def set_device_kind(self, kind: str | None) -> None:
         """A CPU run has no GPU charts: torch's CUDA allocator counters and NVML's GPM are
-        hidden rather than shown as empty charts."""
+        hidden rather than shown as empty charts, and the monitor charts are the host's."""
         for key in GPU_ONLY_CHARTS:
             self.plots[key].setVisible(kind != "cpu")
+        if kind == "cpu":
+            self._use_host_titles()
+        self._arrange()
 
     def set_source(self, source: str | None) -> None:
         """A user's own loop (any source but "profile") shows its lr, grad norm, time
         breakdown and logged scalars; a profile run has none of them, so no such charts."""
         for key in USER_RUN_CHARTS:
             self.plots[key].setVisible((source or "profile") != "profile")
+        self._arrange()
+
+    # --- layout ---------------------------------------------------------------------
+
+    def visible_charts(self) -> list[str]:
+        return [key for key, plot in self.plots.items() if plot.isVisible()]
+
+    def _width(self) -> int:
+        """The charts' width: the view's, once laid out (a new size reaches it after this
+        widget's own resize event: ``eventFilter`` passes it on)."""
+        return self._view_width or self.layout_widget.viewport().width() or self.width()
+
+    def _arrange(self) -> None:
+        """Place the shown charts only, in as many columns as the width holds (a hidden
+        chart kept its cell, and three fixed columns ran off a 1366 px screen), with the
+        titles wrapped to the column."""
+        grid = self.layout_widget.ci.layout
+        width = self._width()
+        shown = self.visible_charts()
+        columns = max(1, min(MAX_COLUMNS, width // MIN_CHART_PX, len(shown) or 1))
+        placed = {grid.itemAt(i) for i in range(grid.count())}
+        for plot in self.plots.values():
+            if plot in placed:
+                grid.removeItem(plot)
+        for row in range(grid.rowCount()):  # rows left by more charts or fewer columns
+            grid.setRowStretchFactor(row, 0)
+        grid.removeItem(self.legend)
+        grid.addItem(self.legend, 0, 0, 1, columns)
+        for i, key in enumerate(shown):
+            grid.addItem(self.plots[key], 1 + i // columns, i % columns)
+            grid.setRowStretchFactor(1 + i // columns, 1)
+        for column in range(MAX_COLUMNS):
+            grid.setColumnStretchFactor(column, 1 if column < columns else 0)
+            grid.setColumnPreferredWidth(column, 0)
+        self.columns = columns
+        self.legend.setColumnCount(max(1, width // 110))
+        for key in shown:
+            self._fit_title(self.plots[key])
+        grid.invalidate()
+
+    def _fit_title(self, plot: pg.PlotItem) -> None:
+        """Wrap a title (a monitor chart's names its curves) to its column's width."""
+        width = self._width() / max(1, self.columns)
+        label = plot.titleLabel
+        # the title spans the plot's view box column: the left axis is beside it
+        label.item.setTextWidth(max(80.0, width - LEFT_AXIS_PX - 16))
+        if label.item.document().defaultTextOption().alignment() != CENTRED:
+            label.item.document().setDefaultTextOption(QTextOption(CENTRED))
+        label.updateMin()
+
+    @staticmethod
+    def _title_min(plot: pg.PlotItem, update_min) -> None:
+        """After pyqtgraph sized the title to its text: as wide as the column allows, as tall
+        as its lines (setTitle fixes its row at 30 px, one line and a half)."""
+        update_min()
+        label = plot.titleLabel
+        height = max(TITLE_LINE_PX, label.item.boundingRect().height())
+        label.setMinimumWidth(0)
+        for hint in (Qt.SizeHint.MinimumSize, Qt.SizeHint.PreferredSize):
+            label._sizeHint[hint] = (0, height)
+        if label.isVisible():
+            label.setMaximumHeight(height)
+            plot.layout.setRowFixedHeight(0, height)
+        label.updateGeometry()
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 (Qt's name)
+        if watched is self.layout_widget and event.type() == QEvent.Type.Resize:
+            self._view_width = event.size().width()
+            self._arrange()
+        return False
 
     def begin(self, time_s: float) -> None:
         """The run's start: monitor charts count seconds from here."""
@@ -459,8 +544,8 @@ class LiveCharts(QWidget):
     def _retitle(self, chart: str) -> None:
         """A monitor, breakdown or scalars chart's title names its curves in their colours
         (its legend)."""
-        keys = [f'<span style="color:{s.color}">━ '
-                f'{html.escape(name)}</span>'
+        # a narrow column wraps the title between keys, never inside one
+        keys = [f'<span style="color:{s.color}; white-space:nowrap">━ {html.escape(name)}</span>'
                 for (c, name), s in self._series.items() if c == chart]
         title = html.escape(self.titles[chart])
         self.plots[chart].setTitle("  ".join([title, *keys]), size="10pt")

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
+    QApplication,
     QHBoxLayout,
+    QLabel,
     QMainWindow,
     QMessageBox,
     QPlainTextEdit,
@@ -43,11 +45,12 @@ from engine.core.events import (
     TrialStarted,
     to_dict,
 )
+from engine.core.versions import warning_line
 from engine.record.compare import record_precisions
 from engine.record.run_record import RunRecord
 from gui import settings
 from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS, device_kind
-from gui.config_panel import ConfigPanel
+from gui.config_panel import ConfigPanel, in_form_words
 from gui.device_status import DeviceStatus
 from gui.fit_view import FitView
 from gui.history import HistoryError, HistoryStore
@@ -55,10 +58,12 @@ from gui.history_view import HistoryView
 from gui.kernel_view import KernelView
 from gui.menus import build_menus
 from gui.model_view import ModelView
+from gui.notice_bar import NoticeBar, fit_device_line
 from gui.open_export import OpenExport
 from gui.peak_status import PeakStatus
 from gui.plain_text import as_html
 from gui.plan_view import PlanView
+from gui.run_origin import from_elsewhere, local_device, run_device, run_summary
 from gui.trial_table import TrialTable, trial_units
 from gui.watch_actions import WatchActions
 from gui.worker import LabWorker, RunWorker
@@ -145,6 +150,15 @@ class MainWindow(QMainWindow):
         left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(0, 0, 0, 0)
+        # a run from another machine on show: the form is not that run's, and says so
+        self.origin_banner = QLabel()
+        self.origin_banner.setObjectName("origin")
+        self.origin_banner.setTextFormat(Qt.TextFormat.PlainText)
+        self.origin_banner.setWordWrap(True)
+        self.origin_banner.setStyleSheet("QLabel#origin { background: #EAF2FB; border: 1px "
+                                         "solid #9DBFE3; border-radius: 4px; padding: 4px; }")
+        self.origin_banner.hide()
+        left_layout.addWidget(self.origin_banner)
         left_layout.addWidget(scroll, 1)
         left_layout.addWidget(self.config_panel.error_label)
         left_layout.addLayout(buttons)
@@ -184,6 +198,7 @@ class MainWindow(QMainWindow):
         self.lab_worker = LabWorker(self)
         self.lab_worker.finished.connect(self._on_lab_finished)
         self.lab_worker.errored.connect(self._on_lab_errored)
+        self.lab_worker.stopped.connect(self._on_lab_stopped)
         self.tabs.addTab(self._holder("numerics_view"), "Numerics")
         self.kernel_view = KernelView()
         self.tabs.addTab(self.kernel_view, "Kernels")
@@ -193,7 +208,14 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.plan_view, "Plan")
         self._stale_views: set[QWidget] = set()  # views not yet showing self.record
         self.tabs.currentChanged.connect(self._tab_changed)
-        self.setCentralWidget(self.tabs)
+        self.notice = NoticeBar()  # refusals and errors, whole, above the tabs
+        central = QWidget()
+        central_layout = QVBoxLayout(central)
+        central_layout.setContentsMargins(0, 0, 0, 0)
+        central_layout.setSpacing(2)
+        central_layout.addWidget(self.notice)
+        central_layout.addWidget(self.tabs, 1)
+        self.setCentralWidget(central)
 
         self.run_progress = QProgressBar()
         self.run_progress.setMaximumWidth(110)
@@ -204,12 +226,15 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.device_status)
         self.statusBar().addPermanentWidget(self.peak_status)
         self.statusBar().addPermanentWidget(self.run_progress)
+        # the message is shown whole: the device line gives way to it
+        self.statusBar().messageChanged.connect(self._fit_status)
         self.config_panel.device_changed.connect(self.peak_status.show_device)
         self.peak_status.busy_changed.connect(self._update_buttons)
         self.config_panel.engine_loaded.connect(self._freeze_startup_objects)
         self.config_panel.device_changed.connect(
             lambda info: self.device_status.show_device(info, self.config_panel.device_error))
         self.config_panel.validity_changed.connect(self._update_buttons)
+        self.config_panel.device_changed.connect(self._on_device_changed)
         self.device_status.show_device(self.config_panel.device_info,
                                        self.config_panel.device_error)
         build_menus(self)
@@ -219,6 +244,9 @@ class MainWindow(QMainWindow):
         self._update_buttons()
         if self.history.notice:
             self._say_problem(self.history.notice)
+        outside = warning_line()  # a library outside the tested range: said once, then on
+        if outside:
+            self._say_problem(outside)
 
     # --- views built after the first paint ----------------------------------------------
 
@@ -258,6 +286,10 @@ class MainWindow(QMainWindow):
 
         view = NumericsView()
         view.run_requested.connect(self.start_lab)
+        view.stop_requested.connect(self.stop_lab)
+        view.show_inputs(self.config_panel.form_values())
+        self.config_panel.changed.connect(
+            lambda: view.show_inputs(self.config_panel.form_values()))
         view.set_busy(self.worker.is_running() or self.lab_worker.is_running())
         return view
 
@@ -310,9 +342,44 @@ class MainWindow(QMainWindow):
         self.start_run()
 
     def _say_problem(self, message: str) -> None:
-        """A problem the user must know about: in the status bar and the log."""
-        self.statusBar().showMessage(message)
+        """A problem the user must know about: in the status bar, the notice bar and the
+        log."""
+        self.say(message, "warning")
         self.log_line("warning", message)
+
+    def say(self, message: str, level: str | None = None) -> None:
+        """``message`` in the status bar; one that matters (``level`` "error", "warning" or
+        "info") also whole in the notice bar above the tabs."""
+        self.statusBar().showMessage(message.splitlines()[0] if message else message)
+        if level is not None:
+            self.notice.show_message(message, level)
+
+    def _fit_status(self, *_args) -> None:
+        fit_device_line(self.statusBar(), self.device_status,
+                        [self.peak_status, self.run_progress])
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._fit_status()
+
+    def _on_device_changed(self, info) -> None:
+        self._show_origin(None if self.worker.is_running() else self.record)
+        if self.record is None:  # before any run, the charts this device will fill
+            self.charts.set_device_kind(info.kind if info is not None else None)
+
+    def _show_origin(self, record: RunRecord | None) -> None:
+        """Name a run from another machine in the status bar and over the Run form."""
+        here = local_device(self.config_panel.device_info)
+        if record is None or not from_elsewhere(record, here):
+            self.device_status.show_run(None)
+            self.origin_banner.hide()
+        else:
+            self.device_status.show_run(run_summary(record))
+            self.origin_banner.setText(
+                f"Showing a report from {run_device(record)} (run {record.run_id}). The form "
+                f"below is for a new run on this machine ({here or 'device not probed yet'}).")
+            self.origin_banner.show()
+        self._fit_status()
 
     def start_run(self, config: RunConfig | None = None) -> bool:
         """Start a run of ``config`` (the form's when None); False if it cannot start."""
@@ -323,10 +390,19 @@ class MainWindow(QMainWindow):
             try:
                 config = self.config_panel.config()
             except ValueError as exc:
-                self.log_line("error", self.config_panel.error() or str(exc))
+                message = self.config_panel.error() or str(exc)
+                self.log_line("error", message)
+                self.say(f"Run refused: {message}", "error")
                 return False
             settings.save_config_dict(self.config_panel.saved_values())
+        refusal = self._too_big(config)
+        if refusal is not None:
+            self.log_line("error", refusal)
+            self.say(refusal, "error")
+            return False
         self.record = RunRecord(config=config.to_dict())
+        self._show_origin(None)
+        self.notice.hide()
         self.charts.clear(config.warmup + config.steps)
         self.reset_live(list(config.precisions), trial_units(config.to_dict()))
         self.run_progress.setFormat("run %p%")
@@ -338,6 +414,21 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage("Starting the run…")
         self.setWindowTitle("AmpScope — new run")
         return True
+
+    def _too_big(self, config: RunConfig, what: str = "Run") -> str | None:
+        """Why ``config`` is refused for the memory it would need (engine.run.fits), or None;
+        a prediction that cannot be made is logged and does not stop the run."""
+        from engine.run.fits import check
+
+        self.statusBar().showMessage("Checking that the run fits in the free memory…")
+        QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+        try:
+            fit = check(config)
+        finally:
+            QApplication.restoreOverrideCursor()
+        if fit.note:
+            self.log_line("info", fit.note)
+        return None if fit.fits else f"{what} refused: {in_form_words(fit.refusal())}"
 
     def stop_run(self) -> None:
         if self.worker.is_running():
@@ -399,7 +490,8 @@ class MainWindow(QMainWindow):
             if self.watch.watching:  # another process's run, not the user's own
                 outcome = f"Watched run {self.record.run_id}: " + outcome.removeprefix(
                     "Run ").replace("cancelled", "stopped by its own process", 1)
-            self.statusBar().showMessage(outcome)
+            failed = any(t.status not in ("ok", "cancelled") for t in self.record.trials)
+            self.say(outcome, "warning" if failed or self.record.status == "error" else None)
             self.setWindowTitle(f"AmpScope — run {self.record.run_id}")
 
     def _show_phase(self, precision: str, phase: str, round_: int, said: bool = True) -> None:
@@ -476,7 +568,7 @@ class MainWindow(QMainWindow):
             self.log_line("error", message)
         self._run_error = message
         self.run_progress.setFormat("failed")
-        self.statusBar().showMessage(f"Run failed: {message.splitlines()[0]}")
+        self.say(f"Run failed: {message}", "error")
 
     def _on_finished(self, _runner_record) -> None:
         # the window's own record was folded from the same events as the runner's
@@ -522,10 +614,27 @@ class MainWindow(QMainWindow):
         if self.lab_worker.is_running() or self.worker.is_running() or self.peak_status.is_busy():
             return False
         values = self.config_panel.form_values()
+        from gui.numerics_view import lab_inputs
+
+        try:  # the lab trains one step of the Run tab's model: it must fit, like a run
+            config = RunConfig(model=values["model"], precisions=(precision,),
+                               batch_size=values["batch_size"], seq_len=values["seq_len"],
+                               device=values["device"],
+                               trust_remote_code=values["trust_remote_code"])
+            refusal = self._too_big(config, "Numerics lab")
+        except ValueError as exc:
+            refusal = f"Numerics lab refused: {self.config_panel.error() or exc}"
+        if refusal is not None:
+            self.numerics_view.set_busy(False, refusal)
+            self.log_line("error", refusal)
+            self.say(refusal, "error")
+            return False
         trials = None
         if self.record is not None and not self.worker.is_running():
             trials = [to_dict(t) for t in self.record.trials]  # the advice cites them
-        self.numerics_view.set_busy(True, f"Running the numerics lab for {precision}…")
+        self.numerics_view.set_busy(True)
+        self.numerics_view.lab_started(
+            f"Running the numerics lab for {precision} ({lab_inputs(values)})…")
         self.lab_worker.start(
             model=values["model"], precision=precision, device=values["device"],
             batch_size=values["batch_size"], seq_len=values["seq_len"], trials=trials,
@@ -533,8 +642,21 @@ class MainWindow(QMainWindow):
         self._update_buttons()
         return True
 
+    def stop_lab(self) -> None:
+        if self.lab_worker.is_running():
+            self.numerics_view.stop_button.setEnabled(False)
+            self.lab_worker.stop()
+
+    def _on_lab_stopped(self) -> None:
+        self.lab_worker.join()
+        self.numerics_view.set_busy(False)
+        self.numerics_view.lab_ended("Numerics lab stopped: its process was ended, nothing "
+                                     "was measured.")
+        self._update_buttons()
+
     def _on_lab_finished(self, numerics: dict) -> None:
         self.lab_worker.join()
+        self.numerics_view.lab_ended()
         self.numerics_view.set_busy(False)
         self._update_buttons()
         self.numerics_view.show_numerics(numerics)
@@ -550,9 +672,11 @@ class MainWindow(QMainWindow):
 
     def _on_lab_errored(self, message: str) -> None:
         self.lab_worker.join()
+        self.numerics_view.lab_ended()
         self.numerics_view.set_busy(False, f"Numerics lab failed: {message.splitlines()[0]}")
         self._update_buttons()
         self.log_line("error", f"numerics lab: {message}")
+        self.say(f"Numerics lab failed: {message}", "error")
 
     def log_line(self, level: str, message: str, precision: str | None = None) -> None:
         where = f"[{precision}] " if precision else ""
@@ -629,6 +753,7 @@ class MainWindow(QMainWindow):
         self.run_progress.setValue(0)
         self.run_progress.setFormat("run %p%")
         self.statusBar().showMessage(f"Showing run {record.run_id} ({record.status})")
+        self._show_origin(record)
         self.record_shown.emit(record)
 
     def show_comparison(self, record: RunRecord, note: str) -> None:

@@ -1,12 +1,13 @@
-"""The window's menu bar: File (open, watch, export run and charts, quit) and Run (run,
-stop, run with kernel traces, measure the matmul peak again). Each action calls what the
-window already offers; the menus hold no state of their own."""
+"""The window's menu bar: File (open, watch, export run and charts, quit), Run (run,
+stop, run with kernel traces, measure the matmul peak again) and Help (About: the versions
+in use). Each action calls what the window already offers; the menus hold no state."""
 
 from __future__ import annotations
 
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog
 
+from gui.about import show_about
 from gui.open_export import REPORT_FILTERS
 
 
@@ -52,6 +53,11 @@ def build_menus(window) -> None:
     run_menu.addActions([start, stop, traced])
     run_menu.addSeparator()
     run_menu.addAction(peak)
+
+    help_menu = window.menuBar().addMenu("&Help")
+    about = QAction("&About AmpScope…", window)
+    about.triggered.connect(lambda: show_about(window))
+    help_menu.addAction(about)
 
 
 def ask_traced_run(window) -> None:

@@ -12,13 +12,14 @@ import html
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QElapsedTimer, Qt, QTimer, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QProgressBar,
     QPushButton,
     QSplitter,
     QTableWidget,
@@ -43,6 +44,12 @@ EMPTY_TEXT = ("No numerics yet. Pick a precision and press \"Run numerics lab\":
               "and the advice. A report opened with numerics shows them here too.")
 BAND_COLORS = {"fp16": "#E69F00", "bf16": "#009E73", "fp8_e4m3": "#777777",
                "fp8_e5m2": "#AAAAAA"}
+
+
+def lab_inputs(values: dict) -> str:
+    """"gpt2, batch 4 × 128 tokens, on cpu" from the Run form's values."""
+    return (f"{values.get('model')}, batch {values.get('batch_size'):,} × "
+            f"{values.get('seq_len'):,} tokens, on {values.get('device')}")
 
 
 def _num(value, fmt: str = ".4g") -> str:
@@ -82,6 +89,7 @@ def _fill(table: QTableWidget, rows: list[list[str]], tooltips: list[str] | None
 
 class NumericsView(QWidget):
     run_requested = Signal(str)  # precision
+    stop_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -94,6 +102,24 @@ class NumericsView(QWidget):
         self.run_button.clicked.connect(
             lambda: self.run_requested.emit(self.precision.currentText()))
         self.status = plain_label(EMPTY_TEXT)
+        # what the lab will take from the Run tab, said before it is pressed
+        self.uses = plain_label()
+        self.uses.setObjectName("lab_uses")
+        # while it runs: a busy bar with the seconds so far (the lab's process reports only
+        # its end) and Stop, which ends that process
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 0)
+        self.progress.setMaximumWidth(160)
+        self.progress.hide()
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("End the numerics lab's process now")
+        self.stop_button.clicked.connect(self.stop_requested)
+        self.stop_button.hide()
+        self._started = QElapsedTimer()
+        self._ticker = QTimer(self)
+        self._ticker.setInterval(500)
+        self._ticker.timeout.connect(self._tick)
+        self._running_text = ""
 
         self.formats = _table(FORMAT_HEADERS)
         self.demos = _table(DEMO_HEADERS)
@@ -120,6 +146,8 @@ class NumericsView(QWidget):
         top.addWidget(QLabel("Precision"))
         top.addWidget(self.precision)
         top.addWidget(self.run_button)
+        top.addWidget(self.stop_button)
+        top.addWidget(self.progress)
         top.addWidget(self.status, 1)
         left = QSplitter(Qt.Orientation.Vertical)
         left.addWidget(self.formats)
@@ -141,12 +169,37 @@ class NumericsView(QWidget):
         body.setSizes([700, 700])
         layout = QVBoxLayout(self)
         layout.addLayout(top)
+        layout.addWidget(self.uses)
         layout.addWidget(body, 1)
 
     def set_busy(self, busy: bool, message: str = "") -> None:
         self.run_button.setEnabled(not busy)
         if message:
             self.status.setText(message)
+
+    def show_inputs(self, values: dict) -> None:
+        """Say which model, batch, sequence and device the lab will use (the Run tab's)."""
+        self.uses.setText(f"Uses the Run tab's settings: {lab_inputs(values)}. Change them "
+                          "there.")
+
+    def lab_started(self, text: str) -> None:
+        self._running_text = text
+        self._started.start()
+        self.progress.show()
+        self.stop_button.show()
+        self.stop_button.setEnabled(True)
+        self._tick()
+        self._ticker.start()
+
+    def lab_ended(self, message: str = "") -> None:
+        self._ticker.stop()
+        self.progress.hide()
+        self.stop_button.hide()
+        if message:
+            self.status.setText(message)
+
+    def _tick(self) -> None:
+        self.status.setText(f"{self._running_text} {self._started.elapsed() // 1000} s so far")
 
     def clear(self, message: str) -> None:
         self.numerics = None

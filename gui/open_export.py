@@ -22,10 +22,18 @@ OPEN_FILTER = "JSON report or run journal (*.json *.jsonl)"
 
 
 def documents_dir() -> str:
-    """Where file dialogs open: the user's documents folder, never the working folder."""
+    """Where file dialogs open: the user's documents folder, never the working folder. Made
+    when missing: given a folder that does not exist, Qt's dialog opens the working folder
+    and pre-fills the folder's name ("Documents") as the file name. The home folder where
+    it cannot be made."""
     import platformdirs
 
-    return platformdirs.user_documents_dir()
+    folder = Path(platformdirs.user_documents_dir())
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return str(Path.home())
+    return str(folder)
 
 
 class OpenExport(QObject):
@@ -74,7 +82,7 @@ class OpenExport(QObject):
         self.window.run_progress.setFormat("run %p%")
         # the previous run stays on show; the message names the file and the fault
         self.window.log_line("error", f"could not open the report: {message}")
-        self._say(f"Could not open the report: {message}")
+        self.window.say(f"Could not open the report: {message}", "error")
         self.window.open_failed.emit(message)
 
     def ask_open_report(self) -> None:
@@ -106,7 +114,7 @@ class OpenExport(QObject):
     def _on_export_failed(self, path, message: str) -> None:
         self.writer.join()
         self.window.log_line("error", f"could not export to {path}: {message}")
-        self._say(f"Export failed: {message}")
+        self.window.say(f"Export failed: {message}", "error")
         self.window.export_failed.emit(message)
 
     def export_chart(self, key: str, path: str | Path) -> Path:

@@ -84,9 +84,9 @@ class PeakStatus(QWidget):
 
     def _show(self, measured: MeasuredPeak | None) -> None:
         summary = peak_summary(measured)
-        if measured is None:
-            self.label.setText(summary)
-            self.label.setToolTip("")
+        if measured is None:  # short: the status bar's message has the room
+            self.label.setText(summary.partition(" (")[0])
+            self.label.setToolTip(summary)
         else:
             from engine.measure import matmul_peak
 

@@ -2,7 +2,9 @@
 
 The form is the ``plan`` command's. ``PlanWorker`` runs ``engine.run.plan.plan`` in a thread
 (one training step per recipe traced on fake tensors: nothing is allocated) and hands
-the result back as a signal; the view shows it as a recipe x card table.
+the result back as a signal; the view shows the answer per card on top (fits or not, and
+the smallest change that makes it fit), then a recipe x card table. A model that cannot be
+planned shows its reason on top instead, and no table.
 """
 
 from __future__ import annotations
@@ -79,9 +81,11 @@ def card_text(card) -> tuple[str, str]:
     gib = abs(card.headroom_bytes) / 2**30
     text = (f"fits, {gib:.2f} GiB headroom" if card.fits
             else f"does not fit, short {gib:.2f} GiB")
+    from engine.run.plan import duration_text
+
     batch = "n/a" if card.max_batch is None else str(card.max_batch)
     step = ("n/a" if card.predicted_step_ms is None
-            else f"{card.predicted_step_ms:.3g} ms ({card.bound}-bound)")
+            else f"{duration_text(card.predicted_step_ms)} ({card.bound}-bound)")
     tip = (f"usable {card.usable_bytes / 2**30:.2f} GiB ({card.memory_source}); largest "
            f"micro-batch {batch} ({card.max_batch_note}); step {step}: "
            f"{card.prediction_model}")
@@ -137,6 +141,11 @@ class PlanView(QWidget):
         self.error_label = plain_label()
         self.error_label.setStyleSheet("color: #B00020")
         self.error_label.hide()
+        # the answer, one line per card: above everything else the plan shows
+        self.answer = plain_label()
+        self.answer.setWordWrap(True)
+        self.answer.setStyleSheet("font-weight: bold")
+        self.answer.hide()
         self.status = plain_label("Traces one training step per recipe on fake tensors: no GPU "
                                   "and no weights needed. Step times are roofline predictions.")
         self.table = QTableWidget(0, 0)
@@ -157,9 +166,10 @@ class PlanView(QWidget):
         form.addRow("Largest batch to search (0: none)", self.max_batch)
         form.addRow("Measured report (beside the run history)", self.measured)
         layout = QVBoxLayout(self)
+        layout.addWidget(self.error_label)  # a refusal's reason is the first thing shown
+        layout.addWidget(self.answer)
         layout.addLayout(form)
         layout.addWidget(self.plan_button)
-        layout.addWidget(self.error_label)
         layout.addWidget(self.status)
         layout.addWidget(self.table, 1)
 
@@ -186,6 +196,7 @@ class PlanView(QWidget):
             self._show_error(str(exc))
             return False
         self._show_error(None)
+        self.answer.hide()
         self.table.setRowCount(0)
         self.status.setText(f"Tracing {', '.join(config.precisions)}…")
         self.plan_button.setEnabled(False)
@@ -200,6 +211,7 @@ class PlanView(QWidget):
         self.worker.join()
         self.plan_button.setEnabled(True)
         self.status.setText("The plan did not run.")
+        self.table.setRowCount(0)
         self._show_error(message.splitlines()[0])
 
     def _on_finished(self, result) -> None:
@@ -209,8 +221,12 @@ class PlanView(QWidget):
 
     def show_result(self, result) -> None:
         from engine.run.plan import size_text
+        from engine.run.plan_answer import answer_lines
 
         self.last_result = result
+        lines = answer_lines(result)
+        self.answer.setText("\n".join(lines))
+        self.answer.setVisible(bool(lines))
         cards = [c.card for c in result.trials[0].cards] if result.trials else []
         headers = ["Recipe", "Traced peak", "Measured peak", *cards]
         self.table.setColumnCount(len(headers))

@@ -7,15 +7,11 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QIcon, QPixmap
 from PySide6.QtWidgets import QLabel, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
-from engine.measure.quant_error_text import EXACT, HEADERS, TITLE, quant_rows
+from engine.measure.quant_error_text import HEADERS, TITLE, layer_db, quant_rows
 from engine.record.run_record import RunRecord
 from gui.palette import precision_color
 
 COLUMNS = ("precision / layer", "layers / rounded as", *HEADERS[2:])
-
-
-def _db(value: float | None) -> str:
-    return EXACT if value is None else f"{value:.2f}"
 
 
 class QuantErrorView(QWidget):
@@ -43,8 +39,9 @@ class QuantErrorView(QWidget):
                 for col in range(2, len(HEADERS)):
                     item.setTextAlignment(col, Qt.AlignmentFlag.AlignRight)
                 for layer in trials[row[0]].quant_error.layers:
-                    child = QTreeWidgetItem([layer.name, layer.format, _db(layer.weight_db),
-                                             _db(layer.input_db), ""])
+                    child = QTreeWidgetItem([layer.name, layer.format,
+                                             layer_db(layer, "weight"),
+                                             layer_db(layer, "input"), ""])
                     for col in (2, 3):
                         child.setTextAlignment(col, Qt.AlignmentFlag.AlignRight)
                     item.addChild(child)

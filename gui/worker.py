@@ -88,6 +88,7 @@ class LabWorker(QObject):
 
     finished = Signal(object)  # the lab dict
     errored = Signal(str)
+    stopped = Signal()  # ended on request (Stop) before it answered
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -113,8 +114,10 @@ class LabWorker(QObject):
         except (ValueError, RuntimeError) as exc:  # shown in the view; the window stays up
             self.errored.emit(str(exc))
             return
-        if result is not None:  # None: stopped (the window closes), nothing to say
+        if result is not None:
             self.finished.emit(result)
+        else:  # stopped: by Stop, or the window closing (which no longer listens)
+            self.stopped.emit()
 
     def stop(self) -> None:
         """End the lab's process now (closing the window)."""

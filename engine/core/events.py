@@ -144,13 +144,16 @@ class StepSample:
     hfu: float | None = None  # hardware FLOPs (counted, recompute included) / time / peak
     tokens: int | None = None  # tokens this step trained on (user runs: padding excluded)
     learning_rate: float | None = None  # user runs: the optimiser's lr at this step
-    # user runs: where the step's time went (they add up to step_ms; None: not seen)
+    # user runs: where the step's time went (with eval_ms they add up to step_ms; None: not seen)
     data_ms: float | None = None  # step start to the first training forward
     forward_ms: float | None = None  # inside the model's training forwards
     backward_ms: float | None = None  # each forward's end to the next forward or optimizer step
     optimizer_ms: float | None = None  # the optimizer step's start to the step's end
     # tflops / the device's measured matmul peak (engine.measure.matmul_peak), blended alike
     mfu_measured: float | None = None
+    # user runs: an evaluation inside the step (model.eval() or no_grad forwards and what
+    # runs between them), a part of step_ms the other four leave out
+    eval_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,7 @@ class LayerSqnr:
     format: str  # how the recipe rounds this layer's operands, e.g. "fp8 e4m3 tensorwise"
     weight_db: float | None
     input_db: float | None
+    reason: str | None = None  # an n/a dB that is no number (inf/NaN), not an exact one
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,7 @@ class QuantError:
     weight_min_db: float | None = None
     input_median_db: float | None = None
     input_min_db: float | None = None
+    reason: str | None = None  # layers whose SQNR is no number (left out of the above)
 
 
 @dataclass(frozen=True)
@@ -400,6 +405,12 @@ class TrialSummary:
     mfu_measured_reason: str | None = None
     measured_peak_flops: float | None = None
     measured_peak_source: str | None = None
+    # the same model FLOPs against one denominator for every recipe on the device
+    # (engine.measure.peaks.COMMON_CONVENTION): "MFU vs common 16-bit peak" wherever shown
+    mfu_common: float | None = None
+    mfu_common_reason: str | None = None
+    common_peak_flops: float | None = None
+    common_peak_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -466,6 +477,12 @@ class ProfiledStep:
     trace_file: str | None = None  # Chrome trace JSON of this step, when asked for
     memory_snapshot_file: str | None = None  # CUDA allocator snapshot, when asked for
     odd_gemms: list[GemmShapeTime] = field(default_factory=list)  # most time first
+    # the shares' basis (engine/measure/step_basis.py): on a GPU, shares of the measured
+    # median step, step_ms being that median; None where no measured step was known
+    measured_step_ms: float | None = None
+    profiled_step_ms: float | None = None  # the profiled step's own span (GPU) or wall (CPU)
+    kernel_busy_ms: float | None = None  # GPU: union of the profiled step's kernel time
+    basis_note: str | None = None  # the profiled kernels' time is >10% off the measured step
 
 
 @dataclass(frozen=True)
@@ -481,6 +498,7 @@ class GpmMetrics:
     window_s: float | None = None
     window: str = ""
     reason: str | None = None
+    na_reason: str | None = None  # which metrics are None with values around and why (NaN)
 
 
 @dataclass(frozen=True)
@@ -595,6 +613,9 @@ class TrialResult:
     # None with ``quant_error_reason`` where the recipe rounds nothing or it was not measured
     quant_error: QuantError | None = None
     quant_error_reason: str | None = None
+    # whether the timed steps ran under torch.compile (fp8 compiles by default on a GPU
+    # whatever the run's --compile); None: the trial never reached its steps, older reports
+    compiled: bool | None = None
     # where the trial's wall-clock time went (engine.run.phase_clock): phase -> seconds,
     # rounds summed, and when each phase of its last round began (epoch seconds; "end": the
     # trial's process was gone); None for user runs, distributed trials and older reports

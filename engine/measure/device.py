@@ -194,6 +194,33 @@ def _unsupported(verdicts: dict[str, gating.Verdict]) -> dict[str, str]:
     return unsupported
 
 
+def torchao_extension_failures() -> list[str]:
+    """torchao's compiled extensions that fail to load here ("Failed to load FILE: why"), from
+    importing torchao with its notices kept (engine/core/quiet.py); [] without torchao."""
+    from engine.core.quiet import extension_failures, quiet_libraries
+
+    if not _has("torchao"):
+        return []
+    quiet_libraries()
+    import torchao  # noqa: F401  (its import tries each extension)
+
+    return extension_failures()
+
+
+def with_extension_notes(verdicts: dict[str, gating.Verdict],
+                         failures: list[str]) -> dict[str, gating.Verdict]:
+    """A native MXFP8 verdict says so when torchao's compiled MXFP8 extension did not load
+    (built for another Python or torch): a trial that needs its CUDA kernels fails there."""
+    failed = next((f for f in failures if "_C_mxfp8" in f), None)
+    if failed is None:
+        return verdicts
+    return {p: (gating.Verdict(v.support, f"{v.reason}; but torchao's compiled MXFP8 "
+                               f"extension did not load ({failed}): a trial that needs its "
+                               "CUDA kernels fails, and this is why")
+                if v.support == "native" and recipe(p).mx == "mxfp8" else v)
+            for p, v in verdicts.items()}
+
+
 def probe(requested: str = "auto") -> DeviceInfo:
     """Inspect the device ``requested`` names. Raises ``ValueError`` for impossible asks."""
     dev = resolve_device(requested)
@@ -227,6 +254,8 @@ def probe(requested: str = "auto") -> DeviceInfo:
     uuid, bus_id = _uuid_and_bus_id(props)
     described = gating.DeviceDescription.from_properties(props)
     verdicts = gating.matrix(described)
+    if any(v.support == "native" and recipe(p).mx == "mxfp8" for p, v in verdicts.items()):
+        verdicts = with_extension_notes(verdicts, torchao_extension_failures())
     unsupported = _unsupported(verdicts)
     rocm = described.kind == "rocm"
     if rocm:  # torch's ROCm build answers through torch.cuda; AMD SMI knows the GPU

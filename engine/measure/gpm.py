@@ -6,10 +6,17 @@ begin, one when they end (``GpmWindow``), or the previous monitor poll's and thi
 the SMs and DRAM were over that window. Where GPM cannot answer (the CPU, no NVML, a
 GPU before Hopper, or a driver that does not permit it) every value is ``None`` and
 ``reason`` says why.
+
+Two answers of NVML's are no measurement, found on an H200: a metric over a window in which
+the GPU did no work comes back as NaN with a success code (0/0; DRAM bandwidth did), and a
+window shorter than NVML's GPM refresh (the docs ask for samples over 100 ms apart) gives
+all zeros. A NaN metric is ``None`` with the reason; a window shorter than
+``MIN_WINDOW_S`` is n/a (the trial's) or extended to the next poll (the monitor's).
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from engine.core.events import GpmMetrics
@@ -27,6 +34,15 @@ METRICS = {
     "dram_bw_util_pct": "NVML_GPM_METRIC_DRAM_BW_UTIL",
 }
 WINDOW = "the trial's measured steps"
+MIN_WINDOW_S = 0.2  # twice NVML's GPM refresh (about 100 ms): a shorter window reads zeros
+NAN_REASON = ("n/a: NVML returned NaN with success for this window (0/0: the GPU did no "
+              "such work in it)")
+
+
+def short_window_reason(seconds: float) -> str:
+    return (f"n/a: {WINDOW} took {seconds:.3f} s, under the {MIN_WINDOW_S} s GPM needs "
+            "(NVML refreshes its GPM counters about every 100 ms; a shorter window reads "
+            "zeros or NaN): measure more steps")
 
 
 def _lib():
@@ -35,8 +51,9 @@ def _lib():
     return pynvml
 
 
-def metrics_between(first, second) -> dict[str, float | None]:
-    """``METRICS`` over two GPM samples; a metric the driver does not report is ``None``."""
+def metrics_between(first, second) -> tuple[dict[str, float | None], list[str]]:
+    """``METRICS`` over two GPM samples, and the fields NVML answered NaN (or infinity)
+    for; a metric the driver does not report, or answers so, is ``None``."""
     lib = _lib()
     request = lib.c_nvmlGpmMetricsGet_t()
     request.version = lib.NVML_GPM_METRICS_GET_VERSION
@@ -45,9 +62,15 @@ def metrics_between(first, second) -> dict[str, float | None]:
     for i, name in enumerate(METRICS.values()):
         request.metrics[i].metricId = getattr(lib, name)
     lib.nvmlGpmMetricsGet(request)
-    return {field: (float(request.metrics[i].value)
-                    if request.metrics[i].nvmlReturn == lib.NVML_SUCCESS else None)
-            for i, field in enumerate(METRICS)}
+    values, nonfinite = {}, []
+    for i, field in enumerate(METRICS):
+        metric = request.metrics[i]
+        value = float(metric.value) if metric.nvmlReturn == lib.NVML_SUCCESS else None
+        if value is not None and not math.isfinite(value):
+            value = None
+            nonfinite.append(field)
+        values[field] = value
+    return values, nonfinite
 
 
 def _free(sample) -> None:
@@ -60,8 +83,9 @@ def _free(sample) -> None:
 class GpmWindow:
     """``start()`` and ``stop()`` around a window; ``stop`` returns the metrics over it."""
 
-    def __init__(self, info: DeviceInfo):
+    def __init__(self, info: DeviceInfo, clock=time.monotonic):
         self.info = info
+        self.clock = clock
         self._handle = None
         self._first = None
         self._started_s = None
@@ -105,7 +129,7 @@ class GpmWindow:
             return
         try:
             self._first = self.sample()
-            self._started_s = time.monotonic()
+            self._started_s = self.clock()
         except Exception as exc:
             self.reason = f"{NEEDS}: nvmlGpmSampleGet failed: {exc}"
 
@@ -116,9 +140,14 @@ class GpmWindow:
         second = None
         try:
             second = self.sample()
-            seconds = time.monotonic() - self._started_s
-            return GpmMetrics(**metrics_between(self._first, second), window_s=seconds,
-                              window=WINDOW)
+            seconds = self.clock() - self._started_s
+            if seconds < MIN_WINDOW_S:
+                return GpmMetrics(window_s=seconds, window=WINDOW,
+                                  reason=short_window_reason(seconds))
+            values, nonfinite = metrics_between(self._first, second)
+            return GpmMetrics(**values, window_s=seconds, window=WINDOW,
+                              na_reason=", ".join(nonfinite) + f" {NAN_REASON}"
+                              if nonfinite else None)
         except Exception as exc:
             return GpmMetrics(reason=f"{NEEDS}: nvmlGpmMetricsGet failed: {exc}", window=WINDOW)
         finally:
@@ -136,10 +165,12 @@ class GpmPoller:
     every poll); the first poll of a supported GPU has no earlier sample and gives nothing.
     """
 
-    def __init__(self, info: DeviceInfo):
-        self._window = GpmWindow(info)  # its support checks and NVML handle
+    def __init__(self, info: DeviceInfo, clock=time.monotonic):
+        self._window = GpmWindow(info, clock)  # its support checks and NVML handle
         self._previous = None
+        self._previous_s = 0.0
         self._reported: str | None = None
+        self._nan_said: set[str] = set()  # fields whose NaN was explained once
 
     def _unavailable(self) -> dict:
         reason = self._window.reason
@@ -151,18 +182,26 @@ class GpmPoller:
     def poll(self) -> dict:
         if self._window.reason is not None:
             return self._unavailable()
+        now = self._window.clock()
+        if self._previous is not None and now - self._previous_s < MIN_WINDOW_S:
+            return {}  # too short a window: the next poll's covers this one too
         try:
             current = self._window.sample()
         except Exception as exc:
             self._window.reason = f"{NEEDS}: nvmlGpmSampleGet failed: {exc}"
             self.close()
             return self._unavailable()
-        previous, self._previous = self._previous, current
+        previous, self._previous, self._previous_s = self._previous, current, now
         if previous is None:
             return {}
         try:
-            return {f"gpm_{field}": value
-                    for field, value in metrics_between(previous, current).items()}
+            values, nonfinite = metrics_between(previous, current)
+            out = {f"gpm_{field}": value for field, value in values.items()}
+            unsaid = [f"gpm_{f}" for f in nonfinite if f not in self._nan_said]
+            if unsaid:  # said once per field: an idle GPU answers NaN at every poll
+                self._nan_said.update(nonfinite)
+                out["gpm_reason"] = f"{', '.join(unsaid)} {NAN_REASON}"
+            return out
         except Exception as exc:
             self._window.reason = f"{NEEDS}: nvmlGpmMetricsGet failed: {exc}"
             self.close()
@@ -191,7 +230,8 @@ def format_gpm(trials) -> str:
             ("tensor pipes (any)", g.tensor_any_util_pct), ("HMMA", g.tensor_hmma_util_pct),
             ("IMMA", g.tensor_imma_util_pct), ("SM active", g.sm_util_pct),
             ("SM occupancy", g.sm_occupancy_pct), ("DRAM bandwidth", g.dram_bw_util_pct)))
-        lines.append(f"  {t.precision}: {cells} (over {g.window_s:.2f} s)")
+        lines.append(f"  {t.precision}: {cells} (over {g.window_s:.2f} s)"
+                     + (f"; {g.na_reason}" if g.na_reason else ""))
     if not lines:
         return ""
     return "\n".join([f"Tensor Core activity (NVML GPM, over {WINDOW})", *lines])

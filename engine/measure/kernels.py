@@ -14,6 +14,7 @@ testable without a GPU.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -419,7 +420,27 @@ def _is_matmul(name: str) -> bool:
     return short in _MATMUL_OPS or short.startswith(_MATMUL_PREFIXES)
 
 
-def _work_dtypes(event) -> tuple[str, ...]:
+def kineto_dtypes(prof) -> dict[int, list[str]]:
+    """Each CPU op's input dtypes by its correlation id (a ``FunctionEvent``'s ``id``), from
+    the profiler's own records (``_KinetoEvent.dtypes``): where torch's ``FunctionEvent``
+    has no ``input_dtypes`` (torch 2.11) the records still hold them. Empty where those
+    records have no ``dtypes`` either."""
+    from torch.autograd import DeviceType
+
+    events = prof.profiler.kineto_results.events()
+    return {k.correlation_id(): list(k.dtypes()) for k in events
+            if hasattr(k, "dtypes") and k.device_type() == DeviceType.CPU}
+
+
+def _input_dtypes(event, dtypes_by_id: dict[int, list[str]] | None) -> tuple[str, ...]:
+    """The dtypes the profiler recorded for an op's inputs: its ``input_dtypes`` where the
+    event has that attribute, else the profiler's records by the event's id."""
+    if hasattr(event, "input_dtypes"):
+        return tuple(event.input_dtypes or ())
+    return tuple((dtypes_by_id or {}).get(event.id) or ())
+
+
+def _work_dtypes(event, dtypes_by_id: dict[int, list[str]] | None = None) -> tuple[str, ...]:
     """Input dtypes of the GEMM that did the work.
 
     A matmul that calls another one (``linear`` -> ``addmm``, or autocast's outer call of
@@ -427,7 +448,7 @@ def _work_dtypes(event) -> tuple[str, ...]:
     the innermost matmul below it has the dtype that ran.
     """
     if not _is_matmul(event.name):
-        return tuple(event.input_dtypes or ())
+        return _input_dtypes(event, dtypes_by_id)
     found, pending = event, list(event.cpu_children)
     while pending:
         child = pending.pop(0)
@@ -435,7 +456,27 @@ def _work_dtypes(event) -> tuple[str, ...]:
             found, pending = child, list(child.cpu_children)
         else:
             pending.extend(child.cpu_children)
-    return tuple(found.input_dtypes or ())
+    return _input_dtypes(found, dtypes_by_id)
+
+
+def _attributed(device: list, owners: set[int], calls: list[OpCall]) -> list[bool]:
+    """Whether an op (not only the step range, not nothing) enclosed each kernel's launch.
+
+    The profiler hangs a kernel on the CPU event its launch links to (the innermost op or
+    range around it). Where the device event names that event (``linked_correlation_id``)
+    the link decides; where it does not (torch 2.11's ``FunctionEvent``), the ops' own
+    kernel lists do: a kernel is attributed while an op holds one of its name and
+    duration (a match up to which of two identical kernels it was, so every time is the
+    same)."""
+    if all(hasattr(e, "linked_correlation_id") for e in device):
+        return [e.linked_correlation_id in owners - {0} for e in device]
+    held = Counter((name, round(us, 3)) for c in calls for name, us in c.kernels)
+    found = []
+    for e in device:
+        key = (e.name, round(e.time_range.end - e.time_range.start, 3))
+        found.append(held[key] > 0)
+        held[key] -= 1
+    return found
 
 
 def _is_op(event) -> bool:
@@ -446,9 +487,11 @@ def _is_op(event) -> bool:
     return bool(event.kernels) and not event.name.startswith(_NOT_OPS)
 
 
-def _calls_from(events) -> tuple[list[OpCall], float, list[DeviceSpan]]:
+def _calls_from(events, dtypes_by_id: dict[int, list[str]] | None = None,
+                ) -> tuple[list[OpCall], float, list[DeviceSpan]]:
     """OpCalls, the step's wall time and the device spans, from torch.profiler's
-    ``FunctionEvent``s or the same built from a Chrome trace (``chrome_trace_events``)."""
+    ``FunctionEvent``s or the same built from a Chrome trace (``chrome_trace_events``).
+    ``dtypes_by_id`` (``kineto_dtypes``) stands in for events without ``input_dtypes``."""
     from torch.autograd import DeviceType
 
     calls, device, owners, step_us = [], [], set(), 0.0
@@ -460,17 +503,15 @@ def _calls_from(events) -> tuple[list[OpCall], float, list[DeviceSpan]]:
                 owners.add(e.id)
                 calls.append(OpCall(
                     name=e.name, ancestors=_ancestors(e),
-                    input_dtypes=_work_dtypes(e), self_cpu_us=e.self_cpu_time_total,
+                    input_dtypes=_work_dtypes(e, dtypes_by_id),
+                    self_cpu_us=e.self_cpu_time_total,
                     kernels=tuple((k.name, float(k.duration)) for k in e.kernels),
                     shapes=_shapes(e) if _is_matmul(e.name) else (),
                 ))
         elif e.device_type == DeviceType.CUDA and _device_work(e):
             device.append(e)
-    # the profiler hangs a kernel on the CPU event whose correlation id it links to (the
-    # innermost op or range around the launch); one hung on no op is unattributed
-    spans = [DeviceSpan(e.time_range.start, e.time_range.end, e.name,
-                        attributed=e.linked_correlation_id in owners - {0})
-             for e in device]
+    spans = [DeviceSpan(e.time_range.start, e.time_range.end, e.name, attributed=linked)
+             for e, linked in zip(device, _attributed(device, owners, calls), strict=True)]
     return calls, step_us, spans
 
 
@@ -660,57 +701,106 @@ def _cpu_allocator_peak(prof) -> int:
     return peak
 
 
+PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 1}  # steps; only the active one is read
+
+
+def _join_shapes(timed: list[OpCall], shaped: list[OpCall]) -> list[OpCall]:
+    """The timed step's calls with the input dtypes and shapes of the same calls in the
+    shapes step (the k-th call of an op in one is the k-th in the other: a training step
+    runs the same ops in the same order)."""
+    import dataclasses
+
+    seen: dict[str, int] = {}
+    by_name: dict[str, list[OpCall]] = {}
+    for call in shaped:
+        by_name.setdefault(call.name, []).append(call)
+    joined = []
+    for call in timed:
+        k = seen.get(call.name, 0)
+        seen[call.name] = k + 1
+        twins = by_name.get(call.name, [])
+        if k < len(twins) and not call.input_dtypes:
+            call = dataclasses.replace(call, input_dtypes=twins[k].input_dtypes,
+                                       shapes=twins[k].shapes)
+        joined.append(call)
+    return joined
+
+
 def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int,
                  trace_file: str | None = None,
                  memory_snapshot_file: str | None = None) -> ProfiledStep:
-    """Run ``step`` once under the profiler and analyse it; optional trace and snapshot.
+    """Profile ``step`` as lightly as still attributes kernels, and analyse it.
+
+    Untimed first: one step with input shapes and dtypes recorded (and the allocator's
+    events on the CPU: the memory peak), and on a GPU with a memory snapshot asked for,
+    one step under the allocator's history. Then the timed profile: CPU and CUDA activity
+    only (no shapes, no memory, no stacks), under a schedule of ``PROFILE_SCHEDULE``
+    steps, of which only the active one is read: the profiler's own start-up falls in
+    the others. Each timed op takes the dtypes of its twin in the shapes step.
 
     ``live_bytes``: tensor bytes alive before the step (parameters, buffers, quantisation
     state, optimizer state, batches), the base of the CPU memory peak.
     """
     import dataclasses
 
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    snapshot = cuda and memory_snapshot_file is not None
+
+    def one_step():
+        with record_function(STEP_RANGE):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 profile_memory=not cuda) as shaped_prof:
+        one_step()
+    events = shaped_prof.events()
+    by_id = None if all(hasattr(e, "input_dtypes") for e in events) else kineto_dtypes(
+        shaped_prof)  # this torch's FunctionEvent may lack them: its records hold them
+    shaped, _, _ = _calls_from(events, by_id)
+    if cuda:
+        peak = int(torch.cuda.max_memory_allocated(device))
+        method = "torch.cuda.max_memory_allocated over an untimed step (shapes recorded)"
+    else:
+        peak = live_bytes + _cpu_allocator_peak(shaped_prof)
+        method = ("tensor bytes alive before the step (parameters, buffers, quantisation "
+                  "state, optimizer state, batches) + the highest net bytes the CPU "
+                  "allocator handed out during an untimed step (torch.profiler memory "
+                  "events)")
+    snapshot = cuda and memory_snapshot_file is not None
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
-    try:
-        with profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
-            with record_function(STEP_RANGE):
-                step()
-            if cuda:
-                torch.cuda.synchronize(device)
-        if snapshot:
+        try:
+            one_step()
             torch.cuda.memory._dump_snapshot(memory_snapshot_file)
-    finally:
-        if snapshot:
+        finally:
             torch.cuda.memory._record_memory_history(enabled=None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, schedule=schedule(**PROFILE_SCHEDULE)) as prof:
+        for _ in range(sum(PROFILE_SCHEDULE.values())):
+            one_step()
+            prof.step()
     if trace_file:
         # the analysis is read back from the written trace, so the figures shown are the
         # ones a reader of that file (or the trace-replay tests) gets
         prof.export_chrome_trace(trace_file)
-        result = analyse_trace_file(trace_file, device.type)
+        calls, step_us, spans = _calls_from(chrome_trace_events(trace_file))
     else:
-        calls, step_us, spans = _calls_from(prof.events())
-        result = analyse(calls, device.type, step_us, spans)
-    if cuda:
-        peak = int(torch.cuda.max_memory_allocated(device))
-        method = "torch.cuda.max_memory_allocated over the profiled step"
-    else:
-        peak = live_bytes + _cpu_allocator_peak(prof)
-        method = ("tensor bytes alive before the step (parameters, buffers, quantisation "
-                  "state, optimizer state, batches) + the highest net bytes the CPU "
-                  "allocator handed out during the step (torch.profiler memory events)")
+        calls, step_us, spans = _calls_from(prof.events(), {})
+    result = analyse(_join_shapes(calls, shaped), device.type, step_us, spans)
+    dtype_method = ("n/a: this torch's profiler records no input dtypes, so every op's "
+                    "dtype is unknown" if by_id == {} else
+                    result.dtype_method + "; recorded in an untimed step (the k-th call of "
+                    "an op there is its k-th call in the timed step)")
     return dataclasses.replace(
         result, peak_memory_bytes=peak, peak_memory_method=method, trace_file=trace_file,
         memory_snapshot_file=memory_snapshot_file if snapshot else None,
-    )
+        dtype_method=dtype_method)
 
 
 def _pct(share: float | None) -> str:

@@ -32,6 +32,7 @@ CACHE_DIR_ENV = "AMPSCOPE_CACHE_DIR"
 CACHE_FILE = "matmul_peak.json"
 LABEL = "MFU vs measured matmul peak"
 DATASHEET_LABEL = "MFU vs datasheet peak"
+COMMON_LABEL = "MFU vs common 16-bit peak"  # engine.measure.peaks.COMMON_CONVENTION
 # square sizes per device kind: a GPU's kernels reach their plateau near 8192; on a CPU
 # without bf16 units (torch emulates bf16/fp16 at ~1 GFLOP/s) 256 keeps it short. The size
 # doubles from SMALLEST while one call takes under a tenth of the budget, so a slow dtype
@@ -253,12 +254,14 @@ def format_mfu(trials, width: int = 120) -> str:
         if s is None or t.status != "ok":
             continue
         rows.append((t.precision,
+                     cell(s.mfu_common, s.common_peak_flops, s.mfu_common_reason, COMMON_LABEL),
                      cell(s.mfu, s.peak_flops, s.mfu_reason, DATASHEET_LABEL),
                      cell(s.mfu_measured, s.measured_peak_flops, s.mfu_measured_reason, LABEL)))
     if not rows:
         return ""
-    headers = ("MFU (model FLOPs)", "vs datasheet peak", "vs measured matmul peak")
-    widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(3)]
+    headers = ("MFU (model FLOPs)", "vs common 16-bit peak", "vs datasheet peak",
+               "vs measured matmul peak")
+    widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in (headers, *rows)]
     for reason in reasons:
         lines += textwrap.wrap(reason, width, initial_indent="  ", subsequent_indent="    ")

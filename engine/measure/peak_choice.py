@@ -10,6 +10,7 @@ from __future__ import annotations
 from engine.core.recipes import Recipe
 from engine.measure import flops as flops_mod
 from engine.measure.peaks import PeakLookup, peak_flops, table
+from engine.measure.peaks import common_peak as _common_peak
 
 
 def datasheet_peak(info, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
@@ -38,3 +39,11 @@ def _blended(lookup, rec: Recipe, by_peak_dtype: dict) -> PeakLookup:
         return lookup(rec.peak_dtype)
     blend = flops_mod.blended_peak(by_peak_dtype, lookup)
     return PeakLookup(blend.flops_per_s, flops_mod.describe_blend(blend), blend.reason)
+
+
+def common_peak(info) -> PeakLookup:
+    """The one denominator every recipe's common-reference MFU divides by on this device
+    (engine.measure.peaks.COMMON_CONVENTION)."""
+    if info.kind != "cuda":
+        return _common_peak(None)
+    return _common_peak(info.name, sm_count=info.sm_count, mig=info.mig)

@@ -107,11 +107,38 @@ def mfu(achieved_flops_per_s: float | None, lookup: PeakLookup) -> float | None:
     return achieved_flops_per_s / lookup.flops_per_s
 
 
+# one denominator for every recipe on a device, so an MFU column compares like with like
+COMMON_DTYPES = ("bf16", "fp16")
+COMMON_CONVENTION = (
+    "common-reference MFU: model FLOPs / step time / the device's dense 16-bit Tensor Core "
+    "peak (bf16; fp16 where the GPU has no bf16), the same denominator for every recipe on "
+    "the device, as PaLM and nanoGPT quote MFU. Each recipe's own-peak MFU divides by the "
+    "rate of the dtype it ran (fp32 by the CUDA-core rate, 15x lower on an H100), so an fp32 "
+    "trial reads as efficient while it is slower; this one ranks as step time does. An fp8 or "
+    "int8 recipe may pass 1: its matmuls ran faster than any 16-bit one could")
+
+
+def common_peak(device_name: str | None, sm_count: int | None = None,
+                mig: bool = False) -> PeakLookup:
+    """The common MFU denominator (``COMMON_CONVENTION``) of a device; n/a with the reason
+    where the device has no 16-bit Tensor Core rate in the table (a CPU, an unknown GPU)."""
+    reasons = []
+    for dtype in COMMON_DTYPES:
+        found = peak_flops(device_name, dtype, sm_count=sm_count, mig=mig)
+        if found.flops_per_s is not None:
+            return PeakLookup(found.flops_per_s, f"common reference: {found.source}", None)
+        reasons.append(found.reason)
+    why = reasons[0] if reasons[0] == reasons[-1] else "; ".join(reasons)
+    return PeakLookup(None, None, f"no common 16-bit Tensor Core peak: {why}")
+
+
 @dataclass(frozen=True)
 class CardMemory:
     name: str  # the table's name, with the size variant where the GPU comes in several
     memory_bytes: int | None  # as CUDA reports it (total_memory); None: no source gives it
     source: str  # where the figure comes from, or why there is none
+    # "cuda": a printout of total_memory; "datasheet": the nominal capacity, more than CUDA's
+    kind: str | None = None
 
 
 def card_memory(card: str) -> CardMemory | None:
@@ -134,7 +161,8 @@ def card_memory(card: str) -> CardMemory | None:
 
 def _card_memory(name: str, row: dict) -> CardMemory:
     if row.get("memory_bytes") is not None:
-        return CardMemory(name, int(row["memory_bytes"]), row["memory_source"])
+        return CardMemory(name, int(row["memory_bytes"]), row["memory_source"],
+                          row.get("memory_kind", "cuda"))
     nominal = row.get("memory_nominal_gb")
     known = f" (nominal {nominal} GB: {row.get('memory_note')})" if nominal else ""
     return CardMemory(name, None, f"{name} has no memory size as CUDA reports it in "

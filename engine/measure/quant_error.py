@@ -26,13 +26,30 @@ METHOD = ("SQNR = 10 log10(sum x^2 / sum (x - q(x))^2) of each matmul layer's we
 _HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def sqnr_db(x: torch.Tensor, q: torch.Tensor) -> float | None:
-    """SQNR of ``q`` as a rounding of ``x`` in dB, summed in fp64; None if ``q == x``."""
+OVERFLOWED = ("n/a: the tensor already held inf or NaN (an fp16 activation overflowed), "
+              "so its rounding error is no number")
+OUT_OF_RANGE = ("n/a: rounding to the format gave inf or NaN (values beyond its range), "
+                "so the error is unbounded")
+
+
+def sqnr(x: torch.Tensor, q: torch.Tensor) -> tuple[float | None, str | None]:
+    """SQNR of ``q`` as a rounding of ``x`` in dB, summed in fp64, or None with the reason
+    where it is no number (inf/NaN in ``x`` or in ``q``); None, None if ``q == x``."""
     x64 = x.detach().to(torch.float64)
+    signal = x64.pow(2).sum().item()
+    if not math.isfinite(signal):
+        return None, OVERFLOWED
     noise = (x64 - q.detach().to(torch.float64)).pow(2).sum().item()
+    if not math.isfinite(noise):
+        return None, OUT_OF_RANGE
     if noise == 0.0:
-        return None
-    return 10.0 * math.log10(x64.pow(2).sum().item() / noise)
+        return None, None
+    return 10.0 * math.log10(signal / noise), None
+
+
+def sqnr_db(x: torch.Tensor, q: torch.Tensor) -> float | None:
+    """``sqnr``'s dB alone."""
+    return sqnr(x, q)[0]
 
 
 def reason_none(rec: Recipe) -> str | None:
@@ -138,7 +155,10 @@ def measure(model: nn.Module, rec: Recipe, batch: dict, device: torch.device) ->
                     type(module).__name__ == "Float8Linear":
                 x = x.to(autocast)  # Float8Linear casts its input to the autocast dtype first
             w = module.weight
-            rows[name] = LayerSqnr(name, fmt, sqnr_db(w, q_weight(w)), sqnr_db(x, q_input(x)))
+            (w_db, w_why), (x_db, x_why) = sqnr(w, q_weight(w)), sqnr(x, q_input(x))
+            why = "; ".join(f"{role} {text}" for role, text in (("weight", w_why),
+                                                                 ("input", x_why)) if text)
+            rows[name] = LayerSqnr(name, fmt, w_db, x_db, why or None)
         return pre_hook
 
     for name, module in model.named_modules():
@@ -159,4 +179,8 @@ def measure(model: nn.Module, rec: Recipe, batch: dict, device: torch.device) ->
 
     w_med, w_min = stats(r.weight_db for r in layers)
     i_med, i_min = stats(r.input_db for r in layers)
-    return QuantError(METHOD, layers, w_med, w_min, i_med, i_min)
+    na = [r.name for r in layers if r.reason]
+    reason = (f"{len(na)} layer(s) n/a, left out of the median and worst ({', '.join(na[:3])}"
+              f"{', ...' if len(na) > 3 else ''}): {next(r.reason for r in layers if r.reason)}"
+              if na else None)
+    return QuantError(METHOD, layers, w_med, w_min, i_med, i_min, reason)

@@ -14,8 +14,26 @@ HEADERS = ("precision", "layers", "weights dB", "inputs dB", "loss vs fp32")
 EXACT = "exact"  # every layer's operand already in the format: nothing rounded
 
 
-def _pair(median: float | None, worst: float | None) -> str:
-    return EXACT if median is None else f"{median:.1f} / {worst:.1f}"
+def no_number(layers, role: str) -> bool:
+    """Whether a layer's ``role`` ("weight" / "input") SQNR is n/a for being no number
+    (inf/NaN) rather than exact: a None dB is exact unless its reason says so."""
+    return any(getattr(r, f"{role}_db") is None and f"{role} n/a" in (r.reason or "")
+               for r in layers)
+
+
+def layer_db(layer, role: str, digits: int = 2) -> str:
+    """One layer's dB as a cell: the number, "n/a" (no number) or ``EXACT``."""
+    value = getattr(layer, f"{role}_db")
+    if value is not None:
+        return f"{value:.{digits}f}"
+    return "n/a" if no_number([layer], role) else EXACT
+
+
+def _pair(q, role: str) -> str:
+    median, worst = getattr(q, f"{role}_median_db"), getattr(q, f"{role}_min_db")
+    if median is None:
+        return "n/a" if no_number(q.layers, role) else EXACT
+    return f"{median:.1f} / {worst:.1f}"
 
 
 def quant_rows(trials: Sequence[TrialResult], loss_diffs: dict[str, float | None]
@@ -31,8 +49,7 @@ def quant_rows(trials: Sequence[TrialResult], loss_diffs: dict[str, float | None
             rows.append((t.precision, f"n/a: {t.quant_error_reason}"))
             continue
         loss = loss_diffs.get(t.precision)
-        rows.append((t.precision, str(len(q.layers)), _pair(q.weight_median_db, q.weight_min_db),
-                     _pair(q.input_median_db, q.input_min_db),
+        rows.append((t.precision, str(len(q.layers)), _pair(q, "weight"), _pair(q, "input"),
                      "n/a" if loss is None else f"{loss:+.4f}"))
     return rows
 
@@ -54,4 +71,7 @@ def format_quant_error(trials: Sequence[TrialResult], loss_diffs: dict[str, floa
         else:
             lines += textwrap.wrap(r[1], width, initial_indent=r[0].ljust(widths[0] + 2),
                                    subsequent_indent=" " * (widths[0] + 4))
+    for t in trials:
+        if t.quant_error is not None and t.quant_error.reason:
+            lines += textwrap.wrap(f"{t.precision}: {t.quant_error.reason}", width)
     return "\n".join(lines)

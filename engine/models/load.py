@@ -23,7 +23,7 @@ from engine.core.recipes import recipe as get_recipe
 from engine.models.hf import model_class
 from engine.models.initial_weights import holds_weights
 from engine.models.per_layer import kept_high
-from engine.models.presets import get_preset, presets
+from engine.models.presets import did_you_mean, get_preset, presets
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -49,8 +49,8 @@ class ModelSource:
 def resolve_source(text: str) -> ModelSource:
     """Decide what ``--model`` names. Raises ``ValueError`` saying what to pass instead."""
     text = text.strip()
-    if get_preset(text) is not None:
-        return ModelSource("preset", text)
+    if get_preset(text) is not None:  # an alias ("llama2-7b") resolves to the preset's name
+        return ModelSource("preset", get_preset(text).name)
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -129,6 +129,7 @@ def load_config(source: ModelSource, trust_remote_code: bool = False):
             f"'{source.ref}' is not a preset, a folder, or a hub model in the local cache "
             f"(this machine is offline to the hub): download it first with "
             f"'hf download {source.ref}', pass a local folder, or pick a preset ({names})"
+            f"{did_you_mean(source.ref)}"
         ) from None
     return config, task_of(config)
 

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from engine.models.presets import get_preset
+from engine.models.presets import did_you_mean, get_preset
 
 POSITION_KEYS = ("n_positions", "max_position_embeddings")
 
@@ -67,7 +67,7 @@ def check_model(model: str, seq_len: int, source: str = "auto") -> None:
         if config is None:
             raise ValueError(f"'{model}' is not in the local hub cache (this machine is offline "
                              f"to the hub): download it first with 'hf download {model}', or "
-                             "pick a preset or a folder (--model)")
+                             f"pick a preset or a folder (--model){did_you_mean(model)}")
     limit = _limit(config) if isinstance(config, dict) else None
     if limit is not None and seq_len > limit:
         raise ValueError(f"sequence length {seq_len} is longer than {model} allows "

@@ -50,6 +50,10 @@ class ComparisonRow:
     final_loss_diff_vs_fp32: float | None  # final loss minus fp32's final loss
     # GPU energy per token over fp32's (NVML energy counter); None without a counter
     energy_per_token_vs_fp32: float | None = None
+    # whether the timed steps ran under torch.compile; None: not known (older reports)
+    compiled: bool | None = None
+    # model FLOPs / time / one peak for every recipe (engine.measure.peaks.COMMON_CONVENTION)
+    mfu_common: float | None = None
 
 
 def baseline_label(record: RunRecord) -> str:
@@ -134,6 +138,8 @@ def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) ->
         final_loss_diff_vs_fp32=loss_diff,
         energy_per_token_vs_fp32=_ratio(s.energy_per_token_j if s else None,
                                         b.energy_per_token_j if b else None),
+        compiled=trial.compiled,
+        mfu_common=s.mfu_common if s else None,
     )
 
 
@@ -363,6 +369,7 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
     ("speedup_vs_fp32", "Speed-up vs fp32", lambda v: f"{v:.2f}x"),
     ("speedup_ci", f"Speed-up {spread.CI_LEVEL:.0%} CI", _range(lambda v: f"{v:.2f}", "x")),
     ("speed_verdict", "Speed-up verdict", str),
+    ("mfu_common", "MFU vs common 16-bit peak", _percent),
     ("mfu", "MFU (model FLOPs) vs datasheet peak", _percent),
     ("mfu_measured", "MFU (model FLOPs) vs measured matmul peak", _percent),
     ("hfu", "HFU (hardware FLOPs)", _percent),
@@ -371,6 +378,7 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
     ("skipped_steps", "Skipped steps", lambda v: f"{v:d}"),
     ("final_loss_diff_vs_fp32", "Final loss vs fp32", lambda v: f"{v:+.4f}"),
     ("energy_per_token_vs_fp32", "Energy/token vs fp32", lambda v: f"{v:.2f}x"),
+    ("compiled", "Compiled", lambda v: "yes" if v else "no"),
     ("reason", "Reason", str),
 ]
 """(row field, header, formatter of a non-None value), in display order."""
@@ -424,6 +432,17 @@ def _aligned(headers: list[str], cells: list[list[str]], text: set[int]) -> list
     return [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in cells)]
 
 
+def _compiled_lines(rows: list[ComparisonRow]) -> list[str]:
+    """Which trials' timed steps ran under torch.compile (a column would not fit 120)."""
+    said = [row for row in rows if row.compiled is not None]
+    if not any(row.compiled for row in said):
+        return []
+    compiled = ", ".join(row.precision for row in said if row.compiled)
+    eager = ", ".join(row.precision for row in said if not row.compiled)
+    text = f"compiled (torch.compile): {compiled}" + (f"; eager: {eager}" if eager else "")
+    return textwrap.wrap(text, TABLE_WIDTH, initial_indent="  ", subsequent_indent="    ")
+
+
 def format_table(rows: list[ComparisonRow], wide: bool = False) -> str:
     """A plain aligned text table. By default it fits 120 columns: speed, memory and loss
     per precision, with what each trained and why it did not run wrapped below;
@@ -443,6 +462,7 @@ def format_table(rows: list[ComparisonRow], wide: bool = False) -> str:
         if row.reason:
             lines += textwrap.wrap(f"{row.precision}: {row.reason}", TABLE_WIDTH,
                                    initial_indent="  ", subsequent_indent="    ")
+    lines += _compiled_lines(rows)
     emulated = [row.precision for row in rows if row.speed_verdict == EMULATED_TEXT]
     if emulated:
         lines += textwrap.wrap(f"{EMULATED_TEXT}: {', '.join(emulated)} ran without their "

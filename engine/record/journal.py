@@ -19,6 +19,7 @@ import dataclasses
 import json
 import json.scanner
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from engine.core.events import (
     from_dict,
     to_dict,
 )
-from engine.record import json_report
+from engine.record import json_report, nonfinite
 from engine.record.columns import Columns, line_keys
 from engine.record.run_record import RunRecord
 from engine.record.summary import summarise
@@ -172,6 +173,7 @@ class JournalWriter:
         self.error: str | None = None
         self._on_failure = on_failure
         self._steps: dict[str, list[StepSample]] = {}
+        self._nulled: set[str] = set()  # fields a non-finite reading was nulled in, said once
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (lives with the run)
@@ -211,8 +213,27 @@ class JournalWriter:
             self._fail(exc)
 
     def _write_line(self, data: dict) -> None:
-        self._fh.write(json.dumps(data, separators=(",", ":")) + "\n")
+        try:  # strict: NaN / Infinity only where a loss or grad norm holds it
+            text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+        except ValueError:
+            text = self._null_nonfinite(data)
+        self._fh.write(text + "\n")
         self._fh.flush()
+
+    def _null_nonfinite(self, data: dict) -> str:
+        """The line with each non-finite hardware reading as null; the first time a field
+        needs it, a warning line says so (the run goes on: a journal is never refused)."""
+        clean, paths = nonfinite.scrub(data)
+        if data.get("e") == "mon":
+            paths = [_MONITOR_FIELDS.get(p, p) for p in paths]
+        new = {nonfinite.fold(p): p for p in paths if nonfinite.fold(p) not in self._nulled}
+        if new:
+            self._nulled.update(new)
+            new = list(new.values())
+            note = nonfinite.write_note([f"{data.get('e')}.{p}" for p in new], "the journal")
+            self._fh.write(json.dumps({"e": "log", "level": "warning", "message": note,
+                                       "time_s": time.time()}) + "\n")
+        return json.dumps(clean, separators=(",", ":"))
 
     def _fail(self, exc: Exception) -> None:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -310,9 +331,16 @@ def _check_header(path: Path, data: dict) -> None:
                          f"reads ({JOURNAL_VERSION}): update AmpScope to open it")
 
 
-def checked_event(path: Path, number: int, line: dict, steps: dict):
+def checked_event(path: Path, number: int, line: dict, steps: dict,
+                  repaired: list[str] | None = None):
     """The event of one journal line after the report schema's checks; a bad line is
-    refused naming the file, the line and the field."""
+    refused naming the file, the line and the field. A non-finite hardware reading an
+    older writer left (NVML's NaN) reads as n/a, its field added to ``repaired``."""
+    if repaired is not None:
+        line, nulled = nonfinite.scrub(line)
+        if line.get("e") == "mon":
+            nulled = [f"mon.{_MONITOR_FIELDS.get(p, p)}" for p in nulled]
+        repaired += nulled
     kind = line.get("e")
     cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
@@ -344,16 +372,17 @@ def read_journal(path: str | os.PathLike) -> RunRecord:
     steps = record.live_steps  # precision -> Columns, as the trials start
     started: list[str] = []
     numerics = None
+    repaired: list[str] = []
     for number, line in _read_lines(path):
         kind = line.get("e")
         if kind == "mon":
             if not monitor.add_line(line, _MONITOR_LINE):
-                monitor.append(checked_event(path, number, line, steps))
+                monitor.append(checked_event(path, number, line, steps, repaired))
             continue
         if kind == "step":
             rows = steps.get(line.get("precision"))
             if rows is None or not rows.add_line(line, _STEP_LINE):
-                event = checked_event(path, number, line, steps)
+                event = checked_event(path, number, line, steps, repaired)
                 steps.setdefault(event.precision, Columns(StepSample)).append(event)
             continue
         if kind == "numerics":
@@ -364,7 +393,7 @@ def read_journal(path: str | os.PathLike) -> RunRecord:
                 raise ValueError(f"{path} line {number}: the numerics lab's results are "
                                  f"damaged ({exc})") from None
             continue
-        event = checked_event(path, number, line, steps)
+        event = checked_event(path, number, line, steps, repaired)
         record.apply(event)
         if isinstance(event, TrialStarted) and event.round == 0:
             steps[event.precision] = Columns(StepSample)
@@ -372,6 +401,9 @@ def read_journal(path: str | os.PathLike) -> RunRecord:
     if not record.run_id:
         raise ValueError(f"{path} holds no run (it ends before the run started)")
     record.numerics = numerics
+    if repaired:
+        record.repaired = nonfinite.repair_note(str(path), repaired)
+        record.logs.append(LogEvent("warning", record.repaired, None, record.started_s))
     if record.finished_s is None:
         _mark_interrupted(record, started)
     return record

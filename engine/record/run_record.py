@@ -45,6 +45,8 @@ class RunRecord:
     finished_s: float | None = None
     # None: every poll, as the journal holds them; a report says how it thinned them
     monitor_sampling: str | None = None
+    # not written: what a reader read as n/a in a damaged file, said once (nonfinite.py)
+    repaired: str | None = None
 
     def apply(self, event) -> None:
         """Fold one engine event into the record."""

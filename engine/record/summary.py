@@ -28,7 +28,8 @@ def summarise(steps: list[StepSample], *, tokens_per_step: int | None,
               energy: tuple[float | None, int, str] | None = None,
               distinct_batches: int | None = None, no_steps_reason: str = NO_STEPS,
               no_flops_reason: str = NO_STEPS,
-              no_measured_peak_reason: str | None = None) -> TrialSummary:
+              no_measured_peak_reason: str | None = None,
+              common_peak: PeakLookup | None = None) -> TrialSummary:
     """``tokens_per_step``/``model_flops_per_step``: the same for every step (a profile
     trial's), or None where they vary from step to step (a user's loop): tokens/s and
     TFLOP/s are then the medians of the steps' own. ``energy``: (joules, steps, how).
@@ -69,6 +70,14 @@ def summarise(steps: list[StepSample], *, tokens_per_step: int | None,
         measured_reason = no_measured_peak_reason
     else:  # no step time (the same reason as the datasheet MFU's) or no model FLOPs
         measured_reason = mfu_reason if measured and not timed else no_flops_reason
+    mfu_common = mfu_of(tflops * 1e12, common_peak) if tflops is not None and common_peak \
+        else None
+    if mfu_common is not None or common_peak is None:
+        common_reason = None if mfu_common is not None else "not looked up for this trial"
+    elif common_peak.flops_per_s is None:
+        common_reason = common_peak.reason
+    else:
+        common_reason = mfu_reason if measured and not timed else no_flops_reason
     joules, energy_steps, energy_method = energy or (None, 0, "")
     per_step = joules / energy_steps if joules is not None and energy_steps else None
     last = steps[-1] if steps else None
@@ -99,4 +108,8 @@ def summarise(steps: list[StepSample], *, tokens_per_step: int | None,
         mfu_measured_reason=measured_reason,
         measured_peak_flops=measured_peak.flops_per_s if measured_peak else None,
         measured_peak_source=measured_peak.source if measured_peak else None,
+        mfu_common=mfu_common,
+        mfu_common_reason=common_reason,
+        common_peak_flops=common_peak.flops_per_s if common_peak else None,
+        common_peak_source=common_peak.source if common_peak else None,
     )

@@ -54,7 +54,7 @@ NONFINITE_FIELDS = frozenset({"loss", "final_loss", "grad_norm"})
 # the numerics lab writes non-finite floats as these strings (engine.numerics.lab)
 NONFINITE_TEXT = frozenset({"inf", "-inf", "nan"})
 # RunRecord fields that are not part of the file
-NOT_SERIALISED = frozenset({"live_steps"})
+NOT_SERIALISED = frozenset({"live_steps", "repaired"})
 
 
 class _Bad(ValueError):

@@ -37,6 +37,7 @@ STEP_COLUMNS = (
     "forward_ms",
     "backward_ms",
     "optimizer_ms",
+    "eval_ms",
 )
 
 

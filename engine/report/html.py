@@ -18,10 +18,9 @@ from engine.core.config import BF16_EMULATED
 from engine.core.events import TrialResult
 from engine.core.resources import RESOURCES
 from engine.distributed.summary_text import wire_dtype
-from engine.measure.quant_error_text import EXACT as QUANT_EXACT
 from engine.measure.quant_error_text import HEADERS as QUANT_HEADERS
 from engine.measure.quant_error_text import TITLE as QUANT_TITLE
-from engine.measure.quant_error_text import quant_rows
+from engine.measure.quant_error_text import layer_db, quant_rows
 from engine.record import spread
 from engine.record.colors import color_of
 from engine.record.compare import (
@@ -261,10 +260,8 @@ def _quant_error(record: RunRecord, loss_diffs: dict) -> str:
 def _layer_sqnr(trial: TrialResult) -> str:
     q = trial.quant_error
 
-    def db(v) -> str:
-        return QUANT_EXACT if v is None else f"{v:.2f}"
-
-    rows = [[_e(r.name), _e(r.format), db(r.weight_db), db(r.input_db)] for r in q.layers]
+    rows = [[_e(r.name), _e(r.format), _e(layer_db(r, "weight")), _e(layer_db(r, "input"))]
+            for r in q.layers]
     return (f"<details><summary>Quantisation error per layer (SQNR, dB)</summary>"
             f'<p class="note">{_e(q.method)}</p>'
             f"{_table(['layer', 'rounded as', 'weight dB', 'input dB'], rows, numeric={2, 3})}"
@@ -393,6 +390,8 @@ def _summary(trial: TrialResult) -> str:
     if s is None:
         return '<p class="na">n/a: the trial has no measured steps</p>'
     mfu = _mfu_cell(s.mfu, s.peak_flops, s.peak_flops_source, s.mfu_reason)
+    mfu_common = _mfu_cell(s.mfu_common, s.common_peak_flops, s.common_peak_source,
+                           s.mfu_common_reason)
     mfu_measured = _mfu_cell(s.mfu_measured, s.measured_peak_flops, s.measured_peak_source,
                              s.mfu_measured_reason)
     hfu = (_e(format_cell("hfu", s.hfu)) if s.hfu is not None
@@ -404,6 +403,8 @@ def _summary(trial: TrialResult) -> str:
         ("throughput", _e(format_cell("tokens_per_s", s.tokens_per_s))),
         ("achieved TFLOP/s, model FLOPs", _number(s.tflops)),
         ("achieved TFLOP/s, hardware FLOPs", _number(s.hardware_tflops)),
+        ("MFU vs common 16-bit peak (one denominator for every recipe on the device)",
+         mfu_common),
         ("MFU vs datasheet peak (model FLOPs, no recompute)", mfu),
         ("MFU vs measured matmul peak (the same FLOPs)", mfu_measured),
         ("HFU (hardware FLOPs, recompute included)", hfu),
@@ -430,7 +431,8 @@ def _gpm(trial: TrialResult) -> str:
         f"{label} {'n/a' if v is None else f'{v:.1f}%'}" for label, v in (
             ("tensor pipes", g.tensor_any_util_pct), ("HMMA", g.tensor_hmma_util_pct),
             ("IMMA", g.tensor_imma_util_pct), ("SM active", g.sm_util_pct),
-            ("DRAM bandwidth", g.dram_bw_util_pct))) + f" over {g.window}")
+            ("DRAM bandwidth", g.dram_bw_util_pct))) + f" over {g.window}"
+        + (f"; {g.na_reason}" if g.na_reason else ""))
 
 
 def _kernel_time(trial: TrialResult) -> str:

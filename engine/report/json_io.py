@@ -4,17 +4,19 @@ open a report too).
 
 Losses that overflowed are written as the bare tokens ``NaN`` / ``Infinity``, as
 Python's json module does: they are measurements (the run diverged), not missing
-values, so they are kept rather than turned into null. See docs/report-schema.md.
+values, so they are kept rather than turned into null. Anywhere else a non-finite number
+is a failed reading and is written as null, with a line in the report's log
+(engine.record.nonfinite). See docs/report-schema.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 
 from engine.core.atomic import atomic_write
+from engine.record import nonfinite
 from engine.record.run_record import RunRecord
 
 
@@ -40,4 +42,5 @@ def comparison_dict(record: RunRecord) -> dict:
 def write_json(record: RunRecord, path: str | os.PathLike) -> Path:
     data = record.to_dict()
     data["comparison"] = comparison_dict(record)
-    return atomic_write(path, lambda fh: json.dump(data, fh, indent=1))
+    return atomic_write(path, lambda fh: nonfinite.dump_json(data, fh, "this report",
+                                                             indent=1))

@@ -48,7 +48,7 @@ from engine.measure import flops as flops_mod
 from engine.measure.peaks import _entry as peak_entry
 from engine.measure.peaks import memory_bandwidth, peak_flops, table
 from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
-from engine.measure.traffic import ByteCounter
+from engine.measure.traffic import FUSED_CONVENTION, ByteCounter
 from engine.run.plan_measured import MeasuredTrial, find_measured, read_report
 
 # What CUDA holds outside the allocator (context, loaded kernels, cuBLAS handles); a
@@ -78,8 +78,15 @@ class PlanConfig:
     # reports or journals to look in for measured trials, before the run history
     measured: tuple[str, ...] = ()
     history: bool = True  # look in the journaled runs of this machine for measured trials
+    levers: bool = True  # plan the changes that would make it fit (engine.run.plan_answer)
+    compile: bool = False  # the card runs the step compiled: the roofline's fused traffic
 
     def __post_init__(self) -> None:
+        from engine.models.presets import get_preset
+
+        preset = get_preset(self.model)  # an alias ("llama2-7b") names its preset
+        if preset is not None:
+            object.__setattr__(self, "model", preset.name)
         # RunConfig validates the shared fields and says how to fix them
         self.run_config(self.batch_size)
         object.__setattr__(self, "precisions", parse_precisions(self.precisions))
@@ -157,6 +164,9 @@ class CardVerdict:
     bound: str | None = None  # the roofline's bound: "compute" or "memory"
     compute_ms: float | None = None  # FLOPs by dtype at each dtype's peak
     memory_ms: float | None = None  # bytes moved at the card's memory bandwidth
+    # "cuda": memory_bytes is a printout of what CUDA reports; "datasheet": the nominal
+    # capacity, more than CUDA reports (memory_source says by how much)
+    memory_kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,10 @@ class PlanTrial:
     measured: MeasuredTrial | None = None
     # engine.measure.traffic's count of the traced step; None: not traced
     bytes_moved: int | None = None
+    # the same step's traffic when compiled (FUSED_CONVENTION), and whether the card runs the
+    # recipe compiled (float8 is: it is fast only compiled), so its roofline uses that count
+    bytes_moved_fused: int | None = None
+    compiled: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,6 +202,8 @@ class PlanResult:
     grad_accum: int = 1
     strategy: str = "none"
     nproc_per_node: int = 1
+    # engine.run.plan_answer.CardAnswer per card: fits or not, and the smallest change
+    answers: list = field(default_factory=list)
 
 
 def _traceable(precision: str) -> str | None:
@@ -291,6 +307,7 @@ class TracedStep(NamedTuple):
     memory: object  # engine.measure.memtrack.MeasuredPeak
     flops_by_peak_dtype: dict  # one optimiser step's forwards and backwards
     bytes_moved: int  # engine.measure.traffic's count over the watched step, optimiser included
+    bytes_moved_fused: int  # the same, as a compiled step moves it (FUSED_CONVENTION)
 
 
 def trace_step(config: PlanConfig, precision: str, batch_size: int) -> TracedStep:
@@ -347,7 +364,8 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
                 loss = model(**batches[0]).loss
             (scaler.scale(loss) if scaler else loss).backward()
 
-        counted = flops_mod.count_flops(probe, tf32=False)
+        # the card runs fp32 matmuls on its tf32 tensor cores where the recipe allows it
+        counted = flops_mod.count_flops(probe, tf32=rec.tf32)
         with torch.compiler.set_stance("force_eager"):  # torchao's step, as tracked_step
             if scaler:
                 scaler.step(optimizer)
@@ -360,7 +378,7 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     # FLOPs of one optimiser step: every micro-batch's forward and backward
     return TracedStep(measured,
                       {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()},
-                      traffic.bytes_moved)
+                      traffic.bytes_moved, traffic.bytes_moved_fused)
 
 
 def meta_shape(config: PlanConfig, precision: str):
@@ -419,6 +437,12 @@ def card_memory(card: str) -> tuple[str, int | None, str]:
     return found.name, found.memory_bytes, found.source
 
 
+def _memory_kind(card: str) -> str | None:
+    from engine.measure.peaks import card_memory as lookup
+
+    return lookup(card).kind
+
+
 @dataclass(frozen=True)
 class Roofline:
     step_ms: float | None  # the larger of the two bounds; None: either is unknown
@@ -428,9 +452,11 @@ class Roofline:
     model: str  # how it was predicted, or why it is n/a
 
 
-def roofline(card: str, by_peak_dtype: dict, bytes_moved: int | None) -> Roofline:
+def roofline(card: str, by_peak_dtype: dict, bytes_moved: int | None,
+             convention: str = TRAFFIC_CONVENTION) -> Roofline:
     """A roofline prediction: the step takes the longer of its FLOPs at each dtype's
-    datasheet peak and its bytes moved at the card's datasheet memory bandwidth."""
+    datasheet peak and its bytes moved (counted by ``convention``) at the card's datasheet
+    memory bandwidth."""
     if not by_peak_dtype or bytes_moved is None:
         return Roofline(None, None, None, None, "n/a: the step was not traced")
     blend = flops_mod.blended_peak(by_peak_dtype, lambda key: peak_flops(card, key))
@@ -445,15 +471,15 @@ def roofline(card: str, by_peak_dtype: dict, bytes_moved: int | None) -> Rooflin
         f"prediction (roofline, {bound}-bound: the larger of compute {compute_ms:.3g} ms, "
         "the traced step's FLOPs by dtype at the datasheet dense peak "
         f"({flops_mod.describe_blend(blend)}), and memory {memory_ms:.3g} ms, "
-        f"{bytes_moved:,} bytes moved ({TRAFFIC_CONVENTION}) at "
+        f"{bytes_moved:,} bytes moved ({convention}) at "
         f"{bandwidth.bytes_per_s / 1e12:.3g} TB/s ({bandwidth.source}); a lower bound: "
         "launch overhead, communication and less than full utilisation are not modelled)"))
 
 
 def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict,
-             bytes_moved: int | None) -> CardVerdict:
+             traffic: tuple) -> CardVerdict:
     name, memory, source = card_memory(card)
-    line = roofline(card, by_dtype, bytes_moved)  # as typed: it names a size variant
+    line = roofline(card, by_dtype, *traffic)  # as typed: it names a size variant
     step_ms, model = line.step_ms, line.model
     total = peak_at(config.batch_size)
     if memory is None or total is None:
@@ -478,25 +504,42 @@ def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict,
             best = search(fits_at, config.batch_size - 1) or 0
             note = f"searched over traced steps, batch 1..{config.batch_size - 1}"
     return CardVerdict(name, memory, source, usable, fits, usable - total, best, note,
-                       step_ms, model, None, line.bound, line.compute_ms, line.memory_ms)
+                       step_ms, model, None, line.bound, line.compute_ms, line.memory_ms,
+                       _memory_kind(card))
 
 
 def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
+    """Trace each recipe, judge it on each card, and answer per card (the recipes asked,
+    then the levers engine.run.plan_answer tries when none fits)."""
+    from engine.models.model_health import check_model
+    from engine.run.plan_answer import answer
+
+    check_model(config.model, config.seq_len)  # an unknown model: its reason, first
+    result = _plan(config, log)
+    return dataclasses.replace(result, answers=answer(
+        config, result, lambda c, lg: _plan(dataclasses.replace(c, levers=False), lg), log))
+
+
+def _plan(config: PlanConfig, log) -> PlanResult:
+    from engine.core.recipes import recipe
+
     reports = [(path, read_report(path)) for path in config.measured]  # bad files: say first
     trials = []
     for precision in config.precisions:
         reason = _traceable(precision)
         peaks: dict[int, int | None] = {}
         by_dtype: dict = {}
-        bytes_moved = None
+        bytes_moved = fused = None
+        # float8 runs compiled on a card (it is fast only compiled), others with --compile
+        compiled = config.compile or recipe(base_precision(precision)).fp8
         memory, method, trace_s = None, "traced", None
         buckets = 0  # DDP's gradient buckets, held beside the traced step
         if reason is None:
             log(f"{precision}: tracing one step at batch {config.batch_size}")
             start = time.perf_counter()
             try:
-                measured, by_dtype, bytes_moved = trace_step(config, precision,
-                                                             config.batch_size)
+                measured, by_dtype, bytes_moved, fused = trace_step(config, precision,
+                                                                    config.batch_size)
             except Exception as exc:  # a custom op without a fake kernel
                 reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
             else:
@@ -541,11 +584,13 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
                     peaks[batch] = None
             return peaks[batch]
 
-        cards = [_verdict(config, card, peak_at, by_dtype, bytes_moved)
-                 for card in config.cards]
+        traffic = ((fused, FUSED_CONVENTION) if compiled
+                   else (bytes_moved, TRAFFIC_CONVENTION))
+        cards = [_verdict(config, card, peak_at, by_dtype, traffic) for card in config.cards]
         trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards,
                                 trial_optimizer(config, precision),
-                                _measured(config, precision, reports), bytes_moved))
+                                _measured(config, precision, reports), bytes_moved, fused,
+                                compiled))
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum, strategy=config.strategy,
@@ -609,6 +654,30 @@ def size_text(value: int | None) -> str:
     return _gib(value) if abs(value) >= 2**30 else f"{value / 2**20:.2f} MiB"
 
 
+def duration_text(ms: float | None) -> str:
+    """A step time a person reads at a glance: '0.42 ms', '107 ms', '1.83 s', '2 min 5 s'."""
+    if ms is None:
+        return "n/a"
+    if ms < 1000:
+        return f"{ms:.2g} ms" if ms < 10 else f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.3g} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {seconds} s"
+
+
+def peak_phase_note(memory) -> str:
+    """Where the peak falls, which explains its categories: in the optimizer step, or late
+    in backward, the activations are already freed (0 B there is right, not missing)."""
+    if memory is None or not memory.peak_phase:
+        return ""
+    note = f"; the peak falls in {memory.peak_phase}"
+    if memory.peak_phase != "forward" and not memory.activations_bytes:
+        note += (", after backward freed the activations" if memory.peak_phase == "optimizer"
+                 else ", once the activations it used were freed")
+    return note
+
+
 def difference_text(traced: int | None, measured: int | None) -> str:
     """Traced minus measured, as a share of the measured figure."""
     if traced is None or measured is None:  # a distributed trial keeps fewer categories
@@ -629,6 +698,18 @@ def side_by_side(trial: PlanTrial) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def measured_over_predicted(trial: PlanTrial, card: CardVerdict) -> float | None:
+    """The measured twin's median step over this card's roofline, where the twin ran on
+    this card (a lower bound holds when it is 1 or more); None otherwise."""
+    m = trial.measured
+    if m is None or m.step_ms is None or card.predicted_step_ms is None:
+        return None
+    ran_on = peak_entry(m.device)
+    if ran_on is None or ran_on["name"] != peak_entry(card.card)["name"]:
+        return None
+    return m.step_ms / card.predicted_step_ms
+
+
 def _measured_lines(trial: PlanTrial) -> list[str]:
     m = trial.measured
     if m is None:
@@ -637,6 +718,8 @@ def _measured_lines(trial: PlanTrial) -> list[str]:
     lines = [f"  traced vs measured: run {m.run_id} on {m.device}", f"    from {m.source}",
              f"    {'':<14}{'traced':>12}{'measured':>12}{'traced vs measured':>20}"]
     lines += [f"    {row:<14}{t:>12}{r:>12}{d:>20}" for row, t, r, d in side_by_side(trial)]
+    if m.step_ms is not None:
+        lines.append(f"    step: measured {duration_text(m.step_ms)} (median) on {m.device}")
     return lines
 
 
@@ -646,7 +729,10 @@ def format_plan(result: PlanResult) -> str:
     world = (f", {result.strategy.upper()} rank 0 of {result.nproc_per_node} (per-rank figures"
              f"{_DDP_NOTE if result.strategy == 'ddp' else ''})"
              if result.strategy != "none" else "")
-    lines = [f"plan: {result.model}, batch {result.batch_size} x {result.seq_len} tokens"
+    from engine.run.plan_answer import answer_lines
+
+    lines = answer_lines(result)
+    lines += [f"plan: {result.model}, batch {result.batch_size} x {result.seq_len} tokens"
              f"{accum}{world}, {result.optimizer}"
              f"{', gradient checkpointing' if result.grad_checkpointing else ''}"
              f"; CUDA context allowance {_gib(result.context_bytes)}"]
@@ -660,6 +746,7 @@ def format_plan(result: PlanResult) -> str:
                      f"weight copies {size_text(mem.weight_copies_bytes)}, activations "
                      f"{size_text(mem.activations_bytes)}, temporaries "
                      f"{size_text(mem.temporaries_bytes)}")
+            head += peak_phase_note(mem)
         lines.append(head)
         if trial.reason:
             lines.append(f"  note: {trial.reason}")
@@ -671,8 +758,13 @@ def format_plan(result: PlanResult) -> str:
             verdict = "fits" if c.fits else "does not fit"
             room = "headroom" if c.fits else "short by"
             batch = "n/a" if c.max_batch is None else str(c.max_batch)
-            step = "n/a" if c.predicted_step_ms is None else f"{c.predicted_step_ms:.3g} ms"
-            lines.append(f"  {c.card}: {verdict} in {_gib(c.usable_bytes)} usable, {room} "
-                         f"{_gib(abs(c.headroom_bytes))}; largest micro-batch {batch}; "
-                         f"predicted step {step} ({c.bound}-bound roofline)")
+            step = (f"{duration_text(c.predicted_step_ms)} ({c.bound}-bound roofline)"
+                    if c.predicted_step_ms is not None else c.prediction_model)
+            nominal = (" (the datasheet's nominal capacity: CUDA reports less)"
+                       if c.memory_kind == "datasheet" else "")
+            ratio = measured_over_predicted(trial, c)
+            ratio = "" if ratio is None else f"; measured / predicted {ratio:.2f}"
+            lines.append(f"  {c.card}: {verdict} in {_gib(c.usable_bytes)} usable{nominal}, "
+                         f"{room} {_gib(abs(c.headroom_bytes))}; largest micro-batch {batch}; "
+                         f"predicted step {step}{ratio}")
     return "\n".join(lines)

@@ -24,6 +24,7 @@ class MeasuredTrial:
     run_id: str
     device: str  # what the trial ran on, as the trial names it
     memory: MemoryBreakdown  # the trial's own breakdown (a distributed run: its largest rank)
+    step_ms: float | None = None  # its median step time (the roofline's lower bound beside it)
 
 
 def _model_key(text: str) -> str:
@@ -114,5 +115,7 @@ def find_measured(plan_config, precision: str, param_count: Callable[[], int],
     for source, record in chain(reports, history):
         trial = matching_trial(record, plan_config, precision, param_count)
         if trial is not None:
-            return MeasuredTrial(str(source), record.run_id, trial.device, trial.memory)
+            summary = getattr(trial, "summary", None)
+            return MeasuredTrial(str(source), record.run_id, trial.device, trial.memory,
+                                 getattr(summary, "median_step_ms", None))
     return None

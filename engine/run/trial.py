@@ -7,6 +7,7 @@ state accumulates as it goes, and the result is built from it whatever the endin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections import deque
@@ -51,6 +52,7 @@ from engine.measure.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_by
 from engine.measure.memory_breakdown import watched_memory
 from engine.measure.peaks import PeakLookup
 from engine.measure.peaks import mfu as mfu_of
+from engine.measure.step_basis import against_measured, measured_median_ms
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
 from engine.models.load import (
     dims,
@@ -64,6 +66,7 @@ from engine.models.load import (
 from engine.models.memory_model import predict_memory, with_errors
 from engine.models.memory_model import shape_of as memory_shape
 from engine.record.summary import summarise
+from engine.run.timed_memory import timed_peak
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
 
@@ -81,10 +84,26 @@ class _Fp16GradScaler(torch.amp.GradScaler):
 
 def fp32_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The gradients' global L2 norm as a device tensor, summed in fp32: in bf16 the sum of
-    squares loses about 0.5%."""
-    parts = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
-    return torch.linalg.vector_norm(torch.stack(parts)) if parts else torch.zeros(
-        (), device=device)
+    squares loses about 0.5%. One foreach norm over every gradient, then one norm of those:
+    a norm per parameter cost GPT-2 149 kernel launches a step (5-7% of an H200 step)."""
+    if not grads:
+        return torch.zeros((), device=device)
+    if _foreach_norm_takes_dtype():
+        parts = torch._foreach_norm(grads, 2, dtype=torch.float32)
+    else:  # a torch whose foreach norm has no output dtype: one norm per tensor
+        parts = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(parts))
+
+
+@functools.cache
+def _foreach_norm_takes_dtype() -> bool:
+    """Whether this torch's ``_foreach_norm`` computes in a given dtype (its schema says;
+    torch.nn.utils.get_total_norm has no dtype, and a bf16 norm per tensor would round)."""
+    try:
+        schema = torch.ops.aten._foreach_norm.Scalar._schema
+    except (AttributeError, RuntimeError):
+        return False
+    return any(arg.name == "dtype" for arg in schema.arguments)
 
 
 def adam_eps(params: list) -> float:
@@ -200,6 +219,7 @@ class _State:
     steps: list[StepSample] = field(default_factory=list)
     peak: object = None  # the datasheet peak (PeakLookup)
     measured_peak: PeakLookup | None = None  # this machine's measured matmul peak
+    common_peak: PeakLookup | None = None  # one denominator for every recipe on the device
     profiled: ProfiledStep | None = None
     profiled_reason: str | None = None
     gpm: GpmMetrics | None = None
@@ -254,19 +274,21 @@ class _State:
             support_reason=verdict.reason if verdict else None,
             quant_error=self.quant_error,
             quant_error_reason=None if self.quant_error else self.quant_error_reason,
+            compiled=self.compiled,
         )
 
     def _summary(self) -> TrialSummary:
         flops = self.flops
+        timed = timed_peak(self.memory, self.compiled)  # the compiled steps' peak, not eager's
         return summarise(
             self.steps, tokens_per_step=self.config.tokens_per_step,
             model_flops_per_step=flops.analytic_per_step if flops else None,
             counted_flops_per_step=flops.counted_per_step if flops else None,
-            peak=self.peak, measured_peak=self.measured_peak,
+            peak=self.peak, measured_peak=self.measured_peak, common_peak=self.common_peak,
             # bytes held at rest by a stopped trial are kept in ``memory``, never as its peak
-            memory=None if self.memory_at_rest else self.memory,
+            memory=None if self.memory_at_rest else timed[0],
             memory_reason=("not measured: the run was stopped before the watched step"
-                           if self.memory_at_rest else "not measured"),
+                           if self.memory_at_rest else timed[1] or "not measured"),
             energy=self.energy, distinct_batches=self.distinct_batches)
 
 
@@ -406,6 +428,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     _quant_error(state, model, batches[0], device)
     state.peak = peak_choice.datasheet_peak(info, rec, state.flops.by_peak_dtype)
     state.measured_peak = peak_choice.measured_peak(rates, rec, state.flops.by_peak_dtype)
+    state.common_peak = peak_choice.common_peak(info)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, state.optimizer,
                                           device.type))
     if state.compiled:
@@ -499,9 +522,9 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
                              memtrack.quant_state_tensors(model),
                              list(optimizer.state.values()), batches)
     try:
-        state.profiled = profile_step(
+        state.profiled = against_measured(profile_step(
             lambda: _step(config, rec, device, model, params, optimizer, scaler, batches, i),
-            device, live, trace, snapshot)
+            device, live, trace, snapshot), measured_median_ms(state.steps))
     except Exception as exc:
         state.profiled_reason = f"the profiled step failed: {type(exc).__name__}: {exc}"
         log(state.profiled_reason, "warning")

@@ -14,6 +14,16 @@ FIELDS = ("tensor_any_util_pct", "tensor_hmma_util_pct", "tensor_imma_util_pct",
           "sm_util_pct", "sm_occupancy_pct", "dram_bw_util_pct")
 
 
+def ticks(step_s: float):
+    """A clock that advances ``step_s`` at each reading: the GPM window's length."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += step_s
+        return now[0]
+    return clock
+
+
 def _gpu(cc=(9, 0), name="NVIDIA H100 80GB HBM3") -> DeviceInfo:
     return DeviceInfo("cuda", 0, name, cc, 80 * 2**30, "12.8", "570.0", True, True, True, True)
 
@@ -96,7 +106,7 @@ def test_hopper_metrics_are_read_between_two_samples(fake_nvml):
               pynvml.NVML_GPM_METRIC_SM_UTIL: 93.25,
               pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 40.0}
     lib = fake_nvml(_FakeGpmLib(values=values))
-    window = gpm.GpmWindow(_gpu())
+    window = gpm.GpmWindow(_gpu(), clock=ticks(0.5))
     window.start()
     out = window.stop()
     assert out.reason is None
@@ -104,7 +114,7 @@ def test_hopper_metrics_are_read_between_two_samples(fake_nvml):
             out.dram_bw_util_pct) == (61.5, 60.0, 93.25, 40.0)
     # a metric the driver does not report stays None instead of a made-up 0
     assert out.tensor_imma_util_pct is None and out.sm_occupancy_pct is None
-    assert out.window_s >= 0
+    assert out.window_s == 0.5 and out.na_reason is None
     assert lib.allocated == lib.freed == 2
 
 
@@ -148,3 +158,32 @@ def test_gpm_on_this_gpu():
         assert out.tensor_any_util_pct is not None and out.tensor_any_util_pct > 0
     else:
         assert out.reason.startswith(gpm.NEEDS)
+
+
+def test_nan_from_nvml_is_na_with_the_reason_and_the_others_are_kept(fake_nvml):
+    """An H200 answered DRAM bandwidth NaN with NVML_SUCCESS for an idle window (0/0)."""
+    values = {pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 0.0, pynvml.NVML_GPM_METRIC_SM_UTIL: 0.0,
+              pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: float("nan")}
+    fake_nvml(_FakeGpmLib(values=values))
+    window = gpm.GpmWindow(_gpu(), clock=ticks(0.5))
+    window.start()
+    out = window.stop()
+    assert out.reason is None and out.dram_bw_util_pct is None
+    assert (out.tensor_any_util_pct, out.sm_util_pct) == (0.0, 0.0)
+    assert out.na_reason.startswith("dram_bw_util_pct n/a: NVML returned NaN")
+    text = gpm.format_gpm([types.SimpleNamespace(precision="fp32", gpm=out)])
+    assert "DRAM bandwidth n/a" in text and "NaN" in text
+
+
+def test_a_window_shorter_than_the_floor_is_na_with_its_length(fake_nvml):
+    """The H200's fp32 trial measured 0.062 s: GPM read all zeros and a NaN."""
+    values = {metric: 0.0 for metric in (pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+                                         pynvml.NVML_GPM_METRIC_SM_UTIL)}
+    lib = fake_nvml(_FakeGpmLib(values=values))
+    window = gpm.GpmWindow(_gpu(), clock=ticks(0.062))
+    window.start()
+    out = window.stop()
+    assert all(getattr(out, f) is None for f in FIELDS)
+    assert out.window_s == pytest.approx(0.062)
+    assert "0.062 s" in out.reason and f"{gpm.MIN_WINDOW_S} s" in out.reason
+    assert lib.allocated == lib.freed == 2

@@ -11,6 +11,7 @@ from engine.core.events import MonitorSample
 from engine.measure import gpm, monitor, nvml
 from engine.measure.device import DeviceInfo, probe
 from engine.record.journal import decode, encode
+from tests.engine.test_gpm import ticks
 
 GPM_FIELDS = ("gpm_tensor_any_util_pct", "gpm_tensor_hmma_util_pct", "gpm_tensor_imma_util_pct",
               "gpm_sm_util_pct", "gpm_sm_occupancy_pct", "gpm_dram_bw_util_pct")
@@ -125,7 +126,9 @@ def fake_gpu(monkeypatch):
 
 def test_hopper_monitor_samples_carry_gpm_since_the_previous_poll(fake_gpu):
     info = _gpu((9, 0), "NVIDIA H100 80GB HBM3")
-    samples = _collect(lambda emit: monitor.Monitor.for_device(info, emit, hz=200), 6)
+    # each poll reads a clock 0.25 s on: every window is over GPM's floor
+    samples = _collect(lambda emit: monitor.Monitor(
+        _QuietTracker(None), emit, 200, gpm.GpmPoller(info, clock=ticks(0.25))), 6)
     # the first poll has no earlier sample: nothing measured, and nothing is n/a either
     assert all(getattr(samples[0], f) is None for f in GPM_FIELDS)
     assert all(s.gpm_reason is None for s in samples)
@@ -159,7 +162,7 @@ def test_cpu_monitor_gives_the_reason_once():
 
 
 def test_gpm_refused_mid_run_is_reported_and_no_sample_is_leaked(fake_gpu):
-    poller = gpm.GpmPoller(_gpu((9, 0), "NVIDIA H100 80GB HBM3"))
+    poller = gpm.GpmPoller(_gpu((9, 0), "NVIDIA H100 80GB HBM3"), clock=ticks(0.25))
     assert poller.poll() == {}
     assert poller.poll()["gpm_tensor_any_util_pct"] == pytest.approx(10.0)
 
@@ -184,6 +187,39 @@ def test_journal_keeps_gpm_fields_and_reads_samples_without_them():
     assert decode(json.loads(json.dumps(encode(na))), {}) == na
     old = decode({"e": "mon", "t": 1.0, "src": "nvml", "gu": 50.0}, {})
     assert old.gpm_tensor_any_util_pct is None and old.gpm_reason is None
+
+
+def test_polls_closer_than_the_floor_extend_the_window(fake_gpu):
+    """Polls 0.125 s apart: GPM answers every other poll, over 0.25 s."""
+    poller = gpm.GpmPoller(_gpu((9, 0), "NVIDIA H100 80GB HBM3"), clock=ticks(0.125))
+    answers = [poller.poll() for _ in range(5)]
+    assert answers[0] == {} and answers[1] == {} and answers[3] == {}
+    # the fake's counters move once per sample taken: the values are its first two windows'
+    assert answers[2]["gpm_tensor_any_util_pct"] == pytest.approx(TENSOR_BUSY[0] / CYCLES * 100)
+    assert answers[4]["gpm_tensor_any_util_pct"] == pytest.approx(TENSOR_BUSY[1] / CYCLES * 100)
+    assert fake_gpu.taken == 3  # no sample is taken for a poll inside the floor
+    poller.close()
+    assert fake_gpu.allocated == fake_gpu.freed
+
+
+def test_nan_in_a_poll_is_none_and_explained_once(fake_gpu):
+    real = fake_gpu.nvmlGpmMetricsGet
+
+    def idle_dram(request):
+        real(request)
+        dram = list(gpm.METRICS).index("dram_bw_util_pct")
+        request.metrics[dram].value = float("nan")
+        request.metrics[dram].nvmlReturn = pynvml.NVML_SUCCESS
+        return request
+
+    fake_gpu.nvmlGpmMetricsGet = idle_dram
+    poller = gpm.GpmPoller(_gpu((9, 0), "NVIDIA H100 80GB HBM3"), clock=ticks(0.25))
+    polls = [poller.poll() for _ in range(4)]
+    assert all(p["gpm_dram_bw_util_pct"] is None for p in polls[1:])
+    assert polls[1]["gpm_reason"].startswith("gpm_dram_bw_util_pct n/a: NVML returned NaN")
+    assert "gpm_reason" not in polls[2] and "gpm_reason" not in polls[3]
+    assert polls[2]["gpm_tensor_any_util_pct"] is not None  # the other metrics are kept
+    poller.close()
 
 
 @pytest.mark.gpu

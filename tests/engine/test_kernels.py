@@ -205,7 +205,11 @@ def test_profile_trace_writes_valid_chrome_trace_json(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "matmul by dtype" in done.stdout
-    for precision, dtype in (("fp32", "float"), ("bf16-amp", "c10::BFloat16")):
+    # the trace is the timed step, profiled without shapes; the dtypes come from an untimed
+    # step that recorded them, and the table names them
+    table = done.stdout[done.stdout.index("matmul by dtype"):]
+    assert "float32" in table.split("fp32", 1)[1] and "bfloat16" in table
+    for precision in ("fp32", "bf16-amp"):
         path = trace_dir / f"{precision}.trace.json"
         data = json.loads(path.read_text())  # the Chrome trace event format
         events = data["traceEvents"]
@@ -214,9 +218,9 @@ def test_profile_trace_writes_valid_chrome_trace_json(tmp_path):
         assert all({"name", "ts", "dur", "pid", "tid"} <= set(e) for e in complete)
         names = {e["name"] for e in complete}
         assert "ampscope:step" in names and "aten::mm" in names
-        mm_types = {t for e in complete if e["name"] == "aten::mm"
-                    for t in e["args"].get("Input type", [])}
-        assert dtype in mm_types
+        # the lightest settings that still attribute kernels: no shapes in the timed step
+        assert not any(e["args"].get("Input type") for e in complete if "args" in e)
+        assert sum(e["name"] == "ampscope:step" for e in complete) == 1  # the active step
     assert not list(trace_dir.glob("*.pickle"))  # memory snapshots are CUDA only
 
 
@@ -251,15 +255,24 @@ def test_cuda_profiled_step_kernels_tensor_cores_and_snapshot(tmp_path):
 
 def test_live_profiler_events_attribute_kernels_to_any_op_and_keep_the_rest():
     """The CUDA path of ``_calls_from`` on torch's own FunctionEvent objects, as a GPU
-    profile gives them: kernels hang on the CPU event their correlation id links to."""
+    profile gives them: kernels hang on the CPU event their correlation id links to. On a
+    torch whose FunctionEvent has no ``input_dtypes`` / ``linked_correlation_id`` (2.11)
+    the events are built without them, and the profiler's dtype records stand in."""
+    import inspect
+
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import FunctionEvent
 
     from engine.measure.kernels import UNATTRIBUTED, _calls_from
 
+    accepts = inspect.signature(FunctionEvent.__init__).parameters
+    records = {}  # what kineto_dtypes gives such a torch: dtypes by correlation id
+
     def cpu(i, name, start, end, parent=None, dtypes=None, annotation=False):
+        extra = {"input_dtypes": dtypes or []} if "input_dtypes" in accepts else {}
+        records[i] = dtypes or []
         e = FunctionEvent(i, name, thread=1, start_us=start, end_us=end,
-                          input_dtypes=dtypes or [], is_user_annotation=annotation)
+                          is_user_annotation=annotation, **extra)
         if parent is not None:
             e.set_cpu_parent(parent)
             parent.append_cpu_child(e)
@@ -268,9 +281,10 @@ def test_live_profiler_events_attribute_kernels_to_any_op_and_keep_the_rest():
     def gpu(name, start, end, owner):
         if owner is not None:
             owner.append_kernel(name, 0, end - start)
+        link = owner.id if owner is not None else 0
+        extra = {"linked_correlation_id": link} if "linked_correlation_id" in accepts else {}
         return FunctionEvent(0, name, thread=7, start_us=start, end_us=end,
-                             device_type=DeviceType.CUDA,
-                             linked_correlation_id=owner.id if owner is not None else 0)
+                             device_type=DeviceType.CUDA, **extra)
 
     step = cpu(1, "ampscope:step", 0, 1000, annotation=True)
     mm = cpu(2, "aten::mm", 10, 20, step, ["c10::BFloat16", "c10::BFloat16"])
@@ -281,7 +295,7 @@ def test_live_profiler_events_attribute_kernels_to_any_op_and_keep_the_rest():
               gpu("triton_poi_fused_add_0", 350, 370, triton),
               gpu("void at::native::vectorized_elementwise_kernel<FillFunctor>", 400, 410, step),
               gpu("Memset (Device)", 410, 415, None)]
-    calls, step_us, spans = _calls_from([step, mm, bnb, triton, *device])
+    calls, step_us, spans = _calls_from([step, mm, bnb, triton, *device], records)
     assert {c.name for c in calls} == {"aten::mm", "bitsandbytes::int8_linear_matmul",
                                        "triton_poi_fused_add_0"}
     ps = analyse(calls, "cuda", step_us, spans)

@@ -158,8 +158,8 @@ def test_new_rows_carry_their_unit_count_and_memory():
     assert rows["NVIDIA GeForce RTX 5090"]["sm_count"] == 170
     for name in ("NVIDIA B200", "NVIDIA GB300", "AMD Instinct MI355X"):
         row = rows[name]
-        assert row["memory_bytes"] is not None or (row["memory_nominal_gb"]
-                                                   and row["memory_note"])
+        assert row["memory_bytes"] == row["memory_nominal_gb"] * 2**30
+        assert row["memory_kind"] == "datasheet"
 
 
 def test_mfu_is_a_fraction_of_the_peak():
@@ -210,15 +210,24 @@ def test_every_card_has_a_memory_size_with_its_source():
 
     for row in table()["gpus"]:
         sizes = row.get("memory_variants") or [row]
-        for size in sizes:
-            assert size["memory_bytes"] is not None or size["memory_nominal_gb"], row["name"]
-            assert size.get("memory_source") or size.get("memory_note"), row["name"]
+        for size in sizes:  # no row lacks it: a printout of CUDA's total, or the datasheet's
+            assert isinstance(size["memory_bytes"], int) and size["memory_bytes"] > 0, row
+            assert size["memory_kind"] in ("cuda", "datasheet"), row["name"]
+            if size["memory_kind"] == "cuda":
+                assert "total" in size["memory_source"].lower(), row["name"]
+                assert f"{size['memory_bytes'] // 2**20} MiB" in size["memory_source"]
+            else:  # the datasheet named beside its nominal figure, in CUDA's unit (bytes)
+                assert size["memory_bytes"] == size["memory_nominal_gb"] * 2**30, row["name"]
+                assert "datasheet" in size["memory_source"], row["name"]
+                assert "CUDA reports less" in size["memory_source"], row["name"]
     # the sizes fit's columns had as torch printed them (MiB, rounded down)
     assert [c.capacity_bytes // 2**20 for c in CARDS] == [24563, 40536, 45589, 81090, 143156]
     assert card_memory("NVIDIA A100-SXM4-40GB").memory_bytes == 40536 * 2**20
     a100 = card_memory("NVIDIA A100-SXM4")
     assert a100.memory_bytes is None and "40GB or 80GB" in a100.source
-    assert "nominal 16 GB" in card_memory("Tesla T4").source
+    assert card_memory("Tesla T4").memory_bytes == 14930 * 2**20  # a printout, ECC on
+    assert card_memory("NVIDIA GeForce RTX 3090").memory_bytes == 24259 * 2**20
+    assert card_memory("NVIDIA A10").kind == "datasheet"
     # plan: the usable memory is the same table's figure less the context allowance
     config = PlanConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
                         cards=("L40S", "A100-SXM4-40GB"), max_batch=0)

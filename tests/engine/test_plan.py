@@ -222,12 +222,27 @@ def test_largest_micro_batch_agrees_with_real_trials():
     assert card.fits is True and card.max_batch == 3
 
 
-def test_a_card_without_memory_in_the_table_is_na():
+def test_a_card_sold_in_several_sizes_without_its_size_is_na():
     config = PlanConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
-                        cards=("T4",), max_batch=0)
-    card = plan(config).trials[0].cards[0]
+                        cards=("A100-SXM4",), max_batch=0)
+    result = plan(config)
+    card = result.trials[0].cards[0]
     assert card.fits is None and card.headroom_bytes is None
-    assert "no memory size" in card.reason
+    assert "add the size to the card name" in card.reason
+    assert "n/a (NVIDIA A100 SXM4 comes in 40GB or 80GB" in result.answers[0].text
+
+
+def test_a_card_with_its_datasheet_capacity_says_so():
+    """The RTX 3090 (a printout of CUDA's total) and the A10 (only its datasheet's 24 GB):
+    both judged, the A10's line saying its figure is the nominal one."""
+    config = PlanConfig(model="tiny", precisions=("fp32",), batch_size=1, seq_len=16,
+                        cards=("RTX 3090", "A10"), max_batch=0)
+    result = plan(config)
+    rtx, a10 = result.trials[0].cards
+    assert rtx.memory_bytes == 24259 * 2**20 and rtx.fits is True
+    assert a10.memory_bytes == 24 * 2**30 and a10.memory_kind == "datasheet" and a10.fits
+    assert "datasheet's nominal capacity" in result.answers[1].text
+    assert "datasheet" not in result.answers[0].text
 
 
 @pytest.mark.parametrize("family", ["tiny", "llama-gqa"])

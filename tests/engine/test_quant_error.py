@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import types
 
 import pytest
 import torch
@@ -177,3 +178,40 @@ def test_nvfp4_layers_are_rounded_as_nvfp4():
     w, x = layer.weight.detach(), torch.randn(32, 128)
     assert quant_error.sqnr_db(w, q_weight(w)) == pytest.approx(sqnr(w, nvfp4(w)), abs=0.02)
     assert quant_error.sqnr_db(x, q_input(x)) == pytest.approx(sqnr(x, nvfp4(x)), abs=0.02)
+
+
+@pytest.mark.parametrize(("big", "reason"), [
+    (1e5, quant_error.OUT_OF_RANGE),  # beyond fp16's 65504: the cast gives inf
+    (math.inf, quant_error.OVERFLOWED),  # the activation had overflowed already
+])
+def test_an_sqnr_that_is_no_number_is_na_with_the_reason(big, reason):
+    """An fp16-amp layer whose input overflows: its input dB is None with why, the layer is
+    left out of the median, and the tables say n/a, never "exact" nor inf."""
+    from engine.core.recipes import recipe
+    from engine.measure.quant_error_text import format_quant_error, layer_db, quant_rows
+
+    class OneLayer(torch.nn.Module):  # a model's forward takes the batch as keywords
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    torch.manual_seed(0)
+    model = OneLayer()
+    x = torch.randn(4, 8)
+    x[0, 0] = big
+    q = quant_error.measure(model, recipe("fp16-amp"), {"x": x}, torch.device("cpu"))
+    (layer,) = q.layers
+    assert layer.input_db is None and layer.reason == f"input {reason}"
+    w = model.proj.weight.detach()
+    want = sqnr(w, w.half())
+    assert layer.weight_db == pytest.approx(want, abs=0.02)  # the weight is still measured
+    assert q.input_median_db is None and q.reason.endswith(f"input {reason}")
+    assert layer_db(layer, "input") == "n/a" and layer_db(layer, "weight") == f"{want:.2f}"
+    trial = types.SimpleNamespace(precision="fp16-amp", status="ok", quant_error=q,
+                                  quant_error_reason=None)
+    (row,) = quant_rows([trial], {})
+    assert row[2] == f"{want:.1f} / {want:.1f}" and row[3] == "n/a"  # not "exact", not inf
+    assert reason in " ".join(format_quant_error([trial], {}).split())

@@ -13,7 +13,7 @@ from engine.core import events
 from engine.record.compare import record_precisions
 from engine.record.json_report import read_json
 from engine.record.run_record import RunRecord
-from engine.report import charts, json_io
+from engine.report import charts
 from engine.report.csv_io import STEP_COLUMNS, write_csv
 from engine.report.html import render_html, write_html
 from engine.report.json_io import write_json
@@ -83,7 +83,7 @@ def test_failed_json_write_leaves_no_file(record, tmp_path, monkeypatch):
         real_dump(obj["config"], fh)  # some bytes reach the temporary file first
         _explode()
 
-    monkeypatch.setattr(json_io.json, "dump", dump_then_fail)
+    monkeypatch.setattr(json, "dump", dump_then_fail)
     with pytest.raises(RuntimeError):
         write_json(record, tmp_path / "run.json")
     assert list(tmp_path.iterdir()) == []

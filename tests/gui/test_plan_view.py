@@ -6,6 +6,7 @@ from PySide6.QtTest import QTest
 
 from engine.core.config import RunConfig
 from engine.measure.device import probe
+from engine.run.plan import duration_text
 from engine.run.trial import run_trial
 from gui.main_window import MainWindow
 from tests.gui.clicks import choose, click, type_into
@@ -55,12 +56,14 @@ def test_plan_tab_shows_recipe_by_card(qtbot, window):
     usable = 24563 * 2**20 - 2**30  # the 4090 as CUDA reports it less the 1 GiB allowance
     assert view.cell(0, "NVIDIA GeForce RTX 4090") == (
         f"fits, {(usable - traced) / 2**30:.2f} GiB headroom")
-    assert view.cell(1, "NVIDIA T4") == "n/a"  # no memory size in the table
+    bf16_peak = view.last_result.trials[1].memory.total_bytes  # T4: 14930 MiB, CUDA's
+    assert view.cell(1, "NVIDIA T4") == (
+        f"fits, {(14930 * 2**20 - 2**30 - bf16_peak) / 2**30:.2f} GiB headroom")
     # the roofline's bound, in the card cell's tooltip, as the engine chose it
     card = view.last_result.trials[0].cards[0]
     assert card.bound in ("compute", "memory")
     tip = view.table.item(0, 3).toolTip()
-    assert f"{card.predicted_step_ms:.3g} ms ({card.bound}-bound)" in tip
+    assert f"{duration_text(card.predicted_step_ms)} ({card.bound}-bound)" in tip
     assert "prediction (roofline" in tip
     assert view.plan_button.isEnabled()
 
@@ -154,3 +157,37 @@ def test_plan_tab_shows_a_real_trial_beside_the_traced_one(qtbot, window, tmp_pa
     with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
         click(view.plan_button)
     assert view.last_result.trials[0].measured.source == str(report)
+
+
+def test_plan_tab_shows_an_unknown_models_reason_first(qtbot, window):
+    """A misspelt model typed into the form: the reason (and the preset it may mean) is the
+    first thing in the tab, above the form; no table of n/a behind it."""
+    view = _open_plan_tab(window)
+    _fill(view, "fp32", "RTX 4090")
+    type_into(view.model, "lama-7b")
+    with qtbot.waitSignal(view.worker.errored, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    qtbot.waitUntil(view.plan_button.isEnabled)
+    text = view.error_label.text()
+    assert view.error_label.isVisible()
+    assert text.startswith("'lama-7b' is not a preset") and "did you mean llama-7b" in text
+    assert view.error_label.geometry().bottom() <= view.model.geometry().top()
+    assert view.table.rowCount() == 0 and not view.answer.isVisible()
+
+
+def test_plan_tab_answers_on_top(qtbot, window):
+    """The answer per card, as the CLI's first lines, above the form and the table."""
+    view = _open_plan_tab(window)
+    _fill(view, "fp32,bf16", "RTX 4090,A10")
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    result = view.last_result
+    lines = view.answer.text().splitlines()
+    assert view.answer.isVisible() and len(lines) == 2
+    fp32, bf16 = (t.cards[0] for t in result.trials)
+    best = max((fp32, "fp32"), (bf16, "bf16"), key=lambda c: c[0].headroom_bytes)
+    assert lines[0].startswith("tiny on NVIDIA GeForce RTX 4090: fp32, bf16 fit as asked; "
+                               f"{best[1]} leaves the most room")
+    assert f"({best[0].headroom_bytes / 2**30:.2f} GiB headroom, traced)" in lines[0]
+    assert "datasheet's nominal capacity" in lines[1]  # the A10's 24 GB
+    assert view.answer.geometry().bottom() <= view.table.geometry().top()

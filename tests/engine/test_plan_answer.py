@@ -1,0 +1,133 @@
+"""The plan's answer, first line per card, through the real CLI: fits as asked, or the
+smallest change that fits, each change planned (its figures are those of planning the
+changed configuration directly), on two model families; names users type resolve."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.engine.families import FAMILIES
+
+ROOT = Path(__file__).resolve().parents[2]
+CARD = "NVIDIA GeForce RTX 4090"
+CARD_BYTES = 24563 * 2**20  # the 4090's total as CUDA reports it (resources/peak_flops.json)
+BATCH, SEQ = 8, 128
+
+
+def _cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "main.py", "plan", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _model(tmp_path, family: str) -> str:
+    if family == "tiny":
+        return "tiny"
+    FAMILIES[family]().save_pretrained(tmp_path / family)
+    return str(tmp_path / family)
+
+
+def _peak(model: str, *extra, batch: int = BATCH) -> int:
+    run = _cli("--model", model, "--precision", "fp32", "--batch-size", str(batch),
+               "--seq-len", str(SEQ), "--card", "RTX 4090", "--max-batch", "0",
+               "--no-history", "--no-levers", "--json", "--quiet", *extra)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)["trials"][0]["memory"]["total_bytes"]
+
+
+def _size(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+def test_cli_answer_first_names_checkpointing_when_only_it_fits(tmp_path, family):
+    """A card whose usable memory lies between the step's peak with and without gradient
+    checkpointing: the first line says no recipe fits as asked and checkpointing fits,
+    with the headroom of the checkpointed step planned on its own."""
+    model = _model(tmp_path, family)
+    plain, ckpt = _peak(model), _peak(model, "--grad-checkpointing")
+    assert ckpt < plain
+    usable = (plain + ckpt) // 2
+    run = _cli("--model", model, "--precision", "fp32", "--batch-size", str(BATCH),
+               "--seq-len", str(SEQ), "--card", "RTX 4090", "--max-batch", "0",
+               "--no-history", "--quiet", "--cuda-context", str(CARD_BYTES - usable))
+    assert run.returncode == 0, run.stderr
+    first = run.stdout.splitlines()[0]
+    assert first == (f"{model} on {CARD}: no recipe fits as asked; fp32 fits with gradient "
+                     f"checkpointing ({_size(usable - ckpt)} headroom)")
+
+
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+def test_cli_answer_names_the_largest_micro_batch_and_the_accumulation(tmp_path, family):
+    """Batch 8 does not fit but a smaller one does: the answer names the largest that fits
+    (its peak within, the next one's over, each planned here) and the accumulation that
+    keeps 8 sequences per step."""
+    model = _model(tmp_path, family)
+    peaks = {b: _peak(model, batch=b) for b in (3, 4)}
+    usable = (peaks[3] + peaks[4]) // 2
+    run = _cli("--model", model, "--precision", "fp32", "--batch-size", str(BATCH),
+               "--seq-len", str(SEQ), "--card", "RTX 4090", "--max-batch", "16",
+               "--no-history", "--quiet", "--json", "--cuda-context", str(CARD_BYTES - usable))
+    assert run.returncode == 0, run.stderr
+    answer = json.loads(run.stdout)["answers"][0]
+    assert answer["max_batch"] == 3 and answer["precision"] == "fp32"
+    assert answer["text"] == (f"{model} on {CARD}: no recipe fits as asked; fp32 fits at "
+                              "micro-batch 3 (micro-batch 2 with --grad-accum 4 keeps the 8 "
+                              "sequences per optimizer step) (traced)")
+
+
+def test_cli_answer_when_nothing_fits_lists_every_lever_tried():
+    """1 MiB usable: nothing fits; every rung is tried or skipped with its bound, and the
+    answer says so with the smallest peak asked."""
+    run = _cli("--model", "tiny", "--precision", "fp32", "--batch-size", "1", "--seq-len",
+               "32", "--card", "RTX 4090", "--max-batch", "0", "--no-history", "--quiet",
+               "--json", "--cuda-context", str(CARD_BYTES - 2**20))
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    answer, peak = data["answers"][0], data["trials"][0]["memory"]["total_bytes"]
+    assert answer["text"] == (f"tiny on {CARD}: no recipe fits, as asked or with any lever "
+                              f"AmpScope knows; the smallest peak asked is fp32's "
+                              f"{_size(peak)} of 1 MiB usable")
+    tried = "\n".join(answer["tried"])
+    for lever in ("with gradient checkpointing: skipped", "8-bit AdamW", "4-bit AdamW",
+                  "int8 as int8", "nf4 as nf4", "FSDP2 over 2 cards", "FSDP2 over 8 cards"):
+        assert lever in tried, tried
+
+
+def test_cli_answer_fits_as_asked_comes_first_and_html_leads_with_it(tmp_path):
+    out = tmp_path / "plan.html"
+    run = _cli("--model", "tiny", "--precision", "fp32,bf16", "--batch-size", "2",
+               "--seq-len", "32", "--card", "RTX 4090", "--max-batch", "0", "--no-history",
+               "--quiet", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    first = run.stdout.splitlines()[0]
+    assert first.startswith(f"tiny on {CARD}: fp32, bf16 fit as asked; ")
+    page = out.read_text(encoding="utf-8")
+    assert page.index("fit as asked") < page.index("<table")
+
+
+@pytest.mark.parametrize("typed,limit,preset", [
+    ("llama-7b", 2048, "llama-7b"), ("Llama2-7B", 4096, "llama-2-7b"),
+    ("llama-2-7b", 4096, "llama-2-7b"), ("GPT2-XL", 1024, "gpt2-xl"),
+])
+def test_names_users_type_resolve_to_a_preset(typed, limit, preset):
+    """Each name resolves to its preset: its position limit (from the model's config.json,
+    named in resources/presets.json) is what refuses a longer sequence."""
+    run = _cli("--model", typed, "--seq-len", str(limit + 1), timeout=120)
+    assert run.returncode == 2
+    assert f"({limit} positions): set --seq-len {limit} or less" in run.stderr, run.stderr
+
+
+def test_a_misspelt_name_gets_did_you_mean():
+    run = _cli("--model", "lama-7b", timeout=120)
+    assert run.returncode == 2 and run.stdout == ""
+    assert "did you mean llama-7b" in run.stderr, run.stderr
+
+
+def test_step_times_read_in_units():
+    from engine.run.plan import duration_text
+
+    assert [duration_text(v) for v in (0.123, 7.5, 107.4, 1834.0, 125_000.0, None)] == [
+        "0.12 ms", "7.5 ms", "107 ms", "1.83 s", "2 min 5 s", "n/a"]

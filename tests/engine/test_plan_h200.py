@@ -1,0 +1,114 @@
+"""plan against what an H200 measured (tests/data/h200_plan/h200_trials.json, an extract of
+the reports of 2026-11-27): GPT-2 at 8 x 1024, every recipe traced here on the CPU. The
+roofline is a lower bound (no predicted step above the measured one; tf32 at tf32's rate,
+compiled steps with a fused step's traffic), and the traced peak equals the card's where
+the trace follows the card (fp32, tf32, pure fp16 and bf16)."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = json.loads((ROOT / "tests" / "data" / "h200_plan" / "h200_trials.json")
+                  .read_text(encoding="utf-8"))
+TABLE = json.loads((ROOT / "resources" / "peak_flops.json").read_text(encoding="utf-8"))
+RECIPES = ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", "fp8")
+
+
+def _measured(precision: str, compiled: bool = False) -> dict:
+    """The H200's trial of GPT-2 at 8 x 1024 (``compiled``: run with --compile); fp8,
+    compiled by default whatever the flag, its fastest run."""
+    rows = [t for t in DATA["trials"] if t["precision"] == precision and t["model"] == "gpt2"
+            and (t["batch_size"], t["seq_len"]) == (8, 1024)
+            and (precision == "fp8" or t["compile"] == compiled)]
+    return min(rows, key=lambda t: t["median_step_ms"])
+
+
+@pytest.fixture(scope="module")
+def planned():
+    run = subprocess.run([sys.executable, "main.py", "plan", "--model", "gpt2", "--precision",
+                          ",".join(RECIPES), "--batch-size", "8", "--seq-len", "1024",
+                          "--card", "H200", "--max-batch", "0", "--no-history",
+                          "--no-levers", "--json", "--quiet"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=3600)
+    assert run.returncode == 0, run.stderr
+    return {t["precision"]: t for t in json.loads(run.stdout)["trials"]}
+
+
+def _h200() -> dict:
+    return next(g for g in TABLE["gpus"] if re.search(g["match"], "NVIDIA H200"))
+
+
+def _bound_ms(flops_by_dtype: dict, moved: int) -> float:
+    """The roofline worked out here from the table: FLOPs at each dtype's peak, summed, or
+    the bytes at the bandwidth, whichever is longer."""
+    gpu = _h200()
+    compute = sum(f / (gpu["peak_tflops"][k] * 1e12) for k, f in flops_by_dtype.items())
+    return max(compute, moved / (gpu["memory_bandwidth_tbps"] * 1e12)) * 1e3
+
+
+@pytest.mark.parametrize("precision", RECIPES)
+def test_no_predicted_step_exceeds_the_h200s(planned, precision):
+    trial = planned[precision]
+    card = trial["cards"][0]
+    assert card["card"] == "NVIDIA H200 SXM"
+    measured = _measured(precision)["median_step_ms"]
+    assert card["predicted_step_ms"] <= measured, (card["predicted_step_ms"], measured)
+    compiled = precision == "fp8"  # float8 runs compiled on a card
+    assert trial["compiled"] is compiled
+    moved = trial["bytes_moved_fused"] if compiled else trial["bytes_moved"]
+    # the blend divides the total by a FLOP-weighted harmonic peak: the same sum
+    assert card["predicted_step_ms"] == pytest.approx(
+        _bound_ms(trial["flops_by_peak_dtype"], moved), rel=1e-9)
+    if precision == "tf32":  # fp32 matmuls at the tf32 tensor-core rate, not the CUDA cores'
+        assert set(trial["flops_by_peak_dtype"]) == {"tf32"}
+
+
+def test_a_compiled_bf16_amp_step_is_bounded_by_its_fused_traffic(planned):
+    """The H200 ran bf16-amp compiled in 23.4 ms; the eager step's traffic alone would take
+    longer than that, the fused step's does not."""
+    trial = planned["bf16-amp"]
+    measured = _measured("bf16-amp", compiled=True)["median_step_ms"]
+    eager = _bound_ms(trial["flops_by_peak_dtype"], trial["bytes_moved"])
+    fused = _bound_ms(trial["flops_by_peak_dtype"], trial["bytes_moved_fused"])
+    assert fused <= measured < eager
+
+
+@pytest.mark.parametrize("precision", ("fp32", "tf32", "fp16", "bf16"))
+def test_traced_peak_equals_the_h200s(planned, precision):
+    traced = planned[precision]["memory"]
+    real = _measured(precision)["memory"]
+    assert abs(traced["total_bytes"] - real["total_bytes"]) <= 0.02 * real["total_bytes"]
+    for name in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        # CUDA's allocator rounds each block to 512 B (AdamW's 148 one-element step
+        # counts: 75,184 B more), which a trace of tensor sizes does not
+        assert abs(traced[name] - real[name]) <= 0.001 * real[name], name
+
+
+@pytest.mark.xfail(strict=True, reason="autocast is traced under the CPU's autocast policy "
+                                       "and attention path, not CUDA's: -13.9% (issue 29)")
+@pytest.mark.parametrize("precision", ("fp16-amp", "bf16-amp", "fp8"))
+def test_autocast_traced_peak_within_2pct_of_the_h200s(planned, precision):
+    traced = planned[precision]["memory"]["total_bytes"]
+    real = _measured(precision)["memory"]["total_bytes"]
+    assert abs(traced - real) <= 0.02 * real
+
+
+def test_cli_compile_flag_uses_the_fused_traffic():
+    """--compile on a tiny model: the memory bound is the fused count at the bandwidth."""
+    run = subprocess.run([sys.executable, "main.py", "plan", "--model", "tiny", "--precision",
+                          "fp32", "--batch-size", "2", "--seq-len", "32", "--card", "H200",
+                          "--max-batch", "0", "--no-history", "--no-levers", "--compile",
+                          "--json", "--quiet"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr
+    trial = json.loads(run.stdout)["trials"][0]
+    card = trial["cards"][0]
+    assert trial["compiled"] and 0 < trial["bytes_moved_fused"] < trial["bytes_moved"]
+    assert card["memory_ms"] == pytest.approx(
+        trial["bytes_moved_fused"] / (_h200()["memory_bandwidth_tbps"] * 1e12) * 1e3)
+    assert "fused" in card["prediction_model"]

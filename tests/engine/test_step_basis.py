@@ -1,0 +1,112 @@
+"""The profiled step's shares are of the measured median step (the H200's real trace).
+
+The profiled GPT-2 bf16-amp step took 61.8 ms, the measured median 24.84 ms; against the
+measured step idle is 34.3% and matmuls about 25% (the old table said 73.6% and 10.4%).
+The expected figures are computed here from the trace's own events.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from engine.core.config import RunConfig
+from engine.measure.device import probe
+from engine.measure.kernels import MATMUL, analyse_trace_file, format_profiled
+from engine.measure.step_basis import against_measured
+from engine.run.trial import run_trial
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT / "tests" / "data" / "h200-2026-11-27" / "trace" / \
+    "gpt2-bf16-amp-b4x512.trace.json.gz"
+# the measured median of that run's bf16-amp trial (reports/trace-run.json: 24.8358 ms)
+MEDIAN_MS = 24.84
+MATMUL_OPS = re.compile(r"aten::(mm|addmm|bmm|baddbmm|_cudnn_attention_(forward|backward)|"
+                        r"_scaled_dot_product\w*|_flash_attention\w*|_efficient_attention\w*)$")
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("h200") / "step.trace.json"
+    path.write_bytes(gzip.decompress(TRACE.read_bytes()))
+    return path
+
+
+def _expected(path: Path) -> tuple[float, float]:
+    """(union of GPU work in ms, matmul kernels' ms) from the trace's events: a kernel is a
+    matmul's when the innermost CPU op with its External id is a matmul op."""
+    events = json.loads(path.read_text())["traceEvents"]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+           and e.get("dur", 0) > 0]
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in gpu)
+    union, (start, end) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > end:
+            union += end - start
+            start, end = a, b
+        end = max(end, b)
+    union += end - start
+    ops: dict[int, list[dict]] = {}
+    for e in events:
+        if e.get("cat") == "cpu_op" and "External id" in e.get("args", {}):
+            ops.setdefault(e["args"]["External id"], []).append(e)
+    matmul = 0.0
+    for e in gpu:
+        owners = ops.get(e["args"].get("External id"))
+        if owners and MATMUL_OPS.match(min(owners, key=lambda o: o["dur"])["name"]):
+            matmul += e["dur"]
+    return union / 1e3, matmul / 1e3
+
+
+def test_shares_are_of_the_measured_step_on_the_real_h200_trace(trace):
+    union_ms, matmul_ms = _expected(trace)
+    profiled = analyse_trace_file(str(trace), "cuda")
+    assert profiled.step_ms == pytest.approx(61.75, abs=0.01)  # the profiled step's span
+    ps = against_measured(profiled, MEDIAN_MS)
+    assert ps.step_ms == MEDIAN_MS and ps.measured_step_ms == MEDIAN_MS
+    assert ps.profiled_step_ms == profiled.step_ms
+    assert ps.kernel_busy_ms == pytest.approx(union_ms, abs=1e-6)
+    assert ps.idle_gap_share == pytest.approx((MEDIAN_MS - union_ms) / MEDIAN_MS, abs=1e-9)
+    assert ps.idle_gap_share == pytest.approx(0.343, abs=0.001)
+    assert ps.category_share[MATMUL] == pytest.approx(matmul_ms / MEDIAN_MS, rel=1e-9)
+    assert ps.category_share[MATMUL] == pytest.approx(0.25, abs=0.01)
+    assert ps.matmul_share_by_dtype["bfloat16"] == pytest.approx(matmul_ms / MEDIAN_MS)
+    # the kernels' union is 34% short of the measured step: said, with which way
+    assert "16.33 ms" in ps.basis_note and "-34%" in ps.basis_note
+    assert "24.84 ms" in ps.time_basis
+
+
+def test_the_odd_shape_hint_weighs_against_the_measured_step(trace):
+    """Three GEMMs with GPT-2's 50,257-wide vocabulary: 3.9 ms, 15.8% of the real step."""
+    ps = against_measured(analyse_trace_file(str(trace), "cuda"), MEDIAN_MS)
+    odd = [g for g in ps.odd_gemms if 50257 in (g.m, g.n, g.k)]
+    assert len(odd) == 3
+    odd_ms = sum(g.ms for g in odd)
+    assert odd_ms == pytest.approx(3.93, abs=0.01)
+    text = format_profiled([type("T", (), {"precision": "bf16-amp", "profiled_step": ps,
+                                           "status": "ok", "profiled_step_reason": None})()])
+    assert f"{100 * odd_ms / MEDIAN_MS:.1f}% of the step" in text  # 15.8%
+
+
+def test_within_tolerance_nothing_is_said(trace):
+    profiled = analyse_trace_file(str(trace), "cuda")
+    busy = profiled.step_ms - profiled.idle_gap_ms
+    assert against_measured(profiled, busy * 1.05).basis_note is None
+    slower = against_measured(profiled, busy * 0.8)  # kernels longer than the step
+    assert slower.idle_gap_share is None and "longer" in slower.idle_gap_reason
+    assert "+25%" in slower.basis_note
+
+
+def test_a_cpu_trial_compares_its_profiled_step_with_its_measured_median():
+    config = RunConfig(model="tiny", batch_size=1, seq_len=16, steps=3, warmup=1,
+                       device="cpu", isolation="inline")
+    result = run_trial(config, "fp32", probe("cpu"), lambda _: None, lambda: False)
+    ps = result.profiled_step
+    assert ps.measured_step_ms == result.summary.median_step_ms
+    assert ps.profiled_step_ms == ps.step_ms  # a CPU run's shares stay the profiled step's
+    off = abs(ps.step_ms - ps.measured_step_ms) / ps.measured_step_ms
+    assert (ps.basis_note is not None) == (off > 0.10)

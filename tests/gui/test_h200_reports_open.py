@@ -1,0 +1,49 @@
+"""File > Open shows each of the 11 JSON reports of the first GPU run (an H200); the five
+holding NVML's NaN say in the log, once, which file and fields were read as n/a."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtWidgets import QFileDialog
+
+from gui.main_window import MainWindow
+from tests.engine.test_h200_reports import NAMES, REPORTS, nonfinite_fields, unpack
+from tests.gui.clicks import RUN_TIMEOUT_MS
+
+
+@pytest.fixture
+def window(qtbot):
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitUntil(lambda: not win.config_panel.device_pending(), timeout=RUN_TIMEOUT_MS)
+    return win
+
+
+def _open_through_file_menu(window, monkeypatch, path) -> None:
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        staticmethod(lambda *a, **k: (str(path), "")))
+    file_menu = window.menuBar().actions()[0].menu()
+    open_action = next(a for a in file_menu.actions() if a.text().startswith("&Open"))
+    open_action.trigger()
+
+
+def test_every_real_h200_report_opens_in_the_window(qtbot, window, tmp_path, monkeypatch):
+    assert len(NAMES) == 11 and REPORTS.is_dir()
+    failures = []
+    window.open_failed.connect(failures.append)
+    for name in NAMES:
+        path = unpack(name, tmp_path)
+        bad = nonfinite_fields(path.read_text())
+        with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS) as shown:
+            _open_through_file_menu(window, monkeypatch, path)
+        assert not failures, failures
+        record = shown.args[0]
+        assert window.record is record and record.trials
+        assert window.statusBar().currentMessage().startswith(f"Showing run {record.run_id}")
+        log = window.log.toPlainText()
+        if bad:
+            assert log.count("was repaired on reading") == 1, log
+            assert str(path) in log and "gpm_dram_bw_util_pct" in log
+        else:
+            assert "repaired" not in log
