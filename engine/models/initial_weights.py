@@ -28,6 +28,23 @@ def needed(model: str) -> bool:
         return False
 
 
+def too_big(params: int | None, folder: Path) -> str | None:
+    """Why an fp32 copy of ``params`` parameters should not be drawn here (half the host's
+    available memory, or of the folder's free disk, is the limit), or None. The parent
+    process draws it: running out of memory there would end the run, not one trial."""
+    import psutil
+
+    if params is None:
+        return "the model's parameter count is not known"
+    need = 4 * params
+    memory = psutil.virtual_memory().available
+    disk = shutil.disk_usage(folder).free
+    if need > memory / 2 or need > disk / 2:
+        return (f"its fp32 weights ({need / 2**30:.1f} GiB) exceed half the available host "
+                f"memory ({memory / 2**30:.1f} GiB) or free disk ({disk / 2**30:.1f} GiB)")
+    return None
+
+
 def write(model: str, seed: int, trust_remote_code: bool, folder: Path) -> Path:
     """Draw ``model``'s seeded initial weights in fp32 on the CPU and save them in
     ``folder``, which is returned."""

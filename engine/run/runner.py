@@ -242,6 +242,15 @@ class Runner:
             except OSError:  # no data folder: the system's temporary one
                 folder = Path(tempfile.mkdtemp(prefix=f"ampscope-{run_id}.weights."))
             self._weights = folder
+            from engine.run.rounds import model_params
+
+            why = initial_weights.too_big(model_params(self.config), folder)
+            if why is not None:
+                initial_weights.remove(folder)
+                self._weights = None
+                self._emit(LogEvent("info", f"each trial draws its own initial weights: {why}",
+                                    None, time.time()))
+                return
             initial_weights.write(self.config.model, self.config.seed,
                                   self.config.trust_remote_code, folder)
         except Exception as exc:  # each trial draws its own, as before, and reports failures

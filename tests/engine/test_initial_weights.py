@@ -89,3 +89,13 @@ def test_a_folder_with_weights_keeps_its_own(tmp_path):
                         initial_weights=str(weights)).model
     for name, value in saved.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], value.half()), name
+
+
+def test_weights_too_big_for_this_host_are_not_drawn_in_the_parent(tmp_path):
+    import psutil
+
+    assert initial_weights.too_big(593_408, tmp_path) is None  # tiny: 2.3 MB
+    half = psutil.virtual_memory().available / 2
+    why = initial_weights.too_big(int(half / 4) + 10**6, tmp_path)  # just over half
+    assert why is not None and "exceed half the available host memory" in why
+    assert "not known" in initial_weights.too_big(None, tmp_path)
