@@ -22,6 +22,7 @@ from engine.core.config import (
     RunConfig,
     parse_precisions,
     recipe_name,
+    warmup_steps,
 )
 
 EXIT_FAILED = 1  # trials failed, or the report could not be written
@@ -155,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.peak_cli import add_peak_parser
 
     add_peak_parser(sub)
+    from engine.trace_cli import add_trace_parser
+
+    add_trace_parser(sub)
     return parser
 
 
@@ -176,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         handler = {"profile": _profile, "footprint": _footprint, "presets": _presets,
                    "numerics": _numerics, "report": _report, "fit": _fit,
-                   "watch": _watch, "plan": _plan, "peak": _peak}[args.command]
+                   "watch": _watch, "plan": _plan, "peak": _peak,
+                   "trace": _trace}[args.command]
         return handler(args)
     except ValueError as exc:
         _say(f"ampscope: error: {exc}", err=True)
@@ -451,7 +456,7 @@ class _Progress:
         self.config = config
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
-        self.total = config.warmup + config.steps
+        self.total = warmup_steps(config.warmup) + config.steps
         self.index = 0
 
     def __call__(self, event) -> None:
@@ -471,7 +476,7 @@ class _Progress:
             self.index = event.index + 1
             part = f" round {event.round + 1}/{event.rounds}" if event.rounds > 1 else ""
             # every round warms up again
-            self.total = event.rounds * self.config.warmup + self.config.steps
+            self.total = event.rounds * warmup_steps(self.config.warmup) + self.config.steps
             self._line(f"[{self.index}/{event.total}] {event.precision}{part}: loading", end=True)
         elif isinstance(event, StepSample):
             kind = "warm-up" if event.warmup else "step"
@@ -724,6 +729,12 @@ def _peak(args) -> int:
     from engine.peak_cli import run_peak
 
     return run_peak(args)
+
+
+def _trace(args) -> int:
+    from engine.trace_cli import run_trace
+
+    return run_trace(args)
 
 
 def _plan(args) -> int:

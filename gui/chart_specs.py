@@ -22,6 +22,9 @@ LIVE_CHARTS: dict[str, tuple[str, str, str | None]] = {
     "step_breakdown": ("Where each step's time went (stacked)", "time", "s"),
     "scalars": ("Logged scalars (rec.log)", "value", None),
 }
+# trial-start lines on the monitor charts carry their precision's name up to this many
+# trials; more names overprinted each other on a 1366 px screen
+NAMED_TRIALS = 4
 # shown for a user's own run only: a profile trial has no scheduler, phases or rec.log
 USER_RUN_CHARTS = ("learning_rate", "grad_norm", "step_breakdown", "scalars")
 

@@ -261,7 +261,7 @@ class CompareView(QWidget):
                 x=present, height=[values[i] for i in present], width=0.6,
                 brushes=[precision_color(labels[i]) for i in present], pen=None))
         top = max((values[i] for i in present), default=1.0)
-        plot.setYRange(0, top * 1.18 or 1.0, padding=0)
+        plot.setYRange(0, top * 1.3 or 1.0, padding=0)  # room for the caption above a bar
         for i, trial in enumerate(trials):
             if values[i] is None:
                 self._na(plot, i, trial)

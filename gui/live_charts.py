@@ -31,7 +31,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 from engine.core.events import MonitorSample, ScalarLog, StepSample, TrialResult
 from engine.record.columns import Columns
 from engine.record.run_record import RunRecord
-from gui.chart_specs import LIVE_CHARTS, MFU_TITLES, USER_RUN_CHARTS, device_kind
+from gui.chart_specs import LIVE_CHARTS, MFU_TITLES, NAMED_TRIALS, USER_RUN_CHARTS, device_kind
 from gui.palette import precision_color
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
 from gui.ringbuffer import RingBuffer
@@ -591,7 +591,10 @@ class LiveCharts(QWidget):
             self._use_host_titles()
         for trial in record.trials:
             if trial.started_s:
-                self.mark_trial_start(trial.precision, trial.started_s)
+                # more names than a short chart can stack overprint: the lines' colours
+                # (the legend above) name them then
+                self.mark_trial_start(trial.precision, trial.started_s,
+                                      len(record.trials) <= NAMED_TRIALS)
         for data in series:
             curve = self._series_for(data.style)
             curve.x.extend(data.x)

@@ -49,7 +49,7 @@ from engine.core.versions import warning_line
 from engine.record.compare import record_precisions
 from engine.record.run_record import RunRecord
 from gui import settings
-from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS, device_kind
+from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS, NAMED_TRIALS, device_kind
 from gui.config_panel import ConfigPanel, in_form_words
 from gui.device_status import DeviceStatus
 from gui.fit_view import FitView
@@ -374,7 +374,8 @@ class MainWindow(QMainWindow):
             self.device_status.show_run(None)
             self.origin_banner.hide()
         else:
-            self.device_status.show_run(run_summary(record))
+            # the status bar is one line: the precisions are in every tab
+            self.device_status.show_run(run_summary(record, with_precisions=False))
             self.origin_banner.setText(
                 f"Showing a report from {run_device(record)} (run {record.run_id}). The form "
                 f"below is for a new run on this machine ({here or 'device not probed yet'}).")
@@ -466,7 +467,9 @@ class MainWindow(QMainWindow):
                 self.run_progress.setRange(0, per * len(config.get("precisions", [])))
                 self.trial_table.set_steps_per_trial(per)
             self._show_phase(event.precision, "loading", event.round, said=False)
-            self.charts.mark_trial_start(event.precision, event.time_s, event.round == 0)
+            self.charts.mark_trial_start(
+                event.precision, event.time_s, event.round == 0 and len(
+                    self.record.config.get("precisions", [])) <= NAMED_TRIALS)
         elif isinstance(event, PhaseChanged):
             self._show_phase(event.precision, event.phase, event.round)
         elif isinstance(event, TrialFinished):

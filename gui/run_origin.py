@@ -20,7 +20,7 @@ def run_device(record: RunRecord) -> str | None:
     return name if device.get("kind") != "cpu" else f"CPU: {name}"
 
 
-def run_summary(record: RunRecord) -> str:
+def run_summary(record: RunRecord, with_precisions: bool = True) -> str:
     """"NVIDIA H200 (CUDA 13.0): gpt2, batch 2 × 128 tokens, fp32; torch 2.11.0,
     transformers 5.17.0"; a part the record does not hold is n/a."""
     config = record.config or {}
@@ -36,7 +36,8 @@ def run_summary(record: RunRecord) -> str:
     shape = (f"batch {config.get('batch_size', 'n/a')} × {config.get('seq_len', 'n/a')} tokens")
     precisions = ", ".join(t.precision for t in record.trials) or ", ".join(
         config.get("precisions", [])) or "no trials"
-    return f"{where}: {config.get('model', 'n/a')}, {shape}, {precisions}; {versions}"
+    what = [config.get("model", "n/a"), shape, *([precisions] if with_precisions else [])]
+    return f"{where}: {', '.join(map(str, what))}; {versions}"
 
 
 def from_elsewhere(record: RunRecord, here: str | None) -> bool:

@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QHeaderView, QProgressBar, QTableWidget, QTableWidgetItem
 
+from engine.core.config import warmup_steps
 from engine.core.events import TRIAL_STATUSES, StepSample, TrialResult
 from engine.record.compare import format_cell
 from engine.run.phase_clock import WAITING, on_path_s
@@ -42,9 +43,11 @@ def phase_cell(trial: TrialResult) -> tuple[str, str]:
 
 def trial_units(config: dict, rounds: int = 1) -> int:
     """Progress units of one precision: every step it runs, the untimed ones included
-    (each interleaved round warms up and watches memory again; the profiled step runs once)."""
+    (each interleaved round warms up and watches memory again; the profiled step runs in the
+    first round only)."""
     profiled = 1 if config.get("profile_step", True) else 0
-    return max(1, rounds * (config.get("warmup", 0) + 1) + profiled + config.get("steps", 0))
+    warmup = warmup_steps(config.get("warmup", 0))  # "--warmup 0" still warms up one step
+    return max(1, rounds * (warmup + 1) + profiled + config.get("steps", 0))
 
 
 class TrialTable(QTableWidget):

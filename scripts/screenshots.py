@@ -1,6 +1,7 @@
-"""Screenshots of every view for the docs: a real tiny-preset run on the CPU, offscreen.
+"""Screenshots of every view for the docs: a real tiny-preset run on the CPU, offscreen,
+and a GPU server's report opened beside it.
 
-    python scripts/screenshots.py [--out docs/screenshots]
+    python scripts/screenshots.py [--out docs/screenshots] [--report h200-report.json]
 
 Settings and history go to a temporary folder, never to the user's.
 """
@@ -45,9 +46,25 @@ def _settle(app: QApplication) -> None:
     app.processEvents()
 
 
+def _shoot_report(app: QApplication, window, report: str, out: Path) -> None:
+    """File > Open of a server's report, as a user does; its Run and Compare tabs."""
+    window.open_report(report)
+    _wait_for(window.record_shown)
+    for name, tab in {"run-gpu": window.tabs.widget(0),
+                      "compare-gpu": window.compare_view}.items():
+        window.tabs.setCurrentWidget(tab)
+        _settle(app)
+        window.grab().save(str(out / f"{name}.png"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
+    parser.add_argument("--report", help="a report from a GPU server (e.g. the H200's): the "
+                        "Run and Compare tabs are also shot with it open, as run-gpu.png and "
+                        "compare-gpu.png")
+    parser.add_argument("--only-report", action="store_true",
+                        help="shoot only the two views with --report open (no CPU run)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,6 +79,16 @@ def main() -> int:
     window = MainWindow()
     window.resize(*SIZE)
     window.show()
+    if args.only_report:
+        if not args.report:
+            raise SystemExit("--only-report needs --report")
+        _wait_for(window.ready)
+        while window.config_panel.device_pending():  # the status bar names this machine too
+            _settle(app)
+        _shoot_report(app, window, args.report, out)
+        window.close()
+        print(f"screenshots written to {out}")
+        return 0
     panel = window.config_panel
     config = RunConfig(model="tiny", precisions=PRECISIONS, batch_size=2, seq_len=32, steps=20,
                        warmup=2, device="cpu", isolation="inline")
@@ -84,6 +111,9 @@ def main() -> int:
     window.tabs.setCurrentWidget(window.numerics_view)
     _settle(app)
     window.grab().save(str(out / "numerics.png"))
+
+    if args.report:
+        _shoot_report(app, window, args.report, out)
 
     history = window.history_view
     history.refresh()

@@ -127,6 +127,22 @@ def _step_count(name: str, value: int, flag: str, least: int) -> None:
                          f"(got {value!r}): set {flag}")
 
 
+# A trial's first step compiles (torch.compile, torchao), autotunes (cuBLAS, Triton) and
+# allocates (optimiser state, the caching allocator's blocks) for the first time: on an H200
+# an eager fp8 trial's first step took 212 ms beside 115-167 ms after it. A median never
+# includes it, so every trial (every round) warms up at least this many steps; "--warmup 0"
+# still runs one, and the trial's notes say so.
+MIN_WARMUP = 1
+WARMUP_RAISED_NOTE = ("--warmup 0: one warm-up step ran anyway (a trial's first step "
+                      "compiles, autotunes and allocates for the first time, so no median "
+                      "includes it)")
+
+
+def warmup_steps(warmup: int) -> int:
+    """The warm-up steps a trial runs for the configured ``--warmup``."""
+    return max(warmup, MIN_WARMUP)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one run needs. ``model`` is a preset name, a folder path or a hub id."""

@@ -325,6 +325,12 @@ class PredictedMemory:
     quant_state_bytes: int = 0  # bitsandbytes absmax / SCB beside the quantised weights
     weight_copies_bytes: int = 0  # autocast's low-precision weight copies saved for backward
     activations_method: str = ""  # calibrated per-layer model, or the uncalibrated fallback
+    inputs_bytes: int = 0  # the batch
+    # backward's start: the loss's gradient of the logits and of their log-softmax
+    temporaries_bytes: int = 0
+    peak_phase: str = ""  # the formula's phase that is the peak ("backward start", ...)
+    # category -> bytes held in that phase: they add up to total_bytes
+    at_peak_bytes: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from functools import cache
 import torch
 
 from engine.core.events import GemmShapeTime, KernelTime, OpTime, ProfiledStep
+from engine.measure.padding import padding_hint
 
 STEP_RANGE = "ampscope:step"
 _RANGE_PREFIXES = ("ampscope:", "Optimizer.", "ProfilerStep", "autograd::")
@@ -566,10 +567,15 @@ def chrome_trace_events(path: str) -> list[TraceEvent]:
     by "correlation"); failing that, none (unattributed)."""
     import json
 
+    with open(path, encoding="utf-8") as f:
+        return trace_events_of(json.load(f))
+
+
+def trace_events_of(raw) -> list[TraceEvent]:
+    """``chrome_trace_events`` of a trace already parsed (``{"traceEvents": [...]}`` or the
+    bare list)."""
     from torch.autograd import DeviceType
 
-    with open(path, encoding="utf-8") as f:
-        raw = json.load(f)
     items = raw["traceEvents"] if isinstance(raw, dict) else raw
     complete = [e for e in items if e.get("ph") == "X" and "dur" in e]
     cpu: list[TraceEvent] = []
@@ -831,6 +837,8 @@ def format_profiled(trials) -> str:
         lines.append(f"{t.precision:<10} {ps.step_ms:>7.1f} ms  {mm:<28} "
                      + " ".join(f"{_pct(ps.category_share.get(c)):>10}" for c in cols)
                      + f" {_pct(ps.idle_gap_share):>10} {_pct(ps.tensor_core_share):>7}")
+        if ps.basis_note:
+            odd_lines.append(f"  {t.precision}: {ps.basis_note}")
         if ps.odd_gemms:
             ms = sum(g.ms for g in ps.odd_gemms)
             top = ps.odd_gemms[0]
@@ -841,6 +849,9 @@ def format_profiled(trials) -> str:
                              f"Core multiple, {_pct(ms / ps.step_ms if ps.step_ms else None)} "
                              f"of the step{tc}; most time: {top.op} {top.m}x{top.n}x{top.k} "
                              f"{top.dtype} ({top.reason})")
+            hint = padding_hint(ps.odd_gemms, ps.step_ms)
+            if hint:
+                odd_lines.append(f"  {t.precision}: {hint}")
         unattributed = ps.category_share.get(UNATTRIBUTED)
         if unattributed:
             odd_lines.append(f"  {t.precision}: {_pct(unattributed)} of the step in kernels "

@@ -30,7 +30,6 @@ import json
 import math
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -38,6 +37,7 @@ from torch import nn
 from engine.core.config import STATE_OPTIMIZERS
 from engine.core.events import MemoryBreakdown, PredictedMemory
 from engine.core.recipes import Recipe
+from engine.core.resources import RESOURCES
 from engine.measure import inventory
 
 FP32 = 4
@@ -50,7 +50,7 @@ ADAM8_QMAPS = 2 * 256 * FP32  # the two shared 256-entry quantisation maps
 TORCHAO_STATE = {"adamw8bit-ao": (8, 256, 256 * FP32), "adamw4bit": (4, 128, 16 * FP32),
                  "adamw-fp8": (8, 256, 0)}
 TORCHAO_MIN_SIZE = 4096  # torchao quantises state tensors of at least this many elements
-CALIBRATION = Path(__file__).resolve().parents[2] / "resources" / "activation_calibration.json"
+CALIBRATION = RESOURCES / "activation_calibration.json"
 LAYER_BASIS = ("hidden", "attention_width", "kv_width", "mlp_width", "scores", "heads", "one")
 OUTER_BASIS = ("hidden", "vocab", "one")
 
@@ -316,7 +316,18 @@ class _Saved:
     method: str
 
 
-def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: int, tokens: int,
+# a phase's term -> the MemoryBreakdown category it is held in
+_TERM_CATEGORY = {
+    "params": "params", "buffers": "buffers", "quantisation state": "quant_state",
+    "optimizer": "optimizer", "inputs": "inputs", "weight copies": "weight_copies",
+    "activations": "activations", "logits and log-softmax gradients": "temporaries",
+    "grads": "grads", "optimiser scratch": "temporaries", "layer inputs": "activations",
+    "one layer input": "activations", "gradients so far": "grads",
+    "the rerun's activations": "activations", "gradient flow": "temporaries",
+    "the rerun's weight copies": "weight_copies"}
+
+
+def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: list, tokens: int,
             grad_bytes: int) -> dict:
     """Live bytes while a checkpointed layer reruns in backward, for the first rerun (the
     last layer: every layer input still held, only the head's gradients yet) and the last
@@ -336,11 +347,13 @@ def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: int, tokens: i
                                               or recipe.quant):
         copies = 2 * max(0, shape.matmul_params - shape.quantized_params
                          - d["vocab"] * d["hidden"]) // act.layers
-    rerun = act.one_layer + flow + copies
-    first = held + act.layers * act.layer_input + early_grads + rerun
-    last = held + act.layer_input + early_grads + round((act.layers - 1) * per_layer_grads) \
-        + rerun
-    return {"first layer rerun": first, "last layer rerun": last}
+    late = round((act.layers - 1) * per_layer_grads)
+    rerun_terms = [("the rerun's activations", act.one_layer), ("gradient flow", flow),
+                   ("the rerun's weight copies", copies)]
+    return {"first layer rerun": [*held, ("layer inputs", act.layers * act.layer_input),
+                                  ("gradients so far", early_grads), *rerun_terms],
+            "last layer rerun": [*held, ("one layer input", act.layer_input),
+                                 ("gradients so far", early_grads + late), *rerun_terms]}
 
 
 def _rerun_flow(model_type: str, kind: str) -> float:
@@ -424,19 +437,28 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
     act = _activations(shape, recipe, batch_size, seq_len, grad_checkpointing, device_type)
     saved = act.total
     inputs = batch_size * seq_len * 8 * (3 if shape.dims.get("encoder_decoder") else 2)
-    static = params + shape.buffers_bytes + quant_state + opt + inputs
     tokens = batch_size * seq_len
     # backward's start: the loss's gradient of the logits and of their log-softmax, in fp32
     # under autocast (cross-entropy runs in fp32) or where the loss upcasts the logits
     logits_dtype = FP32 if shape.loss_in_fp32 or recipe.autocast_dtype else _act_bytes(recipe)
     logits_grad = 2 * tokens * shape.dims["vocab"] * logits_dtype
-    phases = {"backward start": static + copies + saved + logits_grad}
+    held = [("params", params), ("buffers", shape.buffers_bytes),
+            ("quantisation state", quant_state), ("optimizer", opt), ("inputs", inputs)]
+    # each phase as its terms, so that the text's figures add up to the phase's
+    terms = {"backward start": [*held, ("weight copies", copies), ("activations", saved),
+                                ("logits and log-softmax gradients", logits_grad)]}
     if grad_checkpointing:
-        phases.update(_reruns(shape, recipe, act, static + copies, tokens, trainable_weight))
+        terms.update(_reruns(shape, recipe, act, [*held, ("weight copies", copies)], tokens,
+                             trainable_weight))
     largest = max(shape.trainable_sizes, default=0) * trainable_weight
     scratch = (grads if device_type == "cuda" else 2 * largest) if optimizer != "sgd" else 0
-    phases["optimiser step"] = static + grads + scratch
+    terms["optimiser step"] = [*held, ("grads", grads), ("optimiser scratch", scratch)]
+    phases = {name: sum(b for _, b in parts) for name, parts in terms.items()}
     total = max(phases.values())
+    peak_phase = max(phases, key=phases.get)
+    at_peak = dict.fromkeys(_TERM_CATEGORY.values(), 0)
+    for label, b in terms[peak_phase]:
+        at_peak[_TERM_CATEGORY[label]] += b
 
     per = {"weights": float(trainable_weight), "grads": float(trainable_weight),
            "optimizer": opt / shape.trainable_params if shape.trainable_params else 0.0,
@@ -455,9 +477,9 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
            "torchao saves the fp32 weight and casts it again in backward)"
            if shape.converted_matmul_params and not grad_checkpointing else "") if copies
         else "weight copies: none (no autocast over fp32 weights)",
-        "peak: the largest phase of the step: " + ", ".join(
-            f"{name} {b:,} B" for name, b in phases.items())
-        + f" (optimiser scratch {scratch:,} B) = {total:,} B",
+        *(f"{name} = " + " + ".join(f"{label} {b:,} B" for label, b in parts if b)
+          + f" = {phases[name]:,} B" for name, parts in terms.items()),
+        f"peak: the largest phase, {peak_phase}: {total:,} B",
     ]
     return PredictedMemory(
         params_bytes=params,
@@ -472,6 +494,10 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
         quant_state_bytes=quant_state,
         weight_copies_bytes=copies,
         activations_method=act.method,
+        inputs_bytes=inputs,
+        temporaries_bytes=logits_grad,
+        peak_phase=peak_phase,
+        at_peak_bytes=at_peak,
     )
 
 

@@ -32,6 +32,7 @@ if typing.TYPE_CHECKING:
     import numpy as np
 
 _INT64 = (-(2**63), 2**63 - 1)
+MAX_PLANS = 64  # line shapes planned as they come; beyond, a line's unknown keys are dropped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +164,11 @@ class Columns(Sequence):
         shape = (tuple(line), tuple(map(type, values)))
         plan = self._plans.get(shape)
         if plan is None:
+            if len(self._plans) >= MAX_PLANS:  # lines of ever new shapes (a key of their
+                # own each): planned on the keys the schema knows, so the plans stay few
+                known = {k: v for k, v in line.items() if k in keys}
+                if len(known) < len(line):
+                    return self.add_line(known, keys)
             plan = self._plans[shape] = self._plan(shape, keys)
         if plan is False:
             return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from engine.core.events import RunFinished, StepSample, TrialStarted
@@ -17,6 +18,7 @@ from engine.record.journal import JOURNAL_VERSION, checked_event, writer_alive
 from engine.record.validate import validate_lab
 
 MAX_POLL_BYTES = 64 * 2**20  # one poll's read: a huge file is followed in pieces
+HEADER_WAIT_S = 10.0  # a journal still without its header line this long after its last change
 
 
 class JournalFollower:
@@ -101,6 +103,21 @@ class JournalFollower:
 
     def abandoned(self) -> bool:
         """The run will never end: its last poll found nothing new, no end was written, and
-        the process that wrote it is gone (the rule History uses for "interrupted")."""
-        return (self._header and not self.finished and self.idle
-                and not writer_alive(self.writer_pid))
+        the process that wrote it is gone (the rule History uses for "interrupted"). A file
+        without its header line names no process: a journal's writer writes the header as
+        it creates the file, so one still without it HEADER_WAIT_S after its last change
+        was left by a process that died first."""
+        if not self._header:
+            return self.idle and self.quiet_s() >= HEADER_WAIT_S
+        return not self.finished and self.idle and not writer_alive(self.writer_pid)
+
+    def quiet_s(self) -> float:
+        """Seconds since the file last changed (0 when it cannot be read)."""
+        try:
+            return max(0.0, time.time() - self.path.stat().st_mtime)
+        except OSError:
+            return 0.0
+
+    @property
+    def has_header(self) -> bool:
+        return self._header

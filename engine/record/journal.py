@@ -380,7 +380,8 @@ def read_journal(path: str | os.PathLike) -> RunRecord:
                 monitor.append(checked_event(path, number, line, steps, repaired))
             continue
         if kind == "step":
-            rows = steps.get(line.get("precision"))
+            precision = line.get("precision")  # the full check names a damaged one
+            rows = steps.get(precision) if isinstance(precision, str) else None
             if rows is None or not rows.add_line(line, _STEP_LINE):
                 event = checked_event(path, number, line, steps, repaired)
                 steps.setdefault(event.precision, Columns(StepSample)).append(event)

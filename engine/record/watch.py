@@ -76,6 +76,8 @@ def user_loop_text(step: StepSample) -> str:
     if None not in parts:
         split = " ".join(f"{name} {ms:.1f}" for (_, name, _), ms in zip(PHASES, parts))
         text += f"  ms: {split} [{_stacked_bar(parts)}]"
+        if step.eval_ms:  # an evaluation inside the step: apart from the four above
+            text += f" eval {step.eval_ms:.1f}"
     return text
 
 
@@ -121,6 +123,11 @@ def watch(path, say: Callable[[str], None], interval_s: float = 0.5) -> int:
             elif isinstance(event, RunFinished):
                 say(f"run ended: {event.status}, {steps} steps")
                 return 0
+        if follower.abandoned() and not follower.has_header:
+            say(f"run interrupted: {follower.path} has no journal header line and has not "
+                f"changed for {follower.quiet_s():.0f} s: the process that made it ended "
+                "before writing it")
+            return 1
         if follower.abandoned():
             say(f"run interrupted: the process that wrote it (pid {follower.writer_pid}) is "
                 f"gone without ending it, {steps} steps")

@@ -31,6 +31,8 @@ _STYLE = {
     "legend.fontsize": 8,
     "legend.frameon": False,
     "svg.fonttype": "none",  # text stays text: smaller files, selectable labels
+    # labels are plain text: a name with "$" (a precision, a model) is not a formula
+    "text.parse_math": False,
 }
 
 # categories of the memory chart, with Paul Tol's "light" colours (not precision colours)

@@ -449,6 +449,7 @@ def _kernel_time(trial: TrialResult) -> str:
                                       for k, v in ps.matmul_share_by_dtype.items()) or NA),
         *[(name, _pct_cell(share)) for name, share in ps.category_share.items()],
         ("idle gaps between kernels", idle),
+        *([("profiled vs measured step", _e(ps.basis_note))] if ps.basis_note else []),
         ("matmul time on Tensor Cores", tc),
         ("peak memory", f"{_bytes(ps.peak_memory_bytes)} ({_e(ps.peak_memory_method)})"),
         ("dtype of an op", _e(ps.dtype_method)),

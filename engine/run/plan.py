@@ -419,14 +419,16 @@ def _fallback(config: PlanConfig, precision: str, batch_size: int) -> MemoryBrea
     shape = meta_shape(config, precision)
     p = predict_memory(rec, trial_optimizer(config, precision), shape, batch_size, config.seq_len,
                        config.grad_checkpointing, "cuda")
+    at = p.at_peak_bytes  # the peak phase's terms, by category: they add up to the total
     return MemoryBreakdown(
-        params_bytes=p.params_bytes, grads_bytes=p.grads_bytes,
-        optimizer_bytes=p.optimizer_bytes, activations_bytes=p.activations_bytes,
-        activations_method=p.activations_method, buffers_bytes=p.buffers_bytes,
-        quant_state_bytes=p.quant_state_bytes, weight_copies_bytes=p.weight_copies_bytes,
+        params_bytes=at["params"], grads_bytes=at["grads"],
+        optimizer_bytes=at["optimizer"], activations_bytes=at["activations"],
+        activations_method=p.activations_method, buffers_bytes=at["buffers"],
+        quant_state_bytes=at["quant_state"], weight_copies_bytes=at["weight_copies"],
+        inputs_bytes=at["inputs"], temporaries_bytes=at["temporaries"],
         total_bytes=p.total_bytes,
         total_method="predicted by engine.models.memory_model (calibrated), not traced",
-        notes=p.formula)
+        notes=p.formula, peak_phase=p.peak_phase)
 
 
 def card_memory(card: str) -> tuple[str, int | None, str]:

@@ -42,7 +42,14 @@ from engine.models import initial_weights
 from engine.models.model_health import preflight
 from engine.record.journal import JournalWriter, journal_path, runs_dir, summary_from_steps
 from engine.record.run_record import RunRecord
-from engine.run.child import StderrFile, become_child, describe_exit, oom_kill_count, sigint_blocked
+from engine.run.child import (
+    StderrFile,
+    become_child,
+    describe_exit,
+    exit_child,
+    oom_kill_count,
+    sigint_blocked,
+)
 from engine.run.phase_clock import (
     BUILD,
     IMPORTS,
@@ -73,7 +80,7 @@ def _lab_main(lab_args: dict, out, parent_pid: int, stderr_path: str) -> None:
         out.put(("error", f"{type(exc).__name__}: {exc}"))
     out.close()
     out.join_thread()
-    os._exit(0)
+    exit_child(0)
 
 
 class Runner:

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import record_function
 
-from engine.core.config import TORCHAO_STEP, RunConfig, base_precision
+from engine.core.config import (
+    TORCHAO_STEP,
+    WARMUP_RAISED_NOTE,
+    RunConfig,
+    base_precision,
+    warmup_steps,
+)
 from engine.core.events import (
     FlopsInfo,
     GpmMetrics,
@@ -414,7 +420,9 @@ def _measure(state: _State, emit, cancelled) -> bool:
         log(f"Adam epsilon raised from 1e-8 to {eps:.3g}: 1e-8 rounds to 0 in {dtype} (the "
             "trained weights' dtype) and 0/0 would make NaN weights", "warning")
     scaler = make_scaler(rec, device, config)
-    total = config.warmup + config.steps
+    total = warmup_steps(config.warmup) + config.steps
+    if config.warmup < warmup_steps(config.warmup):
+        state.notes.append(WARMUP_RAISED_NOTE)
     batches = make_batches(loaded.config, loaded.task, config.batch_size, config.seq_len,
                            min(BATCH_POOL, total * config.grad_accum), config.seed, device)
     state.distinct_batches = len(batches)
@@ -510,7 +518,7 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
     else. A failure here costs only the kernel table, never the trial."""
     config, rec = state.config, state.rec
     device = state.device_info.torch_device
-    i = config.warmup + config.steps
+    i = warmup_steps(config.warmup) + config.steps
     trace = snapshot = None
     if config.trace_dir:
         os.makedirs(config.trace_dir, exist_ok=True)
@@ -661,13 +669,14 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
     readback = ScalarReadback(device, width=4)  # loss, grad norm, scale before, scale after
     energy = _EnergyWindow(state)
     pending: deque = deque()
+    warmup = warmup_steps(config.warmup)  # never a first step in a median
     try:
-        for i in range(config.warmup + config.steps):
+        for i in range(warmup + config.steps):
             if cancelled():
                 return True
-            if i == 0 and config.warmup:
+            if i == 0:
                 state.phase(emit, "warm-up")
-            if i == config.warmup:  # GPM's and the energy counter's window: measured steps
+            if i == warmup:  # GPM's and the energy counter's window: measured steps
                 _drain(state.device_info)  # the warm-up's queued kernels stay outside it
                 state.phase(emit, "measuring")
                 gpm.start()
@@ -678,9 +687,9 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
                 config, rec, device, model, params, optimizer, scaler, batches, i)
             mark = timer.stop()
             scalars = readback.push([loss_sum, grad_norm, scale_before, scale_after])
-            allocated, reserved = alloc.sample(measured=i >= config.warmup)
-            pending.append((i, i < config.warmup, mark, scalars, allocated, reserved))
-            energy.count(i >= config.warmup)
+            allocated, reserved = alloc.sample(measured=i >= warmup)
+            pending.append((i, i < warmup, mark, scalars, allocated, reserved))
+            energy.count(i >= warmup)
             while len(pending) > 1:
                 _emit_step(state, emit, timer, readback, pending.popleft())
         _drain(state.device_info)  # the last measured step's kernels stay inside the window

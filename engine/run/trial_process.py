@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from engine.core.events import TrialFinished, TrialResult
 from engine.core.quiet import quiet_libraries
-from engine.run.child import StderrFile, become_child, sigint_blocked
+from engine.run.child import StderrFile, become_child, exit_child, sigint_blocked
 
 # the current trial's phase that starts the next trial's process: its measured steps are
 # over, and what is left (the memory and profiled steps, teardown) is untimed. On the CPU the
@@ -74,7 +74,7 @@ def _worker_main(model: str, trust_remote_code: bool, out, inbox, cancel, parent
     out.put(ChildReady(entry_s, time.time(), torch.cuda.is_initialized()))
     task = inbox.get()  # the barrier: the device is free when this arrives
     if task is None:  # the run ended before this process was needed
-        os._exit(0)
+        exit_child(0)
     try:
         from engine.core.config import RunConfig
         from engine.run.trial import run_trial
@@ -89,7 +89,7 @@ def _worker_main(model: str, trust_remote_code: bool, out, inbox, cancel, parent
     # interpreter exit) can take the process down
     out.close()
     out.join_thread()
-    os._exit(0)
+    exit_child(0)
 
 
 class TrialProcess:

@@ -61,3 +61,11 @@ def test_pip_install_lands_packages_resources_and_console_script(tmp_path):
     expected = subprocess.run([sys.executable, str(ROOT / "main.py"), "presets", "--json"],
                               capture_output=True, text=True, check=True)
     assert names == [p["name"] for p in json.loads(expected.stdout)] and "tiny" in names
+    # the memory model's calibration is found inside the installed package too (it once
+    # read the checkout's resources/ path: every trial of an installed AmpScope failed)
+    calibrated = subprocess.run(
+        [sys.executable, "-c", "import engine.models.memory_model as m;"
+         "print(m.CALIBRATION); print(len(m.calibration()))"],
+        cwd=work, env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert Path(calibrated[0]) == site / "ampscope" / "resources" / "activation_calibration.json"
+    assert int(calibrated[1]) > 0

@@ -131,3 +131,32 @@ def test_step_times_read_in_units():
 
     assert [duration_text(v) for v in (0.123, 7.5, 107.4, 1834.0, 125_000.0, None)] == [
         "0.12 ms", "7.5 ms", "107 ms", "1.83 s", "2 min 5 s", "n/a"]
+
+
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+@pytest.mark.parametrize("precision", ["nf4", "int8"])
+def test_cli_predicted_categories_and_formula_terms_add_up(tmp_path, family, precision):
+    """A recipe the plan predicts (bitsandbytes': not traced): its categories add up to its
+    peak, and each phase of the formula's text is the sum of the terms it lists, the
+    largest being the peak."""
+    import re
+
+    run = _cli("--model", _model(tmp_path, family), "--precision", precision, "--batch-size",
+               "2", "--seq-len", "32", "--card", "RTX 4090", "--max-batch", "0",
+               "--no-history", "--no-levers", "--json", "--quiet")
+    assert run.returncode == 0, run.stderr
+    memory = json.loads(run.stdout)["trials"][0]["memory"]
+    cats = ("params_bytes", "buffers_bytes", "quant_state_bytes", "grads_bytes",
+            "optimizer_bytes", "inputs_bytes", "weight_copies_bytes", "activations_bytes",
+            "temporaries_bytes")
+    assert sum(memory[c] for c in cats) == memory["total_bytes"]
+    phases = {}
+    for line in memory["notes"].splitlines():
+        found = re.fullmatch(r"([a-z ]+) = (.+) = ([\d,]+) B", line)
+        if found:
+            terms = [int(b.replace(",", "")) for b in re.findall(r" ([\d,]+) B", found[2])]
+            phases[found[1]] = int(found[3].replace(",", ""))
+            assert sum(terms) == phases[found[1]], line
+    assert {"backward start", "optimiser step"} <= set(phases)
+    assert max(phases.values()) == memory["total_bytes"]
+    assert memory["peak_phase"] == max(phases, key=phases.get)

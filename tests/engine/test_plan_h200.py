@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.test_h200_reports import unpack
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((ROOT / "tests" / "data" / "h200_plan" / "h200_trials.json")
                   .read_text(encoding="utf-8"))
@@ -112,3 +114,30 @@ def test_cli_compile_flag_uses_the_fused_traffic():
     assert card["memory_ms"] == pytest.approx(
         trial["bytes_moved_fused"] / (_h200()["memory_bandwidth_tbps"] * 1e12) * 1e3)
     assert "fused" in card["prediction_model"]
+
+
+def test_cli_shows_measured_over_predicted_beside_a_trial_of_the_same_card(tmp_path):
+    """The H200's own GPT-2 fp32 report at 2 x 128 named with --measured: the H200's line
+    shows its median step over the roofline (at least 1: a lower bound), the RTX 4090's
+    (another card) none; the traced peak equals the card's within 2%."""
+    report = unpack("06-gpt2-fp32.json", tmp_path)  # the real report, gzipped in tests/data
+    real = json.loads(report.read_text(encoding="utf-8"))["trials"][0]
+    out = tmp_path / "plan.json"
+    run = subprocess.run([sys.executable, "main.py", "plan", "--model", "gpt2", "--precision",
+                          "fp32", "--batch-size", "2", "--seq-len", "128", "--card",
+                          "H200,RTX 4090", "--max-batch", "0", "--no-history", "--no-levers",
+                          "--quiet", "--measured", str(report), "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    trial = json.loads(out.read_text(encoding="utf-8"))["trials"][0]
+    h200, rtx = trial["cards"]
+    ratio = real["summary"]["median_step_ms"] / h200["predicted_step_ms"]
+    assert ratio >= 1
+    lines = run.stdout.splitlines()
+    h200_line = next(x for x in lines if x.startswith("  NVIDIA H200 SXM:"))
+    assert h200_line.endswith(f"; measured / predicted {ratio:.2f}")
+    assert "measured / predicted" not in next(x for x in lines
+                                              if x.startswith("  NVIDIA GeForce RTX 4090:"))
+    assert trial["measured"]["step_ms"] == real["summary"]["median_step_ms"]
+    measured = real["memory"]["total_bytes"]
+    assert abs(trial["memory"]["total_bytes"] - measured) <= 0.02 * measured

@@ -110,3 +110,24 @@ def test_a_cpu_trial_compares_its_profiled_step_with_its_measured_median():
     assert ps.profiled_step_ms == ps.step_ms  # a CPU run's shares stay the profiled step's
     off = abs(ps.step_ms - ps.measured_step_ms) / ps.measured_step_ms
     assert (ps.basis_note is not None) == (off > 0.10)
+
+
+def test_the_html_report_shows_the_shares_of_the_measured_step(trace, tmp_path):
+    """The real run's report with its trial's profiled step read from its real trace."""
+    import dataclasses
+
+    from engine.record.json_report import read_json
+    from engine.report.html import render_html
+
+    report = tmp_path / "trace-run.json"
+    report.write_bytes(gzip.decompress((TRACE.parents[1] / "reports" /
+                                        "trace-run.json.gz").read_bytes()))
+    record = read_json(report)
+    trial = record.trial("bf16-amp")
+    median = trial.summary.median_step_ms
+    assert median == pytest.approx(MEDIAN_MS, abs=0.005)
+    ps = against_measured(analyse_trace_file(str(trace), "cuda"), median)
+    record.trials[record.trials.index(trial)] = dataclasses.replace(trial, profiled_step=ps)
+    page = render_html(record)
+    assert "profiled vs measured step" in page and "16.33 ms" in page
+    assert f"{100 * ps.idle_gap_share:.1f}%" in page

@@ -61,9 +61,10 @@ def test_fp32_trial_measures_every_category_exactly():
 def test_loss_scale_halves_on_overflow_and_records_the_skip():
     # 2**100 times the loss overflows fp16 activation gradients on the first backward
     result = _run("fp16-amp", init_scale=2.0**100, steps=2, warmup=0)
-    first, second = result.steps
-    assert first.skipped and first.loss_scale == 2.0**99
-    assert second.skipped and second.loss_scale == 2.0**98
+    warm, first, second = result.steps  # --warmup 0 still warms up one step
+    assert warm.warmup and warm.skipped and warm.loss_scale == 2.0**99
+    assert first.skipped and first.loss_scale == 2.0**98
+    assert second.skipped and second.loss_scale == 2.0**97
     assert result.summary.skipped_steps == 2
     # a skipped step's gradients held inf/NaN: its norm is null, not a number (schema)
     assert first.grad_norm is None and second.grad_norm is None
@@ -71,7 +72,8 @@ def test_loss_scale_halves_on_overflow_and_records_the_skip():
 
 def test_loss_scale_grows_after_growth_interval():
     result = _run("fp16-amp", init_scale=1024.0, growth_interval=2, steps=4, warmup=0)
-    assert [s.loss_scale for s in result.steps] == [1024.0, 2048.0, 2048.0, 4096.0]
+    # the first is the warm-up step --warmup 0 still runs
+    assert [s.loss_scale for s in result.steps] == [1024.0, 2048.0, 2048.0, 4096.0, 4096.0]
     assert not any(s.skipped for s in result.steps)
     assert all(s.grad_norm is not None and s.grad_norm > 0 for s in result.steps)
 

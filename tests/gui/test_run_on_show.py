@@ -12,9 +12,16 @@ import pytest
 from PySide6.QtWidgets import QFileDialog
 
 from gui.main_window import MainWindow
+from tests.engine.test_h200_reports import unpack
 from tests.gui.clicks import click_tab, menu_action
 
-H200 = Path(__file__).parent.parent / "data" / "h200-2026-11-27" / "reports" / "06-gpt2-fp32.json"
+# the H200's six-precision gpt2 run: every GPU chart, several trials, NVML's NaN GPM polls
+SIX = "01-gpt2-fp32_tf32_fp16-amp_bf16-amp_fp16_bf16.json"
+
+
+@pytest.fixture
+def h200(tmp_path) -> Path:
+    return unpack(SIX, tmp_path)
 
 
 @pytest.fixture
@@ -53,16 +60,17 @@ def _fits(label) -> None:
 
 
 def test_a_server_report_names_its_device_and_the_form_says_it_is_not_that_run(
-        qtbot, monkeypatch, window):
+        qtbot, monkeypatch, window, h200):
     here = window.config_panel.device_info
-    record = _open(qtbot, monkeypatch, window, H200)
-    facts = ("NVIDIA H200", "CUDA 13.0", "gpt2", "batch 2 × 128 tokens", "fp32", "torch 2.11.0",
+    record = _open(qtbot, monkeypatch, window, h200)
+    facts = ("NVIDIA H200", "CUDA 13.0", "gpt2", "batch 8 × 1024 tokens", "torch 2.11.0",
              "transformers 5.17.0")
     click_tab(window.tabs, "Compare")
     qtbot.wait(50)
     top = window.compare_view.run_label
     assert top.text().startswith(f"Run {record.run_id} on NVIDIA H200")
     assert all(fact in top.text() for fact in facts), top.text()
+    assert "fp32, tf32, fp16-amp, bf16-amp, fp16, bf16" in top.text()
     _fits(top)
     # above the verdict: the first thing on the tab
     assert top.geometry().bottom() < window.compare_view.verdict_label.geometry().top()
@@ -83,9 +91,9 @@ def test_a_server_report_names_its_device_and_the_form_says_it_is_not_that_run(
 
 
 @pytest.mark.parametrize("size", [(1366, 768), (1600, 1000)])
-def test_every_chart_of_a_gpu_report_fits_the_window(qtbot, monkeypatch, window, size):
+def test_every_chart_of_a_gpu_report_fits_the_window(qtbot, monkeypatch, window, size, h200):
     window.resize(*size)
-    _open(qtbot, monkeypatch, window, H200)
+    _open(qtbot, monkeypatch, window, h200)
     click_tab(window.tabs, "Run")
     qtbot.wait(100)
     charts = window.charts
@@ -108,10 +116,13 @@ def test_every_chart_of_a_gpu_report_fits_the_window(qtbot, monkeypatch, window,
             key, text, title.size())
     legend = charts.legend.sceneBoundingRect()
     assert legend.right() <= width + 1
+    # six trials' names would overprint on the monitor charts: their lines' colours say it
+    lines = [line for _plot, line in charts._trial_lines]
+    assert len(lines) >= 6 and all(getattr(line, "label", None) is None for line in lines)
 
 
-def test_the_memory_legend_on_compare_stays_off_its_bars(qtbot, monkeypatch, window):
-    _open(qtbot, monkeypatch, window, H200)
+def test_the_memory_legend_on_compare_stays_off_its_bars(qtbot, monkeypatch, window, h200):
+    _open(qtbot, monkeypatch, window, h200)
     click_tab(window.tabs, "Compare")
     qtbot.wait(100)
     view = window.compare_view
@@ -131,7 +142,7 @@ def test_before_any_run_a_cpu_machine_shows_no_gpu_charts(window):
 
 
 def test_a_refused_report_says_why_whole(qtbot, monkeypatch, window, tmp_path):
-    data = json.loads(H200.read_text(encoding="utf-8"))
+    data = json.loads(unpack("06-gpt2-fp32.json", tmp_path).read_text(encoding="utf-8"))
     data["trials"][0]["steps"][0]["step_ms"] = 1e308  # no step takes that long
     broken = tmp_path / "a-report-from-the-server-with-a-long-name.json"
     broken.write_text(json.dumps(data), encoding="utf-8")

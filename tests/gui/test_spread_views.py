@@ -54,7 +54,9 @@ def test_interleave_checkbox_sets_the_runs_rounds(qtbot):
         _menu_action(win, "Run", "Run").trigger()
     record = blocker.args[0]
     for trial in record.trials:
-        assert [s.round for s in trial.steps] == [0] * 5 + [1] * 5
+        # each round warms up one step: --warmup 0 still runs one (engine.core.config)
+        assert [s.round for s in trial.steps] == [0] * 6 + [1] * 6
+        assert [s.warmup for s in trial.steps].count(True) == 2
     assert win.run_progress.value() == win.run_progress.maximum()
     speed = win.compare_view.speed_note.text()
     assert speed.startswith("Speed: ")
