@@ -10,7 +10,7 @@ from gui.trial_table import TrialTable
 from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form
 
 RUN = RunConfig(model="tiny", precisions=("fp32", "bf16-amp"), batch_size=1, seq_len=16,
-                steps=2, warmup=1, device="cpu", isolation="process")
+                steps=1, warmup=1, device="cpu", isolation="process")
 
 
 def test_the_time_column_and_its_tooltip_show_each_trials_phases(qtbot):
@@ -18,6 +18,7 @@ def test_the_time_column_and_its_tooltip_show_each_trials_phases(qtbot):
     qtbot.addWidget(window)
     window.show()
     fill_form(window, RUN)
+    click(window.config_panel.profile_step)  # the profiled steps off: a shorter run
     with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS) as blocker:
         click(window.run_button)
     record = blocker.args[0]
