@@ -1,9 +1,11 @@
-"""Engine overhead: AmpScope's measured tokens/s against a bare training loop.
+"""Engine overhead: AmpScope's median step time against a bare training loop's.
 
 Same model, precision, optimizer and batches; the bare loop is the few lines a user
 would write (autocast, GradScaler, step, zero_grad) timed with CUDA events or
-perf_counter and nothing else. Rounds alternate bare / engine so drift on a busy
-machine hits both. Prints the ratio measured in this one run; goal: overhead <= 2%.
+perf_counter and nothing else. Every round runs each side in a fresh process (state one
+leaves, such as a trial's untimed tail, never reaches the other), the order alternating,
+and the figure is the paired ratio engine/bare of the rounds' median step times with its
+95% interval (benchmarks/paired.py). Goal: <= 1.01 on a GPU, <= 1.02 on the CPU.
 
     python benchmarks/overhead.py                       # tiny on CPU, or gpt2 on a GPU
     python benchmarks/overhead.py --model gpt2 --precision bf16-amp --batch-size 8
@@ -12,14 +14,17 @@ machine hits both. Prints the ratio measured in this one run; goal: overhead <= 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from paired import load_line, report, rounds  # noqa: E402
 
 from engine.core.config import RunConfig  # noqa: E402
 from engine.core.quiet import quiet_libraries  # noqa: E402
@@ -79,35 +84,43 @@ def engine_loop(config: RunConfig, info) -> float:
 
 def main() -> int:
     quiet_libraries()
-    cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="gpt2" if cuda else "tiny")
-    p.add_argument("--precision", default="bf16-amp" if cuda else "fp32")
+    p.add_argument("--model", default=None, help="default: gpt2 on a GPU, tiny on the CPU")
+    p.add_argument("--precision", default=None, help="default: bf16-amp on a GPU, fp32")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=512 if cuda else 128)
+    p.add_argument("--seq-len", type=int, default=None, help="default: 512 on a GPU, 128")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--device", default="auto")
+    p.add_argument("--worker", choices=("bare", "engine"), help=argparse.SUPPRESS)
     args = p.parse_args()
-    config = RunConfig(model=args.model, precisions=(args.precision,), batch_size=args.batch_size,
-                       seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
-                       device=args.device, isolation="inline")
-    info = probe(config.device)
-    bare, eng = [], []
-    for _ in range(args.rounds):
-        bare.append(bare_loop(config, info.torch_device))
-        eng.append(engine_loop(config, info))
-    tokens = config.tokens_per_step
-    bare_ms, eng_ms = statistics.median(bare), statistics.median(eng)
-    ratio = (tokens / eng_ms) / (tokens / bare_ms)
+    info = probe(args.device)
+    cuda = info.kind == "cuda"
+    model = args.model or ("gpt2" if cuda else "tiny")
+    precision = args.precision or ("bf16-amp" if cuda else "fp32")
+    seq_len = args.seq_len or (512 if cuda else 128)
+    config = RunConfig(model=model, precisions=(precision,), batch_size=args.batch_size,
+                       seq_len=seq_len, steps=args.steps, warmup=args.warmup,
+                       device=args.device, isolation="inline", profile_step=False)
+    if args.worker:  # one side of one round, in this fresh process
+        ms = (bare_loop(config, info.torch_device) if args.worker == "bare"
+              else engine_loop(config, info))
+        print(json.dumps({"ms": ms}))
+        return 0
+    common = ["--model", model, "--precision", precision, "--batch-size", str(args.batch_size),
+              "--seq-len", str(seq_len), "--steps", str(args.steps), "--warmup",
+              str(args.warmup), "--device", args.device]
     print(f"device: {info.describe()}")
-    print(f"model {config.model}, {args.precision}, batch {args.batch_size} x {args.seq_len}, "
-          f"{args.steps} steps after {args.warmup} warm-up, {args.rounds} alternating rounds")
-    print(f"bare loop  median step {bare_ms:9.2f} ms  rounds {[round(x, 2) for x in bare]}")
-    print(f"engine     median step {eng_ms:9.2f} ms  rounds {[round(x, 2) for x in eng]}")
-    print(f"engine tokens/s / bare tokens/s = {ratio:.4f}  (overhead {100 * (1 - ratio):+.2f}%, "
-          "goal <= 2%)")
+    print(f"model {model}, {precision}, batch {args.batch_size} x {seq_len}, {args.steps} "
+          f"steps after {args.warmup} warm-up; A = bare loop, B = engine")
+    pairs = rounds(__file__, [*common, "--worker", "bare"], [*common, "--worker", "engine"],
+                   args.rounds)
+    bare = statistics.median(a for a, _ in pairs)
+    eng = statistics.median(b for _, b in pairs)
+    print(f"median step over the rounds: bare {bare:.2f} ms, engine {eng:.2f} ms")
+    print(report("engine/bare step time", pairs, 1.01 if cuda else 1.02))
+    print(load_line())
     return 0
 
 

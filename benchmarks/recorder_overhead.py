@@ -1,21 +1,22 @@
 """Step-time cost of ampscope.Recorder: a loop with it against the same loop without.
 
-Trains the same GPT-2-shaped model (4 layers, 256 wide, batch 4 x 128 tokens) in
-alternating blocks with and without a Recorder (ABBA, so drift in the machine's
-speed hits both), collects garbage before each block, drops each block's first steps on
-both sides (the Recorder's step 1 counts FLOPs and watches memory), and prints the ratio of
-the median step times, the spread of the ratio over the block pairs, and the load average
-(measure on an idle machine). Goal: <= 1.02. The loop clips gradients at 1.0 as nanoGPT's
-train.py does by default (the Recorder reads clip_grad_norm_'s result); --clip 0 is the
-worst case, a loop that never computes the norm, so the Recorder measures it itself.
+Trains the same GPT-2-shaped model (4 layers, 256 wide, batch 4 x 128 tokens) with and
+without a Recorder, each side of each round in a fresh process (benchmarks/paired.py: the
+order alternates, so drift in the machine's speed hits both), drops the first steps on both
+sides (the Recorder's step 1 counts FLOPs and watches memory), and prints the paired ratio
+with/without of the rounds' median step times with its 95% interval, and the load average
+(measure on an idle machine). Goal: <= 1.02 (<= 1.01 on a GPU). The loop clips gradients
+at 1.0 as nanoGPT's train.py does by default (the Recorder reads clip_grad_norm_'s result);
+--clip 0 is the worst case, a loop that never computes the norm, so the Recorder measures it itself.
 
-    python benchmarks/recorder_overhead.py [--device cuda] [--blocks 12] [--steps 20] [--clip 1.0]
+    python benchmarks/recorder_overhead.py [--device cuda] [--rounds 10] [--steps 20] [--clip 1.0]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import sys
@@ -24,9 +25,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("AMPSCOPE_DATA_DIR", tempfile.mkdtemp(prefix="ampscope-bench-"))
 
 import torch  # noqa: E402
+from paired import load_line, report, rounds  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 import ampscope  # noqa: E402
@@ -73,31 +76,28 @@ def block(model, opt, batch, steps: int, device, recorder: bool, clip: float) ->
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--blocks", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--clip", type=float, default=1.0,
                         help="clip_grad_norm_ at this norm, as nanoGPT (0: no clipping)")
+    parser.add_argument("--worker", choices=("without", "with"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = torch.device(args.device)
-    model, opt, batch = make_run(device)
-    plain, recorded, pairs = [], [], []
-    for i in range(args.blocks):  # ABBA: each order equally often, so drift cancels
-        medians = {}
-        for recorder in ((False, True) if i % 2 == 0 else (True, False)):
-            times = block(model, opt, batch, args.steps, device, recorder, args.clip)
-            (recorded if recorder else plain).extend(times)
-            medians[recorder] = statistics.median(times)
-        pairs.append(medians[True] / medians[False])
-    a, b = statistics.median(plain), statistics.median(recorded)
-    print(f"device {device}, clip {args.clip}, {len(plain)} steps each, median step: without "
-          f"{a * 1e3:.2f} ms, with Recorder {b * 1e3:.2f} ms")
-    print(f"step-time ratio (with / without): {b / a:.3f}  (goal <= 1.02)")
-    low, high = min(pairs), max(pairs)
-    print(f"ratio per block pair: median {statistics.median(pairs):.3f}, "
-          f"range {low:.3f}..{high:.3f} over {len(pairs)} pairs")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    if load is not None:  # other programs' load makes the ratio meaningless: say it
-        print(f"1-minute load average at the end: {load:.2f} on {os.cpu_count()} cores")
+    if args.worker:  # one side of one round, in this fresh process
+        model, opt, batch = make_run(device)
+        times = block(model, opt, batch, args.steps, device, args.worker == "with", args.clip)
+        print(json.dumps({"ms": statistics.median(times) * 1e3}))
+        return
+    common = ["--device", args.device, "--steps", str(args.steps), "--clip", str(args.clip)]
+    print(f"device {device}, clip {args.clip}, {args.steps} steps per side and round "
+          f"({SKIP} dropped); A = without, B = with the Recorder")
+    pairs = rounds(__file__, [*common, "--worker", "without"], [*common, "--worker", "with"],
+                   args.rounds)
+    a = statistics.median(x for x, _ in pairs)
+    b = statistics.median(y for _, y in pairs)
+    print(f"median step over the rounds: without {a:.2f} ms, with Recorder {b:.2f} ms")
+    print(report("step-time ratio with/without", pairs, 1.01 if device.type == "cuda" else 1.02))
+    print(load_line())
 
 
 if __name__ == "__main__":

@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "snapshot (<precision>.memory.pickle, pytorch.org/memory_viz)")
     prof.add_argument("--no-kernel-profile", action="store_true",
                       help="skip the extra profiled step (kernel time by dtype)")
+    prof.add_argument("--no-quant-error", action="store_true",
+                      help="skip the untimed forward that measures each layer's quantisation "
+                           "error (SQNR)")
     prof.add_argument("--measure-peak", action="store_true",
                       help="measure this machine's matmul peak again (MFU's second "
                            "denominator; otherwise measured once per machine and cached)")
@@ -204,6 +207,7 @@ def _profile(args) -> int:
         device=args.device, isolation=args.isolation, seed=args.seed,
         trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
         profile_step=not args.no_kernel_profile, trace_dir=_trace_dir(args),
+        quant_error=not args.no_quant_error,
         **distributed_config(args),
     )
     out = _check_out(args.out) if args.out else None

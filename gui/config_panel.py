@@ -256,6 +256,17 @@ class ConfigPanel(QWidget):
             f"every precision alike. "
             f"Only where {CHEAP_RULE}; each round reloads the model and warms up again."
         )
+        # the optional untimed work after (and before) the measured steps: its cost is per trial
+        self.profile_step = QCheckBox("Kernel profile (one untimed profiled step)")
+        self.profile_step.setChecked(defaults.profile_step)
+        self.profile_step.setToolTip(
+            "One extra step under torch.profiler per precision: time by kernel, dtype and "
+            "category. Off: the run is shorter, the kernel table says n/a.")
+        self.quant_error = QCheckBox("Quantisation error (one untimed SQNR forward)")
+        self.quant_error.setChecked(defaults.quant_error)
+        self.quant_error.setToolTip(
+            "One extra forward per precision that measures each matmul layer's SQNR as the "
+            "recipe rounds it. Off: the run is shorter, the SQNR columns say n/a.")
 
         self.error_label = QLabel()
         self.error_label.setTextFormat(Qt.TextFormat.PlainText)
@@ -292,6 +303,8 @@ class ConfigPanel(QWidget):
         form.addRow("Ranks per node", self.nproc)
         form.addRow("Reduce gradients in", self.reduce_dtype)
         form.addRow(self.interleave)
+        form.addRow(self.profile_step)
+        form.addRow(self.quant_error)
 
         layout = QVBoxLayout(self)
         layout.addWidget(model_box)
@@ -373,6 +386,8 @@ class ConfigPanel(QWidget):
             "strategy": self.strategy.currentText(),
             "nproc_per_node": self.nproc.value(),
             "interleave": "auto" if self.interleave.isChecked() else "off",
+            "profile_step": self.profile_step.isChecked(),
+            "quant_error": self.quant_error.isChecked(),
         }
 
     def config(self) -> RunConfig:
@@ -442,7 +457,9 @@ class ConfigPanel(QWidget):
                 box.setValue(value)
         for key, box in (("grad_checkpointing", self.grad_checkpointing),
                          ("compile", self.compile),
-                         ("trust_remote_code", self.trust_remote_code)):
+                         ("trust_remote_code", self.trust_remote_code),
+                         ("profile_step", self.profile_step),
+                         ("quant_error", self.quant_error)):
             if isinstance(values.get(key), bool):
                 box.setChecked(values[key])
         if values.get("interleave") in ("auto", "on", "off"):

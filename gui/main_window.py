@@ -72,7 +72,8 @@ LOADING = "loading model…"
 
 
 # what the trial table and status bar say in each engine phase (engine.core.events.PHASES)
-PHASE_TEXT = {"loading": LOADING, "warm-up": "warm-up", "measuring": "measuring",
+PHASE_TEXT = {"loading": LOADING, "probes": "counting FLOPs (untimed)", "warm-up": "warm-up",
+              "measuring": "measuring",
               "memory step": "memory step (untimed)", "profiled step": "profiled step (untimed)",
               "between rounds": "between rounds"}
 _EXTRA_STEPS = ("memory step", "profiled step")  # untimed steps after the measured ones

@@ -13,21 +13,41 @@ from PySide6.QtWidgets import QHeaderView, QProgressBar, QTableWidget, QTableWid
 from engine.core.config import warmup_steps
 from engine.core.events import TRIAL_STATUSES, StepSample, TrialResult
 from engine.record.compare import format_cell
+from engine.run.phase_clock import WAITING, on_path_s
 from gui.palette import precision_color
 from gui.plain_text import as_html
 
-HEADERS = ("Precision", "Status", "Progress", "Step time", "Throughput", "Reason")
+HEADERS = ("Precision", "Status", "Progress", "Step time", "Throughput", "Time", "Reason")
+TIME, REASON = HEADERS.index("Time"), HEADERS.index("Reason")
 STATUS_COLORS = {"ok": "#1B7F3B", "running": "#0072B2", "queued": "#777777"}
 BUSY_COLOR = "#0072B2"  # a trial that is loading, warming up, measuring...
 PROBLEM_COLOR = "#C00000"
 
 
+def phase_cell(trial: TrialResult) -> tuple[str, str]:
+    """The Time cell: the trial's seconds on the run's critical path, and a tooltip with each
+    phase's seconds and share, so a slow trial says why."""
+    times = trial.phase_times
+    if not times:
+        return "n/a", ("n/a: no phase times (a distributed trial, a user's own run, or a "
+                       "report from before they were recorded)")
+    total = sum(times.values()) or 1.0
+    lines = [f"{phase}: {seconds:.2f} s ({seconds / total:.0%})"
+             for phase, seconds in times.items()]
+    path = on_path_s(times)
+    lines.append(f"{path:.1f} s on the run's critical path" + (
+        f" (spawn, imports and {WAITING} ran beside the trial before)" if WAITING in times
+        else ""))
+    return f"{path:.1f} s", "\n".join(lines)
+
+
 def trial_units(config: dict, rounds: int = 1) -> int:
     """Progress units of one precision: every step it runs, the untimed ones included
-    (each interleaved round warms up and runs its untimed steps again)."""
-    extras = 1 + (1 if config.get("profile_step", True) else 0)
+    (each interleaved round warms up and watches memory again; the profiled step runs in the
+    first round only)."""
+    profiled = 1 if config.get("profile_step", True) else 0
     warmup = warmup_steps(config.get("warmup", 0))  # "--warmup 0" still warms up one step
-    return max(1, rounds * (warmup + extras) + config.get("steps", 0))
+    return max(1, rounds * (warmup + 1) + profiled + config.get("steps", 0))
 
 
 class TrialTable(QTableWidget):
@@ -66,9 +86,9 @@ class TrialTable(QTableWidget):
         bar.setRange(0, self._steps_per_trial)
         bar.setValue(0)
         self.setCellWidget(row, 2, bar)
-        for col in (1, 3, 4, 5):
+        for col in (1, 3, 4, TIME, REASON):
             self.setItem(row, col, QTableWidgetItem(""))
-        for col in (3, 4):
+        for col in (3, 4, TIME):
             self.item(row, col).setTextAlignment(
                 Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.set_status(precision, "queued")
@@ -83,8 +103,8 @@ class TrialTable(QTableWidget):
             color = PROBLEM_COLOR if status in TRIAL_STATUSES or status == "not run" else BUSY_COLOR
         item.setForeground(QColor(color))
         if reason is not None:
-            self.item(row, 5).setText(reason)
-            self.item(row, 5).setToolTip(as_html(reason))
+            self.item(row, REASON).setText(reason)
+            self.item(row, REASON).setToolTip(as_html(reason))
 
     def add_step(self, s: StepSample) -> None:
         row = self._row(s.precision)
@@ -114,6 +134,9 @@ class TrialTable(QTableWidget):
         if trial.summary is not None:
             self.item(row, 3).setText(format_cell("median_step_ms", trial.summary.median_step_ms))
             self.item(row, 4).setText(format_cell("tokens_per_s", trial.summary.tokens_per_s))
+        text, tip = phase_cell(trial)
+        self.item(row, TIME).setText(text)
+        self.item(row, TIME).setToolTip(tip)
 
     def progress(self, precision: str) -> int:
         return self.cellWidget(self._rows[precision], 2).value()

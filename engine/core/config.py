@@ -177,6 +177,10 @@ class RunConfig:
     interleave: str = "auto"  # ABBA rounds of the precisions; auto: where trials are cheap
     rounds: int = 2
     extra: dict = field(default_factory=dict, compare=False)
+    # the run's seeded fp32 initial weights, which the runner draws once and hands each
+    # trial (engine.models.initial_weights); None: a trial draws its own
+    initial_weights: str | None = None
+    quant_error: bool = True  # the untimed forward that measures each layer's SQNR
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():

@@ -104,10 +104,12 @@ class TrialStarted:
     rounds: int = 1
 
 
-PHASES = ("loading", "warm-up", "measuring", "memory step", "profiled step", "between rounds")
+PHASES = ("loading", "warm-up", "measuring", "memory step", "profiled step", "between rounds",
+          "probes")
 """What a trial is doing: loading its model (a child process starting included), unmeasured
 warm-up steps, measured steps, the untimed step that tracks memory, the extra step under
-torch.profiler, and (interleaved runs) waiting for the other precisions' round."""
+torch.profiler, (interleaved runs) waiting for the other precisions' round, and the untimed
+forward passes before the first step that count FLOPs and measure the quantisation error."""
 
 
 @dataclass(frozen=True)
@@ -707,6 +709,12 @@ class TrialResult:
     # bytes by category across the memory step (its peak is ``memory.total_bytes``); None
     # where no step was watched (older reports, user runs, a stopped trial)
     memory_timeline: MemoryTimeline | None = None
+
+    # where the trial's wall-clock time went (engine.run.phase_clock): phase -> seconds,
+    # rounds summed, and when each phase of its last round began (epoch seconds; "end": the
+    # trial's process was gone); None for user runs, distributed trials and older reports
+    phase_times: dict[str, float] | None = None
+    phase_starts: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from torch import nn
 from engine.core.recipes import MX_BLOCK, MX_MULTIPLE, Recipe, float8_config, mx_training_recipe
 from engine.core.recipes import recipe as get_recipe
 from engine.models.hf import model_class
+from engine.models.initial_weights import holds_weights
 from engine.models.per_layer import kept_high
 from engine.models.presets import did_you_mean, get_preset, presets
 
@@ -246,8 +247,8 @@ def _from_pretrained(ref: str, config, task: str, recipe: Recipe, device: torch.
     return model_class(task).from_pretrained(ref, **kwargs).to(device)
 
 
-def _random_init(config, task: str, dtype: torch.dtype, device: torch.device, seed: int,
-                 trust: bool):
+def random_init(config, task: str, dtype: torch.dtype, device: torch.device, seed: int,
+                trust: bool):
     # drawn on the CPU, then moved: the GPU's generator would give each dtype and device
     # different weights, and "loss vs fp32" needs every recipe to start from the same ones
     with _seeded(seed), torch.device("cpu"):
@@ -457,11 +458,14 @@ def load_model(
     lora_r: int = 8,
     grad_checkpointing: bool = False,
     train: bool = True,
+    initial_weights: str | None = None,
 ) -> LoadedModel:
     """Load ``model`` as the precision's recipe prescribes, on ``device``.
 
     With ``train`` the model is made ready to train (fp8 conversion, LoRA adapters,
     checkpointing); without it, it is just loaded, as the footprint command wants.
+    ``initial_weights``: the run's fp32 initial weights (engine.models.initial_weights),
+    loaded and cast in place of a random init when the source has no weights of its own.
     """
     recipe = precision if isinstance(precision, Recipe) else get_recipe(precision)
     device = torch.device(device)
@@ -469,9 +473,13 @@ def load_model(
     config, task = load_config(source, trust_remote_code)
     if hasattr(config, "use_cache"):  # training keeps no key/value cache, whatever the source
         config.use_cache = False
-    if recipe.quant and not source.has_weights:
+    if not source.has_weights and holds_weights(initial_weights):
+        # the run's seeded fp32 draw, cast to the recipe's dtype (quantised while loading)
+        net = _from_pretrained(initial_weights, config, task, recipe, device, trust_remote_code,
+                               True)
+    elif recipe.quant and not source.has_weights:
         # bitsandbytes quantises while loading a checkpoint: write the random init as one.
-        base = _random_init(config, task, recipe.weight_dtype, torch.device("cpu"), seed,
+        base = random_init(config, task, recipe.weight_dtype, torch.device("cpu"), seed,
                             trust_remote_code)
         with tempfile.TemporaryDirectory(prefix="ampscope-") as tmp:
             base.save_pretrained(tmp)
@@ -482,7 +490,7 @@ def load_model(
         net = _from_pretrained(ref, config, task, recipe, device, trust_remote_code,
                                source.kind == "hub")
     else:
-        net = _random_init(config, task, recipe.weight_dtype, device, seed, trust_remote_code)
+        net = random_init(config, task, recipe.weight_dtype, device, seed, trust_remote_code)
     footprint = int(net.get_memory_footprint())
     note = footprint_note(config, net)
     if not train:

@@ -14,10 +14,12 @@ import dataclasses
 import multiprocessing as mp
 import os
 import queue
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from engine.core.config import BF16_COMPUTE, BF16_EMULATED, RunConfig, recipe_name
 from engine.core.events import (
@@ -37,8 +39,9 @@ from engine.measure.contention import cpu_count, summarise
 from engine.measure.device import DeviceInfo
 from engine.measure.environment import collect
 from engine.measure.monitor import Monitor
+from engine.models import initial_weights
 from engine.models.model_health import preflight
-from engine.record.journal import JournalWriter, journal_path, summary_from_steps
+from engine.record.journal import JournalWriter, journal_path, runs_dir, summary_from_steps
 from engine.record.run_record import RunRecord
 from engine.run.child import (
     StderrFile,
@@ -48,31 +51,21 @@ from engine.run.child import (
     oom_kill_count,
     sigint_blocked,
 )
+from engine.run.phase_clock import (
+    BUILD,
+    IMPORTS,
+    SPAWN,
+    TEARDOWN,
+    WAITING,
+    WEIGHTS_WAIT,
+    PhaseClock,
+    add_times,
+)
 from engine.run.rounds import RoundBook, TrialRound, choose_rounds, schedule
+from engine.run.trial_process import PREFETCH_AT, ChildReady, TrialProcess, TrialTask
 
 TERMINATE_GRACE_S = 5.0  # then killed
 DRAIN_S = 1.0  # events still in the pipe when a child has exited
-
-
-def _child_main(config_dict: dict, precision: str, info: DeviceInfo, out, cancel,
-                parent_pid: int, stderr_path: str, prior_steps: tuple = (),
-                round_index: int = 0) -> None:
-    become_child(parent_pid, stderr_path)
-    quiet_libraries()
-    try:
-        from engine.run.trial import run_trial
-
-        config = RunConfig.from_dict(config_dict)
-        result = run_trial(config, precision, info, out.put, cancel.is_set, prior_steps,
-                           round_index)
-    except BaseException as exc:  # run_trial never raises; this is the last line of defence
-        result = TrialResult(precision, "error", f"{type(exc).__name__}: {exc}")
-    out.put(TrialFinished(result, time.time()))
-    # the result must be in the pipe before anything else (a sticky CUDA error at
-    # interpreter exit) can take the process down
-    out.close()
-    out.join_thread()
-    exit_child(0)
 
 
 def _lab_main(lab_args: dict, out, parent_pid: int, stderr_path: str) -> None:
@@ -107,6 +100,9 @@ class Runner:
         self._aborted = False
         self._grace_s: float | None = None  # None: wait for the step, however long it takes
         self._lock = threading.Lock()
+        self._next: TrialProcess | None = None  # the next trial's process, started early
+        self._weights: Path | None = None  # the run's initial weights (initial_weights)
+        self._more = False  # a trial follows the current one
 
     def cancel(self, grace_s: float | None = None) -> None:
         """Stop after the current step, however long it takes; with ``grace_s`` (SIGTERM),
@@ -176,6 +172,10 @@ class Runner:
             rounds, why = choose_rounds(self.config, info=info)
             self._emit(LogEvent("info", why, None, time.time()))
             plan, book = schedule(self.config, rounds), RoundBook()
+            if self._in_processes and plan:  # it imports while the weights are drawn
+                self._next = TrialProcess(self.config.model, self.config.trust_remote_code)
+            if _draws_pay(plan):
+                self._draw_weights(run_id)
             windows: dict[str, list[tuple[float, float]]] = {}  # precision -> its rounds' spans
             for index, item in enumerate(plan):
                 precision = item.precision
@@ -197,7 +197,11 @@ class Runner:
                     elif self.config.isolation == "inline":
                         result = self._inline(precision, info, item, book)
                     else:
+                        self._more = any(later.precision not in book.done
+                                         for later in plan[index + 1:])
                         result = self._in_child(precision, info, monitor, item, book)
+                    if item.round and precision in book.latest:
+                        result = _with_first_round(result, book.latest[precision])
                     windows.setdefault(precision, []).append((began, time.time()))
                     result = book.finish(item, result)
                     if result is not None:
@@ -208,6 +212,8 @@ class Runner:
                 if result is not None:  # the precision's last round: its combined result
                     self._emit(TrialFinished(result, time.time()))
         finally:
+            self._end_next()
+            initial_weights.remove(self._weights)
             monitor.stop()
         self._emit(RunFinished("cancelled" if self.cancelled else "ok", time.time()))
         if self.journal is not None:
@@ -230,45 +236,124 @@ class Runner:
             self.journal.write_numerics(numerics)
             self.journal.close()
 
+    @property
+    def _in_processes(self) -> bool:
+        return self.config.isolation == "process" and self.config.strategy == "none"
+
+    def _draw_weights(self, run_id: str) -> None:
+        """The run's seeded fp32 initial weights, drawn once for every trial to load."""
+        if self.config.strategy != "none" or not initial_weights.needed(self.config.model):
+            return
+        began = time.time()
+        try:
+            try:
+                runs_dir().mkdir(parents=True, exist_ok=True)
+                folder = Path(tempfile.mkdtemp(prefix=f"{run_id}.weights.", dir=runs_dir()))
+            except OSError:  # no data folder: the system's temporary one
+                folder = Path(tempfile.mkdtemp(prefix=f"ampscope-{run_id}.weights."))
+            self._weights = folder
+            from engine.run.rounds import model_params
+
+            why = initial_weights.too_big(model_params(self.config), folder)
+            if why is not None:
+                initial_weights.remove(folder)
+                self._weights = None
+                self._emit(LogEvent("info", f"each trial draws its own initial weights: {why}",
+                                    None, time.time()))
+                return
+            initial_weights.write(self.config.model, self.config.seed,
+                                  self.config.trust_remote_code, folder)
+        except Exception as exc:  # each trial draws its own, as before, and reports failures
+            initial_weights.remove(self._weights)
+            self._weights = None
+            self._emit(LogEvent("warning", f"the initial weights could not be drawn once for "
+                                f"the run ({type(exc).__name__}: {exc}): each trial draws its "
+                                "own", None, time.time()))
+            return
+        self._emit(LogEvent("info", f"initial weights drawn once in fp32 (seed "
+                            f"{self.config.seed}) in {time.time() - began:.1f} s; every trial "
+                            "loads them and casts them to its dtype", None, time.time()))
+
+    def _trial_config(self, item: TrialRound) -> RunConfig:
+        changes = {}
+        if self._weights is not None:
+            changes["initial_weights"] = str(self._weights)
+        if item.round:  # the SQNR forward and the profiled step ran in the first round
+            changes.update(quant_error=False, profile_step=False)
+        return item.config.replace(**changes) if changes else item.config
+
     def _inline(self, precision: str, info: DeviceInfo, item: TrialRound,
                 book: RoundBook) -> TrialResult:
         from engine.run.trial import run_trial
 
-        return run_trial(item.config, precision, info, self._emit, self._is_cancelled,
-                         book.prior_steps(precision), item.round)
+        clock = PhaseClock()
+        clock.mark(BUILD, time.time())
+
+        def emit(event) -> None:
+            if isinstance(event, PhaseChanged):
+                clock.event(event.phase, event.time_s)
+            self._emit(event)
+
+        result = run_trial(self._trial_config(item), precision, info, emit, self._is_cancelled,
+                           book.prior_steps(precision), item.round)
+        clock.mark(TEARDOWN, time.time())
+        return _with_times(result, clock, time.time())
+
+    def _end_next(self) -> None:
+        if self._next is not None:
+            self._next.release()
+            _end(self._next.process)
+            self._next.stderr.remove()
+            self._next = None
+
+    def _take_process(self) -> TrialProcess:
+        """The process for the trial about to run: the one started before when it is still
+        alive, else a new one."""
+        proc, self._next = self._next, None
+        if proc is not None and proc.alive():
+            return proc
+        if proc is not None:  # it died waiting: a fresh one says why, if it fails too
+            proc.release()
+            _end(proc.process)
+            proc.stderr.remove()
+        return TrialProcess(self.config.model, self.config.trust_remote_code)
 
     def _in_child(self, precision: str, info: DeviceInfo, monitor: Monitor, item: TrialRound,
                   book: RoundBook) -> TrialResult:
-        ctx = mp.get_context("spawn")
-        out, cancel = ctx.Queue(), ctx.Event()
+        proc = self._take_process()
         if self.cancelled:
-            cancel.set()
-        stderr = StderrFile()
-        child = ctx.Process(
-            target=_child_main,
-            args=(item.config.to_dict(), precision, info, out, cancel, os.getpid(), stderr.path,
-                  book.prior_steps(precision), item.round),
-            name=f"ampscope-trial-{precision}",
-            daemon=True,
-        )
+            proc.cancel.set()
+        clock = PhaseClock()
+        clock.mark(SPAWN, proc.spawn_s)
         oom_kills = oom_kill_count()
-        with sigint_blocked():
-            child.start()
-        monitor.watch_pid(child.pid)
+        monitor.watch_pid(proc.pid)
+        # the previous trial's process is gone: the device is this one's
+        proc.hand(TrialTask(self._trial_config(item).to_dict(), precision, info,
+                            book.prior_steps(precision), item.round))
         steps: list[StepSample] = list(book.prior_steps(precision))
         result = None
         try:
-            result = self._follow(child, out, cancel, steps)
+            result = self._follow(proc, steps, clock)
         finally:
-            _end(child)
-            tail = stderr.tail()
-            stderr.remove()
-        if result is not None:
-            return result
-        return self._lost_child(precision, child.exitcode, steps, tail, oom_kills)
+            proc.release()
+            _end(proc.process)
+            tail = proc.stderr.tail()
+            proc.stderr.remove()
+        end_s = time.time()
+        if result is None:
+            result = self._lost_child(precision, proc.process.exitcode, steps, tail, oom_kills)
+        return _with_times(result, clock, end_s)
 
-    def _follow(self, child, out, cancel, steps: list[StepSample]) -> TrialResult | None:
+    def _prestart(self) -> None:
+        """Start the next trial's process now (the current one is in its untimed tail)."""
+        if self._next is None and self._more and not self.cancelled:
+            self._next = TrialProcess(self.config.model, self.config.trust_remote_code)
+            self._next.early = True
+
+    def _follow(self, proc: TrialProcess, steps: list[StepSample],
+                clock: PhaseClock) -> TrialResult | None:
         """Relay the child's events until its result; None when it ended without one."""
+        child, out, cancel = proc.process, proc.out, proc.cancel
         cancel_deadline = None
         drain_until = None
         terminated = False
@@ -297,10 +382,23 @@ class Runner:
                     if time.monotonic() > drain_until:
                         return None
                 continue
+            if isinstance(event, ChildReady):
+                _ready(clock, event, proc)
+                if event.cuda_initialized:
+                    self._emit(LogEvent(
+                        "warning", "the trial process started CUDA before it was handed its "
+                        "trial: its memory figures may include another context", None,
+                        time.time()))
+                continue
             if isinstance(event, TrialFinished):
+                clock.mark(TEARDOWN, event.time_s)
                 return event.result
             if isinstance(event, StepSample):
                 steps.append(event)
+            if isinstance(event, PhaseChanged):
+                clock.event(event.phase, event.time_s)
+                if event.phase == PREFETCH_AT:
+                    self._prestart()
             self._emit(event)
 
     def _lost_child(self, precision: str, exitcode: int | None, steps: list, tail: str,
@@ -329,6 +427,52 @@ class Runner:
         tokens = self.config.tokens_per_step
         return TrialResult(precision, status, reason + stderr_note, steps=steps,
                            summary=summary_from_steps(steps, tokens))
+
+
+def _draws_pay(plan: list[TrialRound]) -> bool:
+    """Whether drawing the weights once pays: several trials share the draw, or the only one
+    would draw its own in half precision (4-5x slower on the CPU than fp32) or save it to
+    quantise while loading; a lone fp32 trial draws its own at the same cost."""
+    import torch
+
+    from engine.core.recipes import recipe
+
+    if len(plan) != 1:
+        return True
+    try:
+        rec = recipe(plan[0].precision)
+    except (KeyError, ValueError):
+        return True
+    return bool(rec.quant) or rec.weight_dtype != torch.float32
+
+
+def _with_first_round(result: TrialResult, earlier: TrialResult) -> TrialResult:
+    """A later round's result with what only the first round measured (the SQNR forward,
+    the profiled step: once per recipe), and the rounds' phase times added up."""
+    return dataclasses.replace(
+        result, quant_error=earlier.quant_error, quant_error_reason=earlier.quant_error_reason,
+        profiled_step=earlier.profiled_step, profiled_step_reason=earlier.profiled_step_reason,
+        phase_times=add_times(earlier.phase_times, result.phase_times))
+
+
+def _ready(clock: PhaseClock, ready: ChildReady, proc: TrialProcess) -> None:
+    """The marks a trial process's start-up gives: its imports, its wait for the device
+    (started beside the trial before) or for the run's initial weights (the first)."""
+    clock.mark(IMPORTS, ready.entry_s)
+    handed = proc.handed_s or ready.ready_s
+    if proc.early:
+        clock.mark(WAITING, ready.ready_s)
+    elif handed > ready.ready_s:
+        clock.mark(WEIGHTS_WAIT, ready.ready_s)
+    clock.mark(BUILD, max(ready.ready_s, handed))
+
+
+def _with_times(result: TrialResult, clock: PhaseClock, end_s: float) -> TrialResult:
+    starts = {}
+    for phase, began in clock.marks:
+        starts.setdefault(phase, began)
+    starts["end"] = end_s
+    return dataclasses.replace(result, phase_times=clock.times(end_s), phase_starts=starts)
 
 
 def _end(child) -> None:

@@ -408,7 +408,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
     torch.manual_seed(config.seed)
 
     loaded = load_model(config.model, rec, device, config.seed, config.trust_remote_code,
-                        config.lora_r, config.grad_checkpointing)
+                        config.lora_r, config.grad_checkpointing,
+                        initial_weights=config.initial_weights)
     model = loaded.model
     state.footprint_bytes, state.footprint_note = loaded.footprint_bytes, loaded.footprint_note
     state.dtype_map = inventory.dtype_map(model)
@@ -447,6 +448,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.compiled = compiles(rec, config.compile, config.warmup, verdict)
     if verdict is not None and verdict.support == "emulated":
         state.notes.append(f"emulated: {verdict.reason}")
+    state.phase(emit, "probes")
     _probe(state, loaded, batches[0])
     _quant_error(state, model, batches[0], device)
     held = held_out.batches(loaded.config, loaded.task, config, device)
@@ -647,6 +649,8 @@ def _probe(state: _State, loaded, batch: dict) -> None:
 def _quant_error(state: _State, model, batch: dict, device: torch.device) -> None:
     """Each matmul layer's SQNR on one uncounted forward; a failure costs only this figure."""
     reason = quant_error.reason_none(state.rec)
+    if reason is None and not state.config.quant_error:
+        reason = "turned off (--no-quant-error)"
     if reason is not None:
         state.quant_error_reason = reason
         return

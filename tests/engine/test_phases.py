@@ -31,7 +31,7 @@ def _phases(events, precision=None, round_=None) -> list[str]:
 
 def test_one_trial_goes_through_its_phases_in_order(data_dir):
     events, runner = _run(RunConfig(**TINY, precisions=("fp32",), steps=3, warmup=2))
-    assert _phases(events) == ["loading", "warm-up", "measuring", "memory step",
+    assert _phases(events) == ["loading", "probes", "warm-up", "measuring", "memory step",
                                "profiled step"]
     kinds = [e.phase if isinstance(e, PhaseChanged) else type(e).__name__ for e in events
              if isinstance(e, PhaseChanged | StepSample | TrialStarted | TrialFinished)]
@@ -55,16 +55,16 @@ def test_warm_up_even_with_warmup_0_and_no_profiled_step_when_off(data_dir):
     events, _ = _run(RunConfig(**TINY, precisions=("fp32",), steps=2, warmup=0,
                                profile_step=False))
     # a trial's first step is never measured (engine.core.config.MIN_WARMUP)
-    assert _phases(events) == ["loading", "warm-up", "measuring", "memory step"]
+    assert _phases(events) == ["loading", "probes", "warm-up", "measuring", "memory step"]
 
 
 def test_interleaved_rounds_say_between_rounds_and_reload(data_dir):
     events, _ = _run(RunConfig(**TINY, precisions=("fp32", "bf16-amp"), steps=4, warmup=1,
                                interleave="on", rounds=2))
-    full = ["loading", "warm-up", "measuring", "memory step", "profiled step"]
+    full = ["loading", "probes", "warm-up", "measuring", "memory step", "profiled step"]
     for p in ("fp32", "bf16-amp"):
         assert _phases(events, p, 0) == [*full, "between rounds"]
-        assert _phases(events, p, 1) == full
+        assert _phases(events, p, 1) == full[:-1]  # the profiled step runs once per recipe
     # mirrored rounds (ABBA): fp32 waits between rounds while bf16-amp runs both of its own
     order = [(e.precision, e.round, e.phase) for e in events if isinstance(e, PhaseChanged)
              and e.phase in ("loading", "between rounds")]

@@ -13,7 +13,8 @@ from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form
 # 10 measured steps make "Interleave precisions" (auto) split them over 2 rounds of 5
 RUN = RunConfig(model="tiny", precisions=("fp32", "bf16"), batch_size=1, seq_len=16,
                 steps=10, warmup=1, device="cpu", isolation="inline")
-SAID = {"loading": "loading model…", "warm-up": "warm-up", "measuring": "measuring",
+SAID = {"loading": "loading model…", "probes": "counting FLOPs (untimed)", "warm-up": "warm-up",
+        "measuring": "measuring",
         "memory step": "memory step (untimed)", "profiled step": "profiled step (untimed)",
         "between rounds": "between rounds"}
 
@@ -50,7 +51,8 @@ def test_each_phase_is_shown_as_it_happens(qtbot):
     assert [t.status for t in record.trials] == ["ok", "ok"]
 
     phases = [e for e, *_ in seen if isinstance(e, PhaseChanged)]
-    assert len(phases) == 2 * (5 + 5 + 1)  # per precision: 2 rounds of 5 phases, 1 wait
+    # per precision: 6 phases, then 5 (the profiled step runs in the first round only), 1 wait
+    assert len(phases) == 2 * (6 + 5 + 1)
     for event, row, _, bar in seen:
         if isinstance(event, TrialStarted):
             expected = f"loading model… (round {event.round + 1}/2)"

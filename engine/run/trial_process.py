@@ -1,0 +1,132 @@
+"""A trial's own process, started before the device is free and held until it is.
+
+Starting a trial process costs seconds (the interpreter, torch, transformers, the model's
+class), all of it on the host. The runner starts the next trial's process while the
+current trial runs its untimed tail (``PREFETCH_AT``); the new process imports and then
+blocks on its inbox, touching neither the device nor a model (no CUDA call, no allocation,
+no build) until the runner hands it its trial, which it does only after the previous
+trial's process is gone. Each trial still runs in a process of its own, with clean memory
+figures; only its start-up leaves the run's critical path.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass
+
+from engine.core.events import TrialFinished, TrialResult
+from engine.core.quiet import quiet_libraries
+from engine.run.child import StderrFile, become_child, exit_child, sigint_blocked
+
+# the current trial's phase that starts the next trial's process: its measured steps are
+# over, and what is left (the memory and profiled steps, teardown) is untimed. On the CPU the
+# profiled step then shares the cores with the imports: its times are for shares anyway.
+PREFETCH_AT = "memory step"
+
+
+@dataclass(frozen=True)
+class ChildReady:
+    """Sent by a trial process once it has imported what a trial needs, before it waits."""
+
+    entry_s: float  # its first line of code ran (epoch seconds)
+    ready_s: float  # its imports were done
+    cuda_initialized: bool  # torch.cuda.is_initialized() at that moment: must be False
+
+
+@dataclass(frozen=True)
+class TrialTask:
+    """What the runner hands a ready process: the trial to run, now that the device is free."""
+
+    config: dict
+    precision: str
+    info: object  # engine.measure.device.DeviceInfo
+    prior_steps: tuple = ()
+    round_index: int = 0
+
+
+def _preload(model: str, trust_remote_code: bool) -> None:
+    """Import what a trial of ``model`` imports, and nothing that touches the device: the
+    engine's trial code (torch, transformers, the profiler) and the model's own class."""
+    import engine.run.trial  # noqa: F401
+    from engine.models.hf import model_class
+    from engine.models.load import load_config, resolve_source
+
+    try:
+        config, task = load_config(resolve_source(model), trust_remote_code)
+        model_class(task)._model_mapping[type(config)]  # imports the family's modelling code
+    except Exception:  # noqa: S110 (a bad model is the trial's error to report, not this)
+        pass
+
+
+def _worker_main(model: str, trust_remote_code: bool, out, inbox, cancel, parent_pid: int,
+                 stderr_path: str) -> None:
+    entry_s = time.time()
+    become_child(parent_pid, stderr_path)
+    quiet_libraries()
+    try:
+        _preload(model, trust_remote_code)
+    except BaseException:  # noqa: S110 (the trial's own imports say what is wrong)
+        pass
+    import torch
+
+    out.put(ChildReady(entry_s, time.time(), torch.cuda.is_initialized()))
+    task = inbox.get()  # the barrier: the device is free when this arrives
+    if task is None:  # the run ended before this process was needed
+        exit_child(0)
+    try:
+        from engine.core.config import RunConfig
+        from engine.run.trial import run_trial
+
+        config = RunConfig.from_dict(task.config)
+        result = run_trial(config, task.precision, task.info, out.put, cancel.is_set,
+                           task.prior_steps, task.round_index)
+    except BaseException as exc:  # run_trial never raises; this is the last line of defence
+        result = TrialResult(task.precision, "error", f"{type(exc).__name__}: {exc}")
+    out.put(TrialFinished(result, time.time()))
+    # the result must be in the pipe before anything else (a sticky CUDA error at
+    # interpreter exit) can take the process down
+    out.close()
+    out.join_thread()
+    exit_child(0)
+
+
+class TrialProcess:
+    """One trial process: started now, handed its trial later (``hand``)."""
+
+    def __init__(self, model: str, trust_remote_code: bool) -> None:
+        ctx = mp.get_context("spawn")
+        self.out, self.inbox, self.cancel = ctx.Queue(), ctx.Queue(), ctx.Event()
+        self.stderr = StderrFile()
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(model, trust_remote_code, self.out, self.inbox, self.cancel, os.getpid(),
+                  self.stderr.path),
+            name="ampscope-trial", daemon=True)
+        self.spawn_s = time.time()
+        with sigint_blocked():
+            self.process.start()
+        self.handed_s: float | None = None
+        self.early = False  # started while another trial held the device
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def hand(self, task: TrialTask) -> None:
+        self.handed_s = time.time()
+        self.inbox.put(task)
+
+    def release(self) -> None:
+        """A process never handed a trial: it exits at once (ended if it does not)."""
+        if self.handed_s is None and self.alive():
+            try:
+                self.inbox.put(None)
+            except (OSError, ValueError):
+                pass
+        self.inbox.close()
+        self.inbox.join_thread()
