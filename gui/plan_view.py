@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
 )
 
 from engine.core.config import STRATEGIES
-from gui.memory_timeline_view import MemoryTimelineView
 from gui.palette import precision_color
 from gui.plain_text import plain_label
 
@@ -173,8 +172,19 @@ class PlanView(QWidget):
         layout.addWidget(self.plan_button)
         layout.addWidget(self.status)
         layout.addWidget(self.table, 1)
-        self.timeline = MemoryTimelineView()  # each recipe's traced step across time
-        layout.addWidget(self.timeline, 2)
+        self._layout = layout
+        self._timeline = None  # each recipe's traced step across time: built on first plan
+
+    @property
+    def timeline(self):
+        """The traced step's chart, built when first asked for: pyqtgraph stays off the
+        window's start-up path (tests/gui/test_startup_path.py)."""
+        if self._timeline is None:
+            from gui.memory_timeline_view import MemoryTimelineView
+
+            self._timeline = MemoryTimelineView()
+            self._layout.addWidget(self._timeline, 2)
+        return self._timeline
 
     def config(self):
         from engine.run.plan import PlanConfig

@@ -15,8 +15,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-WEIGHTS_FILE = "model.safetensors"
-
 
 def needed(model: str) -> bool:
     """Whether ``model`` has no checkpoint of its own, so the run draws one."""
@@ -59,10 +57,6 @@ def write(model: str, seed: int, trust_remote_code: bool, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     net.save_pretrained(folder, safe_serialization=True)
     return folder
-
-
-def holds_weights(folder: str | Path | None) -> bool:
-    return folder is not None and (Path(folder) / WEIGHTS_FILE).is_file()
 
 
 def remove(folder: Path | None) -> None:

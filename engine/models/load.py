@@ -21,7 +21,6 @@ from torch import nn
 from engine.core.recipes import MX_BLOCK, MX_MULTIPLE, Recipe, float8_config, mx_training_recipe
 from engine.core.recipes import recipe as get_recipe
 from engine.models.hf import model_class
-from engine.models.initial_weights import holds_weights
 from engine.models.per_layer import kept_high
 from engine.models.presets import did_you_mean, get_preset, presets
 
@@ -473,7 +472,7 @@ def load_model(
     config, task = load_config(source, trust_remote_code)
     if hasattr(config, "use_cache"):  # training keeps no key/value cache, whatever the source
         config.use_cache = False
-    if not source.has_weights and holds_weights(initial_weights):
+    if not source.has_weights and _holds_weights(initial_weights):
         # the run's seeded fp32 draw, cast to the recipe's dtype (quantised while loading)
         net = _from_pretrained(initial_weights, config, task, recipe, device, trust_remote_code,
                                True)
@@ -553,3 +552,8 @@ def make_batch(loaded: LoadedModel, batch_size: int, seq_len: int, seed: int = 0
                device: torch.device | str = "cpu") -> dict:
     """One synthetic batch for ``loaded`` (see ``make_batches``)."""
     return make_batches(loaded.config, loaded.task, batch_size, seq_len, 1, seed, device)[0]
+
+
+def _holds_weights(folder: str | Path | None) -> bool:
+    """Whether ``folder`` holds the run's initial weights (engine/models/initial_weights.py)."""
+    return folder is not None and (Path(folder) / "model.safetensors").is_file()
