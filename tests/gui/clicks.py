@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QPoint, Qt
+from PySide6.QtCore import QEventLoop, QPoint, Qt, QTimer
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -22,6 +22,15 @@ from PySide6.QtWidgets import (
 from engine.core.config import PRECISIONS, RunConfig
 
 RUN_TIMEOUT_MS = 300_000  # generous: these wait for a real run, they do not time it
+
+
+def pause(ms: int) -> None:
+    """Let the window's events run for ``ms``. ``QTest.qWait`` keeps the GIL while it waits,
+    so a thread of the window's (the device probe importing torch and transformers) ran at a
+    fifth of its speed and a 60 s wait once ran out; an event loop lets threads run."""
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
 
 
 def click(widget: QAbstractButton) -> None:
@@ -107,7 +116,7 @@ def wait_for_device(panel, timeout_ms: int = 60_000) -> None:
     "probing device…" to go away before pressing Run."""
     waited = 0
     while panel.device_pending() and waited < timeout_ms:
-        QTest.qWait(20)
+        pause(20)
         waited += 20
     assert not panel.device_pending(), "the device probe did not answer"
 

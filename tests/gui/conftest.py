@@ -22,9 +22,8 @@ def _private_app_dirs(tmp_path, monkeypatch):
 def _device_probed_when_shown(qapp, monkeypatch):
     """The window probes its device in a thread once it has painted, and Run waits for the
     answer: a test acts, as a person would, once the window says what the device is."""
-    from PySide6.QtTest import QTest
-
     from gui.main_window import MainWindow
+    from tests.gui.clicks import pause
 
     real_show = MainWindow.show
 
@@ -33,7 +32,7 @@ def _device_probed_when_shown(qapp, monkeypatch):
         for _ in range(15_000):  # generous: torch loads in the probe's thread
             if not self.config_panel.device_pending():
                 return
-            QTest.qWait(20)
+            pause(20)
 
     monkeypatch.setattr(MainWindow, "show", show)
     yield

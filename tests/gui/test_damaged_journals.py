@@ -16,7 +16,7 @@ from engine.core.config import RunConfig
 from engine.run.runner import Runner
 from gui.history import HistoryStore
 from gui.main_window import MainWindow
-from tests.gui.clicks import click
+from tests.gui.clicks import click, pause
 
 HEADER = {"e": "journal", "version": 1, "pid": 1}
 # the issue's reproduction first, then the other damaged run lines it lists
@@ -55,7 +55,7 @@ def _item(view, run_id):
 def _double_click(view, run_id) -> None:
     item = _item(view, run_id)
     view.tree.scrollToItem(item)
-    QTest.qWait(50)  # the tab's layout settles before the click lands on the row
+    pause(50)  # the tab's layout settles before the click lands on the row
     assert view.tree.itemAt(view.tree.visualItemRect(item).center()) is item
     pos = view.tree.visualItemRect(item).center()
     # Qt 6's mouseDClick sends the second click alone: a view opens what was pressed first

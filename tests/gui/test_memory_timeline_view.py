@@ -15,7 +15,7 @@ from PySide6.QtTest import QTest
 
 from engine.core.events import MemoryBreakdown, from_dict
 from gui.main_window import MainWindow
-from tests.gui.clicks import click, type_into
+from tests.gui.clicks import click, pause, type_into
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_MS = 300_000
@@ -45,7 +45,7 @@ def _tab(tabs, title: str):
     bar = tabs.tabBar()
     index = next(i for i in range(bar.count()) if bar.tabText(i) == title)
     QTest.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(index).center())
-    QTest.qWait(100)  # the tab's layout settles before a test maps points onto it
+    pause(100)  # the tab's layout settles before a test maps points onto it
     return tabs.currentWidget()
 
 
@@ -75,7 +75,7 @@ def _scroll_into_view(widget) -> None:
         area = area.parentWidget()
     if area is not None:
         area.ensureWidgetVisible(widget, 0, 0)
-        QTest.qWait(50)
+        pause(50)
 
 
 def _hover(qtbot, view, plot: int, x: float, category: str, label: str, trial) -> str:
@@ -198,7 +198,7 @@ def test_plan_tab_draws_the_traced_step_with_the_cards_usable_memory(qtbot):
     type_into(view.max_batch, "0")
     with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
         click(view.plan_button)
-    QTest.qWait(100)  # the chart's layout settles before points are mapped onto it
+    pause(100)  # the chart's layout settles before points are mapped onto it
     chart = view.timeline
     assert chart.charts.height() > 150
     (trial,) = view.last_result.trials
@@ -214,7 +214,7 @@ def test_plan_tab_draws_the_traced_step_with_the_cards_usable_memory(qtbot):
     type_into(view.cards, "NVIDIA A100 PCIe")
     with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
         click(view.plan_button)
-    QTest.qWait(100)
+    pause(100)
     (trial,) = view.last_result.trials
     assert trial.cards[0].usable_bytes is None
     assert not [i for i in chart.plots[0].items if isinstance(i, pg.InfiniteLine)

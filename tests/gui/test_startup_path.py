@@ -5,12 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QMainWindow
 
 from gui.chart_specs import USER_RUN_CHARTS
 from gui.main_window import MainWindow
-from tests.gui.clicks import click_tab
+from tests.gui.clicks import click_tab, pause
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +50,7 @@ def test_a_tab_clicked_before_its_view_is_built_shows_the_view(qtbot):
     QMainWindow.show(window)  # not conftest's show, which runs the event loop
     assert "numerics_view" not in window._built  # nothing painted yet: still a stand-in
     click_tab(window.tabs, "Numerics")
-    QTest.qWait(50)
+    pause(50)
     assert window.tabs.currentWidget() is window.numerics_view
     assert window.numerics_view.isVisible()
     assert window.numerics_view.run_button.isEnabled()
