@@ -11,6 +11,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
 
+from engine.core.quiet import quiet_libraries
 from gui import settings
 
 # Libraries the xcb platform plugin loads from the system, with the Debian/Ubuntu package
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"ampscope: error: {problem}", file=sys.stderr)
         return 2
+    # before any thread of the window imports torchao or torch: their notices are not the
+    # user's business (the CLI does the same, engine/cli.py)
+    quiet_libraries()
     app = QApplication.instance() or QApplication(sys.argv if argv is None else argv)
     app.setOrganizationName(settings.ORGANISATION)
     app.setApplicationName(settings.APPLICATION)
