@@ -194,7 +194,7 @@ def test_watch_reads_an_older_journals_nvml_nan_as_na_and_says_so_once(tmp_path)
     writer = JournalWriter(journal)
     start(writer)
     for i in range(3):  # the old writer's line, as json.dump with NaN allowed wrote it
-        writer._fh.write('{"e":"mon","t":%f,"src":"gpu","db":NaN,"sm":0.0}\n' % time.time())
+        writer._fh.write(f'{{"e":"mon","t":{time.time():f},"src":"gpu","db":NaN,"sm":0.0}}\n')
         writer.write(step(i))
     writer.write(TrialFinished(TrialResult("fp16-amp", "ok"), time.time()))
     writer.write(RunFinished("ok", time.time()))
