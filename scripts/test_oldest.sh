@@ -44,4 +44,4 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
   tests/engine/test_models.py tests/engine/test_memtrack.py tests/engine/test_journal.py \
   tests/engine/test_reports.py tests/engine/test_report_validate.py \
   tests/engine/test_trainer_callback.py tests/engine/test_versions.py \
-  tests/engine/test_quiet_startup.py
+  tests/engine/test_quiet_startup.py tests/engine/test_gating.py
