@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The oldest end of AmpScope's tested range, as CI runs it (.ci/run, after the main suite):
-# Python 3.12 with torch 2.11 and transformers 5.17 (requirements-oldest.txt) in a virtual
+# The oldest end of AmpScope's tested range, run by hand (not in .ci/run: it downloads torch):
+# Python 3.12 (or AMPSCOPE_OLDEST_PYTHON, e.g. a 3.10) with torch 2.11 and transformers 5.17 (requirements-oldest.txt) in a virtual
 # environment of its own. It installs AmpScope beside them as a user would (pip install of
 # the checkout, which must keep their torch and transformers), runs `profile` on the tiny
 # preset from outside the checkout and checks every table is filled, then runs the engine

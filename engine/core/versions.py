@@ -1,11 +1,11 @@
 """The versions AmpScope runs with, against the range it is tested on.
 
 pyproject.toml declares these ranges for people installing AmpScope beside their own
-torch; requirements.txt pins the newest end (what the README installs), and CI also runs
-the engine's tests on the oldest end (scripts/test_oldest.sh). A version outside its range
-is said once, in one line, and the run goes on: features are detected where they are used
-(DESIGN.md 19), so this only tells the user where an n/a or a failure may come from.
-Read through package metadata, so nothing here imports torch.
+torch; requirements.txt pins the newest end (what the README installs), and
+scripts/test_oldest.sh runs the engine's tests on the oldest end (by hand, not in CI). A
+version outside its range is said once, in one line, and the run goes on: features are
+detected where they are used (DESIGN.md 19), so this only tells the user where an n/a or a
+failure may come from. Read through package metadata, so nothing here imports torch.
 """
 
 from __future__ import annotations

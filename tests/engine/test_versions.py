@@ -55,7 +55,7 @@ def test_pyproject_declares_the_ranges_the_start_up_check_tests():
         assert ranges[name] == f">={low},<{'.'.join(upper)}", name
 
 
-def test_the_readme_installs_the_newest_end_and_ci_also_the_oldest():
+def test_the_readme_installs_the_newest_end_and_the_oldest_run_the_oldest():
     newest, oldest = _pins(ROOT / "requirements.txt"), _pins(ROOT / "requirements-oldest.txt")
     for name, (low, high, _) in versions.TESTED.items():
         if name == "python":
