@@ -9,6 +9,7 @@ it had must end.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -29,15 +30,23 @@ def test_sigkill_of_the_window_during_a_trial_leaves_no_child(tmp_path):
                                 stdout=log, stderr=subprocess.STDOUT)
     runs = tmp_path / "data" / "runs"
     deadline = time.monotonic() + 600
-    while True:
-        assert proc.poll() is None, (tmp_path / "window.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "the trial never journaled a step"
-        found = psutil.Process(proc.pid).children(recursive=True)
-        journals = list(runs.glob("*.jsonl"))
-        trial = [p for p in found if "spawn_main" in " ".join(_cmdline(p))]
-        if trial and journals and _journal_steps(journals[0]):
-            break
-        time.sleep(0.2)
+    try:
+        while True:
+            log_tail = (tmp_path / "window.log").read_text()[-3000:]
+            assert proc.poll() is None, log_tail
+            assert time.monotonic() < deadline, f"the trial never journaled a step: {log_tail}"
+            found = psutil.Process(proc.pid).children(recursive=True)
+            journals = list(runs.glob("*.jsonl"))
+            trial = [p for p in found if "spawn_main" in " ".join(_cmdline(p))]
+            if trial and journals and _journal_steps(journals[0]):
+                break
+            time.sleep(0.2)
+    except BaseException:  # a failed wait leaves no window running after the test
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+        proc.kill()
+        raise
     proc.kill()
     proc.wait()
     _assert_none_left(found)
