@@ -1,0 +1,156 @@
+"""engine.run.plan_autocast: CUDA's autocast policy on a CPU trace, checked against the
+installed torch build's own AutocastCUDA kernels (run on fake CUDA tensors, which a CPU
+build can compute dtypes on without autograd), and a plan traced as the card runs it
+against bytes counted by hand."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from engine.run.plan_autocast import FP32, FP32_OUTPUT, LOWER, PROMOTE, CudaAutocast
+from tests.engine.families import FAMILIES
+from tests.engine.families import F as FFN
+
+ROOT = Path(__file__).resolve().parents[2]
+CATEGORIES = ("params_bytes", "buffers_bytes", "grads_bytes", "optimizer_bytes",
+              "inputs_bytes", "weight_copies_bytes", "activations_bytes", "temporaries_bytes",
+              "total_bytes")
+
+
+def test_op_lists_are_the_builds_autocast_cuda_kernels():
+    """Every op the build registers an AutocastCUDA kernel for is in one list, once."""
+    registered = {op.split("::")[1].split(".")[0] for op in torch._C._dispatch_get_all_op_names()
+                  if torch._C._dispatch_has_kernel_for_dispatch_key(op, "AutocastCUDA")}
+    lists = (LOWER, FP32, FP32_OUTPUT, PROMOTE)
+    assert set().union(*lists) == registered
+    assert sum(len(x) for x in lists) == len(registered)  # no op in two lists
+
+
+def _inputs(device: str, dtype: torch.dtype) -> dict:
+    """The calls' arguments, made in place (a view of a fake CUDA tensor needs a device
+    guard the CPU build has not)."""
+    def rand(*shape, dt=dtype):
+        return torch.rand(*shape, device=device, dtype=dt)
+
+    return {"a": rand(4, 8), "b": rand(8, 8), "c": rand(1, 4, 8), "d": rand(1, 8, 8),
+            "v": rand(8), "a32": rand(4, 8, dt=torch.float32),
+            "t": torch.zeros(4, dtype=torch.long, device=device)}
+
+
+# (name, call): each op with floating inputs in the autocast dtype and in fp32
+CALLS = [
+    ("linear", lambda x: F.linear(x["a"], x["b"])),
+    ("matmul", lambda x: x["a"] @ x["b"]),
+    ("bmm", lambda x: torch.bmm(x["c"], x["d"])),
+    ("addmm", lambda x: torch.addmm(x["a"], x["a"], x["b"])),
+    ("baddbmm", lambda x: torch.baddbmm(x["c"], x["c"], x["d"])),
+    ("einsum", lambda x: torch.einsum("ij,jk->ik", x["a"], x["b"])),
+    ("mv", lambda x: torch.mv(x["a"], x["v"])),
+    ("pow", lambda x: torch.pow(x["a"], 3.0)),
+    ("__pow__", lambda x: x["a"] ** 3),
+    ("Tensor.pow", lambda x: x["a"].pow(2)),
+    ("rpow", lambda x: 2.0 ** x["a"]),
+    ("exp", lambda x: x["a"].exp()),
+    ("log1p", lambda x: torch.log1p(x["a"])),
+    ("rsqrt", lambda x: torch.rsqrt(x["a"])),
+    ("tanh", lambda x: torch.tanh(x["a"])),
+    ("gelu", lambda x: F.gelu(x["a"], approximate="tanh")),
+    ("layer_norm", lambda x: F.layer_norm(x["a"], (8,))),
+    ("group_norm", lambda x: F.group_norm(x["a"], 2)),
+    ("softmax", lambda x: F.softmax(x["a"], -1)),
+    ("Tensor.softmax", lambda x: x["a"].softmax(-1)),
+    ("log_softmax", lambda x: F.log_softmax(x["a"], -1)),
+    ("softmax named dtype", lambda x: F.softmax(x["a"], -1, dtype=x["a"].dtype)),
+    ("sum", lambda x: x["a"].sum()),
+    ("cumsum", lambda x: x["a"].cumsum(0)),
+    ("cross_entropy", lambda x: F.cross_entropy(x["a"], x["t"])),
+    ("mse_loss", lambda x: F.mse_loss(x["a"], x["a32"])),
+    ("addcmul mixed", lambda x: torch.addcmul(x["a"], x["a"], x["a32"])),
+    ("add mixed", lambda x: x["a"] + x["a32"]),
+    ("cat mixed", lambda x: torch.cat([x["a"], x["a32"]])),
+]
+
+
+def _cuda_autocast_dtype(call, dtype, lowered: torch.dtype) -> torch.dtype:
+    """The dtype the build's AutocastCUDA kernels give the call (fake CUDA tensors; CUDA
+    autocast switched on below ``torch.autocast``, which refuses without a GPU)."""
+    before = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_dtype("cuda", lowered)
+    torch.set_autocast_enabled("cuda", True)
+    torch.autocast_increment_nesting()
+    try:
+        with FakeTensorMode():
+            return call(_inputs("cuda", dtype)).dtype
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled("cuda", before[0])
+        torch.set_autocast_dtype("cuda", before[1])
+
+
+@pytest.mark.parametrize("lowered", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("dtype", (torch.float32, "lowered"))
+@pytest.mark.parametrize("name,call", CALLS, ids=[c[0] for c in CALLS])
+def test_casts_as_the_builds_cuda_autocast(name, call, dtype, lowered):
+    dtype = lowered if dtype == "lowered" else dtype
+    want = _cuda_autocast_dtype(call, dtype, lowered)
+    x = _inputs("cpu", dtype)
+    with CudaAutocast(), torch.autocast("cpu", dtype=lowered):
+        got = call(x).dtype
+    assert got == want, (name, got, want)
+
+
+def test_outside_autocast_calls_run_as_given():
+    a = torch.rand(4, 8, dtype=torch.bfloat16)
+    with CudaAutocast():
+        assert torch.pow(a, 3.0).dtype == torch.bfloat16
+        assert F.layer_norm(a, (8,)).dtype == torch.bfloat16
+
+
+def _plan(source: str, trace_as: str, out: Path) -> subprocess.CompletedProcess:
+    run = subprocess.run([sys.executable, "main.py", "plan", "--model", source, "--precision",
+                          "fp32,bf16-amp,fp16-amp", "--batch-size", "2", "--seq-len", "32",
+                          "--card", "H200", "--max-batch", "0", "--no-history", "--no-levers",
+                          "--trace-as", trace_as, "--quiet", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    return run
+
+
+def test_cli_gpt2_traced_as_the_card_keeps_gelu_new_in_fp32(tmp_path):
+    """GPT-2's gelu_new, 0.5 x (1 + tanh(c (x + 0.044715 pow(x, 3)))), under CUDA autocast:
+    pow upcasts x, so backward keeps x in fp32 (pow's input), tanh's output and 1 + tanh in
+    fp32, 0.5 x in half and the product's half copy for c_proj: 16 bytes an element of the
+    MLP's width, where CPU autocast keeps all five in half (10 bytes). At the peak (late in
+    backward, every layer's saved tensors still alive at this shape) the card's trace holds
+    6 bytes x batch x tokens x width x layers more activations, and nothing else differs."""
+    FAMILIES["gpt2"]().save_pretrained(tmp_path / "gpt2")
+    source = str(tmp_path / "gpt2")
+    runs, plans = {}, {}
+    for trace_as in ("card", "cpu"):
+        runs[trace_as] = _plan(source, trace_as, tmp_path / f"{trace_as}.json")
+        data = json.loads((tmp_path / f"{trace_as}.json").read_text(encoding="utf-8"))
+        plans[trace_as] = {t["precision"]: t for t in data["trials"]}
+    layers = 2
+    for precision in ("bf16-amp", "fp16-amp"):
+        card, cpu = plans["card"][precision], plans["cpu"][precision]
+        assert "AutocastCUDA" in card["autocast_policy"]
+        assert "AutocastCPU" in cpu["autocast_policy"]
+        assert card["memory"]["peak_phase"] == cpu["memory"]["peak_phase"] == "backward"
+        extra = 6 * 2 * 32 * FFN * layers
+        for name in CATEGORIES:
+            want = cpu["memory"][name] + (extra if name in ("activations_bytes",
+                                                            "total_bytes") else 0)
+            assert card["memory"][name] == want, name
+        line = f"  autocast traced: {card['autocast_policy']}"
+        assert line in runs["card"].stdout.splitlines()
+    # no autocast region: the same trace, no policy named
+    assert plans["card"]["fp32"]["memory"] == plans["cpu"]["fp32"]["memory"]
+    assert plans["card"]["fp32"]["autocast_policy"] is None
+    assert "autocast traced" not in runs["card"].stdout.split("bf16-amp: peak")[0]
