@@ -3,6 +3,7 @@ installed torch build's own AutocastCUDA kernels (run on fake CUDA tensors, whic
 build can compute dtypes on without autograd), and a plan traced as the card runs it
 against bytes counted by hand."""
 
+import html
 import json
 import subprocess
 import sys
@@ -113,11 +114,11 @@ def test_outside_autocast_calls_run_as_given():
         assert F.layer_norm(a, (8,)).dtype == torch.bfloat16
 
 
-def _plan(source: str, trace_as: str, out: Path) -> subprocess.CompletedProcess:
+def _plan(source: str, trace_as: str, *args) -> subprocess.CompletedProcess:
     run = subprocess.run([sys.executable, "main.py", "plan", "--model", source, "--precision",
                           "fp32,bf16-amp,fp16-amp", "--batch-size", "2", "--seq-len", "32",
                           "--card", "H200", "--max-batch", "0", "--no-history", "--no-levers",
-                          "--trace-as", trace_as, "--quiet", "--out", str(out)],
+                          "--trace-as", trace_as, "--quiet", *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr
     return run
@@ -132,25 +133,29 @@ def test_cli_gpt2_traced_as_the_card_keeps_gelu_new_in_fp32(tmp_path):
     6 bytes x batch x tokens x width x layers more activations, and nothing else differs."""
     FAMILIES["gpt2"]().save_pretrained(tmp_path / "gpt2")
     source = str(tmp_path / "gpt2")
-    runs, plans = {}, {}
-    for trace_as in ("card", "cpu"):
-        runs[trace_as] = _plan(source, trace_as, tmp_path / f"{trace_as}.json")
-        data = json.loads((tmp_path / f"{trace_as}.json").read_text(encoding="utf-8"))
-        plans[trace_as] = {t["precision"]: t for t in data["trials"]}
+    # the card's: JSON on stdout and the HTML report; the CPU's: the text and a JSON report
+    card = _plan(source, "card", "--json", "--out", str(tmp_path / "card.html"))
+    text = _plan(source, "cpu", "--out", str(tmp_path / "cpu.json")).stdout.splitlines()
+    page = (tmp_path / "card.html").read_text(encoding="utf-8")
+    plans = {trace_as: {t["precision"]: t for t in json.loads(data)["trials"]}
+             for trace_as, data in (("card", card.stdout),
+                                    ("cpu", (tmp_path / "cpu.json").read_text("utf-8")))}
     layers = 2
     for precision in ("bf16-amp", "fp16-amp"):
-        card, cpu = plans["card"][precision], plans["cpu"][precision]
-        assert "AutocastCUDA" in card["autocast_policy"]
+        card_trial, cpu = plans["card"][precision], plans["cpu"][precision]
+        assert "AutocastCUDA" in card_trial["autocast_policy"]
         assert "AutocastCPU" in cpu["autocast_policy"]
-        assert card["memory"]["peak_phase"] == cpu["memory"]["peak_phase"] == "backward"
+        assert card_trial["memory"]["peak_phase"] == cpu["memory"]["peak_phase"] == "backward"
         extra = 6 * 2 * 32 * FFN * layers
         for name in CATEGORIES:
             want = cpu["memory"][name] + (extra if name in ("activations_bytes",
                                                             "total_bytes") else 0)
-            assert card["memory"][name] == want, name
-        line = f"  autocast traced: {card['autocast_policy']}"
-        assert line in runs["card"].stdout.splitlines()
+            assert card_trial["memory"][name] == want, name
+        assert f"autocast traced: {html.escape(card_trial['autocast_policy'])}" in page
+        assert text[text.index(next(x for x in text if x.startswith(f"{precision}: peak")))
+                    + 1] == f"  autocast traced: {cpu['autocast_policy']}"
     # no autocast region: the same trace, no policy named
     assert plans["card"]["fp32"]["memory"] == plans["cpu"]["fp32"]["memory"]
     assert plans["card"]["fp32"]["autocast_policy"] is None
-    assert "autocast traced" not in runs["card"].stdout.split("bf16-amp: peak")[0]
+    assert page.count("autocast traced:") == 2
+    assert sum(x.startswith("  autocast traced:") for x in text) == 2
