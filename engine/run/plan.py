@@ -341,7 +341,7 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
 
     from engine.core.recipes import autocast_for, fp32_precision, recipe
     from engine.models.load import load_model, make_batches
-    from engine.run.plan_autocast import CudaAutocast
+    from engine.run.plan_autocast import CudaAttention, CudaAutocast
     from engine.run.trial import BATCH_POOL, adam_eps, make_scaler, tracked_step
 
     name, optim, reduce = split_label(precision)
@@ -371,9 +371,11 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     # one batch per micro-batch, as a trial cycles through its pool of distinct batches
     real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len,
                         min(BATCH_POOL, config.grad_accum), run.seed, device)
-    # the card's autocast casts, on top of the CPU's autocast region (it acts only there)
+    # the card's autocast casts, on top of the CPU's autocast region (it acts only there),
+    # and its attention kernels
     cuda = CudaAutocast() if traced_policy(config, step_rec) == POLICY else nullcontext()
-    with fp32_precision(rec), mode, _unpacked_rows(), cuda:
+    attention = CudaAttention() if config.trace_as == "card" else nullcontext()
+    with fp32_precision(rec), mode, _unpacked_rows(), cuda, attention:
         batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
 
         # a warm-up step, its forward and backward counted as a trial's probe counts them
@@ -580,8 +582,9 @@ def _plan(config: PlanConfig, log) -> PlanResult:
                 policy = _step_policy(config, precision)
                 memory = MemoryBreakdown(
                     **breakdown_fields(measured, TRACE_METHOD),
-                    notes=f"traced on the CPU device; autocast: {policy or 'none'}; CUDA's "
-                          "allocator rounding and kernels' scratch are not in this figure")
+                    notes=f"traced on the CPU device; autocast: {policy or 'none'}; "
+                          f"{_attention_note(config)}CUDA's allocator rounding and kernels' "
+                          "scratch are not in this figure")
                 if base_precision(precision) in FSDP2_ONLY:
                     memory = dataclasses.replace(memory, notes=f"{memory.notes}; {_PRECOMPUTE}")
                 if config.strategy == "ddp":
@@ -628,6 +631,12 @@ def _plan(config: PlanConfig, log) -> PlanResult:
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum, strategy=config.strategy,
                       nproc_per_node=config.nproc_per_node)
+
+
+def _attention_note(config: PlanConfig) -> str:
+    from engine.run.plan_autocast import ATTENTION
+
+    return f"attention: {ATTENTION}; " if config.trace_as == "card" else ""
 
 
 def _step_policy(config: PlanConfig, precision: str) -> str | None:

@@ -130,3 +130,27 @@ class CudaAutocast(TorchFunctionMode):
             with torch.autocast("cpu", enabled=False):
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+ATTENTION = ("SDPA as a CUDA card runs it: a fused kernel (flash or memory-efficient) that "
+             "keeps the output and its log-sum-exp for backward, with attention dropout too")
+
+
+class CudaAttention(TorchFunctionMode):
+    """SDPA with dropout as CUDA's fused kernels run it.
+
+    CUDA's flash and memory-efficient kernels apply attention dropout inside the kernel
+    (backward replays it from the RNG seed and offset), so what they keep for backward does
+    not depend on ``dropout_p``. The CPU's fused kernel takes no dropout: with it, SDPA on
+    the CPU falls back to its math path, which keeps the attention matrix and the dropout
+    mask (batch x heads x tokens^2 each). The trace therefore runs SDPA without dropout,
+    which takes the CPU's fused kernel and keeps what the card's keeps (less the seed and
+    offset, two scalars)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            if len(args) > 4:  # query, key, value, attn_mask, dropout_p
+                args = (*args[:4], 0.0, *args[5:])
+            kwargs = {**kwargs, "dropout_p": 0.0} if "dropout_p" in kwargs else kwargs
+        return func(*args, **kwargs)

@@ -159,3 +159,32 @@ def test_cli_gpt2_traced_as_the_card_keeps_gelu_new_in_fp32(tmp_path):
     assert plans["card"]["fp32"]["autocast_policy"] is None
     assert page.count("autocast traced:") == 2
     assert sum(x.startswith("  autocast traced:") for x in text) == 2
+
+
+def test_attention_dropout_is_traced_as_the_cards_fused_kernel(tmp_path):
+    """A GPT-2 with attention dropout: CUDA's flash / memory-efficient kernels keep the
+    same tensors for backward with or without dropout (they replay it from the RNG state),
+    so traced as the card runs it, the step equals the step without dropout; traced as the
+    CPU runs it (SDPA's math path: no fused CPU kernel takes dropout), it keeps at least
+    the attention probabilities (half), the dropout mask (bool) and the dropped
+    probabilities (half) more, batch x heads x tokens^2 each, for every layer."""
+    from engine.run.plan import PlanConfig, plan
+
+    batch, seq, layers, heads = 2, 32, 2, 6
+    for pdrop in (0.0, 0.1):
+        config = FAMILIES["gpt2"]()
+        config.attn_pdrop = pdrop
+        config.save_pretrained(tmp_path / str(pdrop))
+    traced = {}
+    for pdrop in (0.0, 0.1):
+        for trace_as in ("card", "cpu"):
+            config = PlanConfig(model=str(tmp_path / str(pdrop)), precisions=("bf16-amp",),
+                                batch_size=batch, seq_len=seq, max_batch=0, cards=("H200",),
+                                history=False, levers=False, trace_as=trace_as)
+            traced[pdrop, trace_as] = plan(config).trials[0].memory
+    for name in CATEGORIES:
+        assert getattr(traced[0.1, "card"], name) == getattr(traced[0.0, "card"], name), name
+    assert "fused kernel" in traced[0.1, "card"].notes
+    matrix = batch * heads * seq * seq * layers
+    assert (traced[0.1, "cpu"].activations_bytes - traced[0.0, "cpu"].activations_bytes
+            >= matrix * (2 + 1 + 2))
