@@ -60,6 +60,11 @@ def _cell(text: str, tooltip: str = "", number: float | None = None) -> QTableWi
     return item
 
 
+def _rate(pct: float | None) -> str:
+    """A GPM rate in percent; n/a where NVML gave none (its NaN, read as None)."""
+    return "n/a" if pct is None else f"{pct:.1f}%"
+
+
 def summary_cells(trial: TrialResult) -> list[tuple[str, str]]:
     """(text, tooltip) per summary column after the precision."""
     ps = trial.profiled_step
@@ -70,8 +75,8 @@ def summary_cells(trial: TrialResult) -> list[tuple[str, str]]:
         gpm = ("n/a", g.reason)
     else:
         gpm = (_pct(g.tensor_any_util_pct / 100 if g.tensor_any_util_pct is not None else None),
-               f"NVML GPM over {g.window}: HMMA {g.tensor_hmma_util_pct}%, "
-               f"SM active {g.sm_util_pct}%, DRAM bandwidth {g.dram_bw_util_pct}%"
+               f"NVML GPM over {g.window}: HMMA {_rate(g.tensor_hmma_util_pct)}, "
+               f"SM active {_rate(g.sm_util_pct)}, DRAM bandwidth {_rate(g.dram_bw_util_pct)}"
                + (f"; {g.na_reason}" if g.na_reason else ""))
     if ps is None:
         why = trial.profiled_step_reason or trial.reason or "not profiled"

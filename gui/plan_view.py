@@ -50,8 +50,10 @@ class PlanWorker(QObject):
 
     def _run(self, config) -> None:
         from engine.run.plan import plan
+        from engine.run.plan_bounds import check_plan_bounds
 
         try:
+            check_plan_bounds(config)  # as the CLI: a trace this machine cannot finish
             result = plan(config)
         except ValueError as exc:
             self.errored.emit(str(exc))

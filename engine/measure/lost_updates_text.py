@@ -7,6 +7,7 @@ import textwrap
 from collections.abc import Sequence
 
 from engine.core.events import LostUpdates, TrialResult
+from engine.core.text_table import table_lines
 
 TITLE = ("Lost updates: share of one optimiser step that weights stored below fp32 did not "
          "take (elements / update norm; at the configured lr and the schedule's smallest)")
@@ -88,18 +89,8 @@ def format_lost_updates(trials: Sequence[TrialResult], width: int = 100) -> str:
     rows = lost_rows(trials)
     if not rows:
         return ""
-    full = [r for r in rows if len(r) == len(HEADERS)]
-    widths = [max(len(r[i]) for r in (HEADERS, *full)) for i in range(len(HEADERS))]
-    widths[0] = max(widths[0], *(len(r[0]) for r in rows))
-    lines = textwrap.wrap(TITLE, width)
-    for r in (HEADERS, *rows):
-        if len(r) == len(HEADERS):
-            lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                                   for i, (v, w) in enumerate(zip(r, widths))).rstrip())
-        else:
-            lines += textwrap.wrap(r[1], width, initial_indent=r[0].ljust(widths[0] + 2),
-                                   subsequent_indent=" " * (widths[0] + 4))
-    if full:
+    lines = table_lines(TITLE, HEADERS, rows, width)
+    if any(len(r) == len(HEADERS) for r in rows):
         lines += textwrap.wrap(SHORT_WHY, width)
     return "\n".join(lines)
 

@@ -7,6 +7,7 @@ import textwrap
 from collections.abc import Sequence
 
 from engine.core.events import TrialResult
+from engine.core.text_table import table_lines
 
 TITLE = ("Quantisation error: SQNR in dB of each matmul layer's weight and input as the "
          "recipe rounds them (median / worst layer; higher is better)")
@@ -60,17 +61,7 @@ def format_quant_error(trials: Sequence[TrialResult], loss_diffs: dict[str, floa
     rows = quant_rows(trials, loss_diffs)
     if not rows:
         return ""
-    full = [r for r in rows if len(r) == len(HEADERS)]
-    widths = [max(len(r[i]) for r in (HEADERS, *full)) for i in range(len(HEADERS))]
-    widths[0] = max(widths[0], *(len(r[0]) for r in rows))
-    lines = textwrap.wrap(TITLE, width)
-    for r in (HEADERS, *rows):
-        if len(r) == len(HEADERS):
-            lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                                   for i, (v, w) in enumerate(zip(r, widths))).rstrip())
-        else:
-            lines += textwrap.wrap(r[1], width, initial_indent=r[0].ljust(widths[0] + 2),
-                                   subsequent_indent=" " * (widths[0] + 4))
+    lines = table_lines(TITLE, HEADERS, rows, width)
     for t in trials:
         if t.quant_error is not None and t.quant_error.reason:
             lines += textwrap.wrap(f"{t.precision}: {t.quant_error.reason}", width)

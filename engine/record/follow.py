@@ -13,7 +13,8 @@ import os
 import time
 from pathlib import Path
 
-from engine.core.events import RunFinished, StepSample, TrialStarted
+from engine.core.events import LogEvent, RunFinished, StepSample, TrialStarted
+from engine.record import nonfinite
 from engine.record.journal import JOURNAL_VERSION, checked_event, writer_alive
 from engine.record.validate import validate_lab
 
@@ -36,6 +37,7 @@ class JournalFollower:
         self.finished = False
         self.line_number = 0
         self.writer_pid = None  # from the header: the process that writes the journal
+        self.repaired: list[str] = []  # fields an older writer left NaN in, read as n/a
 
     def poll(self) -> list:
         """Events added since the last call; raises ``ValueError`` for a file that is not
@@ -80,7 +82,13 @@ class JournalFollower:
                     raise ValueError(f"{self.path} line {self.line_number}: the numerics "
                                      f"lab's results are damaged ({exc})") from None
                 continue
-            event = checked_event(self.path, self.line_number, line, self._steps)
+            known = set(self.repaired)
+            event = checked_event(self.path, self.line_number, line, self._steps,
+                                  self.repaired)
+            self.repaired = list(dict.fromkeys(self.repaired))  # a field, not every line
+            if not known and self.repaired:  # said once, as reading the whole journal does
+                events.append(LogEvent("warning", nonfinite.repair_note(
+                    str(self.path), self.repaired), None, time.time()))
             if isinstance(event, TrialStarted) and event.round == 0:
                 self._steps[event.precision] = []
             elif isinstance(event, StepSample):

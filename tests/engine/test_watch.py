@@ -184,3 +184,25 @@ def test_watch_prints_a_recorder_runs_lr_grad_norm_time_split_and_scalars(tmp_pa
             assert abs(bar.count(char) - 20 * ms / sum(split)) < 1
     for it, value in evals.items():
         assert f"{it:>6} eval_loss = {value:.6g}" in done.stdout
+
+
+def test_watch_reads_an_older_journals_nvml_nan_as_na_and_says_so_once(tmp_path):
+    """An AmpScope from before 2026-11-27 wrote NVML GPM's NaN (an idle window) into the
+    journal's monitor lines, as on the first H200 run: watching such a journal shows every
+    step, and says once which field was read as n/a."""
+    journal = tmp_path / "run.jsonl"
+    writer = JournalWriter(journal)
+    start(writer)
+    for i in range(3):  # the old writer's line, as json.dump with NaN allowed wrote it
+        writer._fh.write(f'{{"e":"mon","t":{time.time():f},"src":"gpu","db":NaN,"sm":0.0}}\n')
+        writer.write(step(i))
+    writer.write(TrialFinished(TrialResult("fp16-amp", "ok"), time.time()))
+    writer.write(RunFinished("ok", time.time()))
+    writer.close()
+    done = subprocess.run([sys.executable, str(ROOT / "main.py"), "watch", str(journal),
+                           "--interval", "0.05"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert out[-1] == "run ended: ok, 3 steps"
+    notes = [line for line in out if "was repaired on reading" in line]
+    assert len(notes) == 1 and "gpm_dram_bw_util_pct" in notes[0], out

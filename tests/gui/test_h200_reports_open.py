@@ -47,3 +47,21 @@ def test_every_real_h200_report_opens_in_the_window(qtbot, window, tmp_path, mon
             assert str(path) in log and "gpm_dram_bw_util_pct" in log
         else:
             assert "repaired" not in log
+
+
+def test_a_gpm_rate_the_report_lacks_reads_na_in_the_kernels_tab(qtbot, window, tmp_path,
+                                                                   monkeypatch):
+    """The H200's fp32 trial at 2 x 128 has GPM rates but no DRAM bandwidth (NVML's NaN,
+    repaired on reading): the Kernels tab's GPM cell names it n/a, never "None%"."""
+    path = unpack("04-gpt2-fp32.json", tmp_path)
+    with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS):
+        _open_through_file_menu(window, monkeypatch, path)
+    gpm = window.record.trials[0].gpm
+    assert gpm.dram_bw_util_pct is None and gpm.sm_util_pct is not None
+    view = window.kernel_view
+    window.tabs.setCurrentWidget(view)
+    column = next(c for c in range(view.summary.columnCount())
+                  if view.summary.horizontalHeaderItem(c).text() == "Tensor pipes (GPM)")
+    tip = view.summary.item(0, column).toolTip()
+    assert "None" not in tip and "DRAM bandwidth n/a" in tip, tip
+    assert f"SM active {gpm.sm_util_pct:.1f}%" in tip

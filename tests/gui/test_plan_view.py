@@ -191,3 +191,25 @@ def test_plan_tab_answers_on_top(qtbot, window):
     assert f"({best[0].headroom_bytes / 2**30:.2f} GiB headroom, traced)" in lines[0]
     assert "datasheet's nominal capacity" in lines[1]  # the A10's 24 GB
     assert view.answer.geometry().bottom() <= view.table.geometry().top()
+
+
+def test_plan_tab_refuses_a_model_this_machine_cannot_trace(qtbot, window, tmp_path):
+    """A config of a million layers typed into the Plan tab: refused before tracing, with the
+    estimate and what to do, as ``main.py plan`` does (engine/run/plan_bounds.py); the trace
+    would have filled the machine's memory."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "n_embd": 64, "n_head": 2, "vocab_size": 1000,
+        "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0, "n_layer": 1_000_000}))
+    view = _open_plan_tab(window)
+    _fill(view, "fp32", "RTX 4090")
+    type_into(view.model, str(tmp_path))
+    with qtbot.waitSignal(view.worker.errored, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    qtbot.waitUntil(view.plan_button.isEnabled)
+    text = view.error_label.text()
+    assert view.error_label.isVisible()
+    assert "a model of 1,000,000 layers cannot be planned here" in text, text
+    assert "plan the model with at most" in text
+    assert view.table.rowCount() == 0
