@@ -20,6 +20,8 @@ CUDA's ``log_softmax`` and ``nll_loss``: fp32).
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
@@ -85,6 +87,7 @@ def _call_cast(func, args, kwargs, dtype):
     return func(*tree_map(one, args), **tree_map(one, kwargs))
 
 
+@cache  # the build's registrations do not change within a process
 def _cpu_categories() -> frozenset:
     """Ops the installed build's CPU autocast casts (AutocastCPU kernels), by base name."""
     names = torch._C._dispatch_get_all_op_names()
