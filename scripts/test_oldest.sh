@@ -35,7 +35,8 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
   --quiet --out "$work/report.json" >"$work/profile.txt" 2>&1) \
   || { cat "$work/profile.txt"; exit 1; }
 "$vpy" "$root/scripts/check_tables.py" "$work/report.json" "$work/profile.txt"
-"$vpy" -m pytest -n 2 --dist loadfile -p no:cacheprovider -q \
+# AMPSCOPE_OLDEST_WORKERS: pytest-xdist workers (2 as CI runs it; 1 on a shared machine)
+"$vpy" -m pytest -n "${AMPSCOPE_OLDEST_WORKERS:-2}" --dist loadfile -p no:cacheprovider -q \
   tests/engine/test_kernels.py tests/engine/test_kernel_names.py tests/engine/test_trace_replay.py \
   tests/engine/test_gpu_figures.py tests/engine/test_flops.py tests/engine/test_numerics_optrace.py \
   tests/engine/test_numerics_demos.py tests/engine/test_trial.py tests/engine/test_float8_recipes.py \
@@ -43,4 +44,4 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
   tests/engine/test_models.py tests/engine/test_memtrack.py tests/engine/test_journal.py \
   tests/engine/test_reports.py tests/engine/test_report_validate.py \
   tests/engine/test_trainer_callback.py tests/engine/test_versions.py \
-  tests/engine/test_quiet_startup.py
+  tests/engine/test_quiet_startup.py tests/engine/test_gating.py

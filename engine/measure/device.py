@@ -17,7 +17,7 @@ import torch
 
 from engine.core.config import BF16_EMULATED, PRECISIONS, recipe_name
 from engine.core.recipes import recipe
-from engine.measure import amd_smi, gating, nvml
+from engine.measure import amd_smi, cpu_float8, gating, nvml
 
 
 def cuda_unavailable_reason() -> str:
@@ -230,6 +230,8 @@ def probe(requested: str = "auto") -> DeviceInfo:
         fallback = f"--device auto chose the CPU: {cuda_unavailable_reason()}"
     if dev.type == "cpu":
         verdicts = gating.matrix(gating.CPU)
+        # what this torch's CPU float8 GEMM lacks, where the hardware verdict allowed it
+        unsupported = cpu_float8.unsupported_on_cpu() | _unsupported(verdicts)
         return DeviceInfo(
             kind="cpu",
             index=None,
@@ -243,7 +245,7 @@ def probe(requested: str = "auto") -> DeviceInfo:
             bf16_hardware=cpu_bf16_hardware(_cpuinfo()),
             tf32_supported=False,
             fp8_supported=False,
-            unsupported=_unsupported(verdicts),
+            unsupported=unsupported,
             fallback_reason=fallback,
             verdicts=verdicts,
         )

@@ -50,20 +50,39 @@ HARDWARE_FLOPS_CONVENTION = (
 )
 
 
-def _cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, **kwargs) -> int:
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
+def _kv_at_query_heads(query_shape, *kv_shapes) -> tuple:
+    """Grouped-query attention (transformers passes ``enable_gqa=True``): keys and values
+    have fewer heads, which the kernel broadcasts to the query's, and every query head
+    still scores every key, so K and V are counted at the query's head count. torch 2.13's
+    formulas do this themselves; 2.11's reject the shapes."""
+    heads = query_shape[1]
+    return tuple((s[0], heads, *s[2:]) if s[1] != heads and heads % s[1] == 0 else s
+                 for s in kv_shapes)
 
 
-def _cpu_sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
-                            **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+def _sdpa_flop(query_shape, key_shape, value_shape, *args, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, *_kv_at_query_heads(query_shape, key_shape,
+                                                             value_shape))
 
 
-# torch registers formulas for the CUDA attention kernels only; without these the CPU
-# path of scaled_dot_product_attention would count as zero FLOPs.
-CPU_ATTENTION_FLOPS = {
-    _aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flop,
-    _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flop,
+def _sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                        **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape,
+                                    *_kv_at_query_heads(query_shape, key_shape, value_shape))
+
+
+# torch registers formulas for the CUDA attention kernels only; without the CPU ones the
+# CPU path of scaled_dot_product_attention would count as zero FLOPs. The CUDA ones are
+# replaced so that grouped-query attention counts on every torch of the tested range.
+ATTENTION_FLOPS = {
+    _aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flop,
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward_flop,
+    _aten._scaled_dot_product_flash_attention: _sdpa_flop,
+    _aten._scaled_dot_product_flash_attention_backward: _sdpa_backward_flop,
+    _aten._scaled_dot_product_efficient_attention: _sdpa_flop,
+    _aten._scaled_dot_product_efficient_attention_backward: _sdpa_backward_flop,
+    _aten._scaled_dot_product_cudnn_attention: _sdpa_flop,
+    _aten._scaled_dot_product_cudnn_attention_backward: _sdpa_backward_flop,
 }
 
 
@@ -113,11 +132,12 @@ PEAK_KEYS = {
 def flop_formulas() -> dict:
     """aten/custom op packet -> formula taking the op's real arguments (and ``out_val``).
 
-    torch's registry, the CPU attention kernels and, once bitsandbytes has been imported
-    (its ops exist only then), its matmul ops.
+    torch's registry, the attention kernels' (CPU ones added, grouped-query attention
+    counted) and, once bitsandbytes has been imported (its ops exist only then), its
+    matmul ops.
     """
     formulas = dict(flop_registry)  # registry entries already take tensors
-    formulas.update({op: shape_wrapper(f) for op, f in CPU_ATTENTION_FLOPS.items()})
+    formulas.update({op: shape_wrapper(f) for op, f in ATTENTION_FLOPS.items()})
     if "bitsandbytes" in sys.modules:
         ops = torch.ops.bitsandbytes
         formulas.update({getattr(ops, name): shape_wrapper(f) for name, f in BNB_FLOPS.items()})

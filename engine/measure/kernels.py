@@ -433,6 +433,12 @@ def kineto_dtypes(prof) -> dict[int, list[str]]:
             if hasattr(k, "dtypes") and k.device_type() == DeviceType.CPU}
 
 
+def recorded_dtypes(prof, events) -> dict[int, list[str]] | None:
+    """What ``_calls_from`` needs beside ``events`` to know each op's input dtypes: None
+    where every event has ``input_dtypes``, else the profiler's records (torch 2.11)."""
+    return None if all(hasattr(e, "input_dtypes") for e in events) else kineto_dtypes(prof)
+
+
 def _input_dtypes(event, dtypes_by_id: dict[int, list[str]] | None) -> tuple[str, ...]:
     """The dtypes the profiler recorded for an op's inputs: its ``input_dtypes`` where the
     event has that attribute, else the profiler's records by the event's id."""
@@ -766,8 +772,7 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
                  profile_memory=not cuda) as shaped_prof:
         one_step()
     events = shaped_prof.events()
-    by_id = None if all(hasattr(e, "input_dtypes") for e in events) else kineto_dtypes(
-        shaped_prof)  # this torch's FunctionEvent may lack them: its records hold them
+    by_id = recorded_dtypes(shaped_prof, events)
     shaped, _, _ = _calls_from(events, by_id)
     if cuda:
         peak = int(torch.cuda.max_memory_allocated(device))

@@ -2,7 +2,7 @@
 
 A ``TorchDispatchMode`` sees every aten op below autocast and autograd, forward and
 backward, with the tensors it got and returned. FLOPs come from torch's own formula
-registry (the one ``FlopCounterMode`` uses) plus engine.measure.flops' CPU attention and
+registry (the one ``FlopCounterMode`` uses) plus engine.measure.flops' attention and
 bitsandbytes formulas. From the FLOPs per compute dtype follows the peak a step can reach
 (``engine.measure.flops.blended_peak``).
 """

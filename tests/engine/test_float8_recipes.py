@@ -3,7 +3,11 @@ run through a real inline CPU trial and report the scaling torchao's config pres
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from torchao.float8 import Float8LinearConfig
@@ -16,7 +20,9 @@ from engine.core.recipes import RECIPES
 from engine.core.resources import RESOURCES
 from engine.measure.device import probe
 from engine.run.trial import run_trial
+from tests.engine.float8_cpu import rowwise_runs_on_cpu
 
+ROOT = Path(__file__).resolve().parents[2]
 # torchao float8 runs on the CPU through torch._scaled_mm: emulated, uncompiled
 CPU = probe("cpu")
 
@@ -56,6 +62,13 @@ def test_float8_recipe_trains_and_reports_torchaos_scaling(precision, torchao_re
     config = RunConfig(model="tiny", precisions=(precision,), batch_size=1, seq_len=16,
                        steps=2, warmup=0, device="cpu", isolation="inline")
     result = run_trial(config, precision, CPU, lambda e: None, lambda: False)
+    if torchao_recipe != Float8LinearRecipeName.TENSORWISE and not rowwise_runs_on_cpu():
+        # torch 2.11: the CPU _scaled_mm takes per-tensor scales only; the trial is refused
+        # before it loads anything, with that reason (the window greys it out with it)
+        assert result.status == "unsupported"
+        assert "per-tensor scales only" in result.reason and "choose fp8" in result.reason
+        assert CPU.verdict(precision).support == "unsupported"
+        return
     assert result.status == "ok", result.reason
     assert result.support == "emulated"
     assert math.isfinite(result.summary.final_loss)
@@ -86,3 +99,27 @@ def test_rowwise_recipes_differ_from_tensorwise_where_torchao_says():
     assert RECIPES["fp8-rowwise"].float8_recipe == Float8LinearRecipeName.ROWWISE.value
     assert RECIPES["fp8-rowwise-gw-hp"].float8_recipe == (
         Float8LinearRecipeName.ROWWISE_WITH_GW_HP.value)
+
+
+def test_profile_runs_rowwise_on_the_cpu_or_says_why_not(tmp_path):
+    """`profile --precision fp8-rowwise` on the CPU: a torch whose CPU _scaled_mm takes row
+    scales trains it; torch 2.11's refuses it before loading, and the table and the report
+    say n/a with torch's reason."""
+    out = tmp_path / "r.json"
+    run = subprocess.run(
+        [sys.executable, "main.py", "profile", "--model", "tiny", "--precision", "fp8-rowwise",
+         "--batch-size", "1", "--seq-len", "16", "--steps", "1", "--warmup", "0", "--device",
+         "cpu", "--isolation", "inline", "--no-kernel-profile", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+        env={**os.environ, "AMPSCOPE_DATA_DIR": str(tmp_path / "data"),
+             "AMPSCOPE_CACHE_DIR": str(tmp_path / "cache")})
+    assert run.returncode == 0, run.stdout + run.stderr
+    (trial,) = json.loads(out.read_text())["trials"]
+    if rowwise_runs_on_cpu():
+        assert trial["status"] == "ok", trial.get("reason")
+        return
+    assert trial["status"] == "unsupported"
+    assert "per-tensor scales only" in trial["reason"]
+    row = next(line for line in run.stdout.splitlines() if line.startswith("fp8-rowwise "))
+    assert row.split()[1] == "unsupported"
+    assert "fp8-rowwise: n/a on the CPU: torch" in run.stdout

@@ -6,10 +6,11 @@ from transformers import AutoModelForCausalLM, GPT2Config
 
 from engine.core.recipes import autocast_for, recipe
 from engine.measure.flops import (
-    CPU_ATTENTION_FLOPS,
+    ATTENTION_FLOPS,
     attention_stacks,
     blended_peak,
     count_flops,
+    flop_formulas,
     matmul_param_counts,
     model_flops,
 )
@@ -48,6 +49,24 @@ def model_count(model, config, seq=SEQ, tokens=BATCH * SEQ):
                        attention=attention_stacks(dims(config), seq))
 
 
+def rotary_flops(model, step) -> int:
+    """FLOPs of the rotary embeddings' own matmul in one ``step``: transformers 5.17 makes
+    the position frequencies as an inverse-frequency x position-id bmm (k = 1, 2 FLOPs per
+    frequency and position), 5.23 by a broadcast product, no matmul. They ran, so the
+    hardware count has them, but they are no part of the model count."""
+    counter = FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOPS)
+    with counter:
+        step()
+    model.zero_grad(set_to_none=True)
+    found = sum(sum(ops.values()) for name, ops in counter.get_flop_counts().items()
+                if name.endswith("rotary_emb"))
+    # one call per forward, for position ids of one row: 2 x (rotary dim / 2) x SEQ
+    per_forward = sum(2 * m.inv_freq.numel() * SEQ for name, m in model.named_modules()
+                      if name.endswith("rotary_emb"))
+    assert found in (0, per_forward)
+    return found
+
+
 def test_matmul_params_count_conv1d_and_tied_head():
     assert matmul_param_counts(tiny_gpt2()) == (MATMUL, MATMUL)
 
@@ -56,7 +75,7 @@ def test_matmul_params_count_conv1d_and_tied_head():
 def test_model_flops_equal_flop_counter_mode_on_eager_attention(family):
     # eager attention runs QK^T and AV as plain matmuls, nothing is recomputed: what ran
     # is exactly what the model needs, on every family (GQA, head_dim x heads != hidden,
-    # encoder-decoders with cross-attention)
+    # encoder-decoders with cross-attention), beside transformers 5.17's rotary matmul
     config = FAMILIES[family]()
     task = task_of(config)
     torch.manual_seed(0)
@@ -64,7 +83,7 @@ def test_model_flops_equal_flop_counter_mode_on_eager_attention(family):
     batch = make_batches(config, task, BATCH, SEQ, 1, 0, "cpu")[0]
     counted = count_flops(train_step(model, batch))
     expected, formula = model_count(model, config)
-    assert counted.total == expected
+    assert counted.total == expected + rotary_flops(model, train_step(model, batch))
     assert counted.by_peak_dtype == {"fp32": counted.total}
     assert f"{expected:,}" in formula
 
@@ -80,6 +99,21 @@ def test_attention_uses_heads_times_head_dim_not_hidden():
     assert total == 12 * 2 * SEQ * 6 * 24 * tokens  # QK^T and AV, forward and backward
     gqa = dims(FAMILIES["llama-gqa"]())
     assert (gqa["kv_heads"], gqa["attention_width"]) == (3, 96)  # queries keep all 6 heads
+
+
+@pytest.mark.parametrize("op", list(ATTENTION_FLOPS), ids=str)
+def test_grouped_query_attention_counts_every_query_head(op):
+    # transformers calls SDPA with enable_gqa=True: K and V have 2 heads for the query's 6,
+    # and the kernel scores every query head against every key (torch 2.11's own formulas
+    # reject these shapes). Forward: QK^T and AV, 2 FLOPs each per (head, query, key,
+    # dim); backward: the scores again and four gradient products
+    b, heads, kv_heads, s, d = 2, 6, 2, 32, 16
+    q, kv = torch.empty(b, heads, s, d, device="meta"), torch.empty(b, kv_heads, s, d,
+                                                                    device="meta")
+    backward = "backward" in str(op)
+    args = (q, q, kv, kv) if backward else (q, kv, kv)
+    flops = flop_formulas()[op](*args, out_val=None)
+    assert flops == (5 if backward else 2) * 2 * b * heads * s * s * d
 
 
 def test_encoder_decoder_has_self_and_cross_attention_stacks():
@@ -165,7 +199,7 @@ def test_quantised_trials_count_their_matmuls(tmp_path, precision):
     counted = count_flops(step)
     model.zero_grad(set_to_none=True)
     # torch's registry and the CPU attention formulas, without bitsandbytes'
-    plain = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
+    plain = FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOPS)
     with plain:
         step()
     gemm_4bit = counted.by_op.get("bitsandbytes.gemm_4bit", 0)
@@ -178,13 +212,12 @@ def test_quantised_trials_count_their_matmuls(tmp_path, precision):
         assert gemm_4bit == 0
     assert counted.total == plain.get_total_flops() + gemm_4bit
     # against the model count: without checkpointing peft leaves the embedding output
-    # without grad, so layer 0's q/k/v (and their LoRA A) compute no input gradient
     expected, _ = model_count(model, config)
     # without grad, so layer 0's q/k/v (and their LoRA A) compute no input gradient; the
     # CPU's fused attention recomputes its scores in backward (2·s·w per token and layer)
     skipped = 2 * BATCH * SEQ * ((96 * 96 + 2 * 96 * 48) + 3 * 96 * 8)
     recomputed = 2 * SEQ * 96 * LAYERS * BATCH * SEQ
-    assert counted.total == expected - skipped + recomputed
+    assert counted.total == expected - skipped + recomputed + rotary_flops(model, step)
     assert counted.total == pytest.approx(expected, rel=0.05)
 
 

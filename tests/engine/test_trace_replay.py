@@ -16,6 +16,7 @@ from engine.measure.kernels import (
     analyse,
     analyse_trace_file,
     profile_step,
+    recorded_dtypes,
 )
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "kineto" / "h100_bf16_amp_step.trace.json"
@@ -132,7 +133,8 @@ def test_trace_loader_matches_torch_profiler_events(tmp_path):
             opt.step()
     path = tmp_path / "step.trace.json"
     prof.export_chrome_trace(str(path))
-    calls, step_us, _ = _calls_from(prof.events())
+    events = prof.events()  # with dtypes as profile_step reads them (torch 2.11 included)
+    calls, step_us, _ = _calls_from(events, recorded_dtypes(prof, events))
     live = analyse(calls, "cpu", step_us)
     replay = analyse_trace_file(str(path), "cpu")
     key = sorted((o.op, o.dtype, o.category, o.calls) for o in live.ops)
