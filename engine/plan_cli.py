@@ -43,6 +43,9 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="the card runs the step under torch.compile: the roofline counts a "
                         "fused step's traffic (float8 recipes always do)")
+    p.add_argument("--trace-as", default="card", choices=("card", "cpu"),
+                   help="autocast recipes: trace them under the cards' autocast op lists "
+                        "(CUDA's, the default) or the CPU's, to compare with a CPU trial")
     p.add_argument("--no-levers", action="store_true",
                    help="judge only the recipes asked: do not plan the changes (gradient "
                         "checkpointing, a low-bit optimizer, a quantised recipe, FSDP2) that "
@@ -71,7 +74,7 @@ def run_plan(args: argparse.Namespace) -> int:
                         cards=cards, context_bytes=parse_bytes(args.cuda_context),
                         max_batch=args.max_batch, measured=tuple(args.measured),
                         history=not args.no_history, levers=not args.no_levers,
-                        compile=args.compile)
+                        compile=args.compile, trace_as=args.trace_as)
     check_model(config.model, config.seq_len)  # bad input exits 2 before any tracing
     from engine.run.plan_bounds import check_plan_bounds
 
@@ -120,6 +123,8 @@ def plan_html(result) -> str:
                              f"{step}</td>")
         peak = (f"{size_text(t.memory.total_bytes)} ({t.method})" if t.memory
                 else f"n/a: {html.escape(t.reason or '')}")
+        if t.autocast_policy:
+            peak += f"<br>autocast traced: {html.escape(t.autocast_policy)}"
         rows.append(f"<tr><th>{html.escape(t.precision)}</th><td>{peak}</td>"
                     f"<td>{_measured_cell(t)}</td>{''.join(cells)}</tr>")
     title = (f"Plan: {html.escape(result.model)}, batch {result.batch_size} x "

@@ -253,7 +253,10 @@ class PlanView(QWidget):
             self.table.setItem(row, 0, name)
             peak = (f"{size_text(trial.memory.total_bytes)} ({trial.method})"
                     if trial.memory else "n/a")
-            self.table.setItem(row, 1, _cell(peak, trial.reason or trial.memory.total_method))
+            how = trial.reason or trial.memory.total_method
+            if trial.autocast_policy:  # CUDA's op lists (the card's) or the CPU's
+                how += f"\nautocast traced: {trial.autocast_policy}"
+            self.table.setItem(row, 1, _cell(peak, how))
             self.table.setItem(row, 2, _cell(*measured_text(trial)))
             for col, card in enumerate(trial.cards, start=3):
                 self.table.setItem(row, col, _cell(*card_text(card)))

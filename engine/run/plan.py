@@ -7,10 +7,13 @@ for real (engine.models.load.load_model, engine.run.trial's optimiser, scaler an
 trial and FlopCounterMode counts the step's FLOPs by dtype. Nothing is estimated: the
 peak and its categories are those of the traced step.
 
-The trace runs on the CPU device (a CPU build of torch has no CUDA autocast and no CUDA
-fake device), so autocast follows the CPU's op lists and attention takes the CPU's fused
-kernel; what a CUDA allocator adds (512-byte rounding, cuBLAS workspaces, the context)
-is covered by the stated context allowance.
+The trace runs on the CPU device (a CPU build of torch cannot build an autograd graph on
+fake CUDA tensors); an autocast recipe is traced under the target cards' autocast policy,
+CUDA's (engine.run.plan_autocast), not the CPU's, unless ``trace_as="cpu"`` asks for what a
+CPU trial runs. Attention takes the CPU's fused kernel, which keeps what CUDA's flash and
+memory-efficient kernels keep for backward (the output and its log-sum-exp); what a CUDA
+allocator adds (512-byte rounding, cuBLAS workspaces, the context) is covered by the
+stated context allowance.
 
 What fake tensors cannot run (bitsandbytes' quantised layers, which quantise real weights
 while loading; a custom op without a fake kernel) falls back to engine.models.memory_model, and
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -49,6 +52,7 @@ from engine.measure.peaks import _entry as peak_entry
 from engine.measure.peaks import memory_bandwidth, peak_flops, table
 from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
 from engine.measure.traffic import FUSED_CONVENTION, ByteCounter
+from engine.run.plan_autocast import CPU_POLICY, POLICY
 from engine.run.plan_measured import MeasuredTrial, find_measured, read_report
 from engine.run.plan_timeline import traced_timeline
 
@@ -57,6 +61,7 @@ from engine.run.plan_timeline import traced_timeline
 CUDA_CONTEXT_BYTES = 1 << 30
 DEFAULT_CARDS = ("RTX 4090", "H100 SXM")
 MAX_BATCH = 64
+TRACE_AS = ("card", "cpu")
 TRACE_METHOD = ("traced: one training step on fake tensors (torch FakeTensorMode), every "
                 "storage followed by engine.measure.memtrack from allocation to release; the "
                 "largest sum of live bytes")
@@ -81,6 +86,9 @@ class PlanConfig:
     history: bool = True  # look in the journaled runs of this machine for measured trials
     levers: bool = True  # plan the changes that would make it fit (engine.run.plan_answer)
     compile: bool = False  # the card runs the step compiled: the roofline's fused traffic
+    # "card": autocast as the cards run it (CUDA's policy: every card in the table runs
+    # torch's "cuda" device, ROCm's included); "cpu": as a CPU trial runs it
+    trace_as: str = "card"
 
     def __post_init__(self) -> None:
         from engine.models.presets import get_preset
@@ -136,6 +144,9 @@ class PlanConfig:
             raise ValueError("the CUDA context allowance cannot be negative")
         if self.max_batch < 0:
             raise ValueError("--max-batch must be 0 (no search) or more")
+        if self.trace_as not in TRACE_AS:
+            raise ValueError(f"unknown --trace-as '{self.trace_as}': choose from "
+                             f"{', '.join(TRACE_AS)}")
 
     def run_config(self, batch_size: int) -> RunConfig:
         # the traced step is one process: an '@dtype' reduction is FSDP2's policy, not its;
@@ -190,6 +201,9 @@ class PlanTrial:
     compiled: bool = False
     # the traced step's MemoryTimeline (engine.run.plan_timeline); None: not traced
     memory_timeline: object = None
+    # the autocast op lists the trace followed (engine.run.plan_autocast); None: the recipe
+    # has no autocast region (FSDP2 casts by its policy) or was not traced
+    autocast_policy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -327,6 +341,7 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
 
     from engine.core.recipes import autocast_for, fp32_precision, recipe
     from engine.models.load import load_model, make_batches
+    from engine.run.plan_autocast import CudaAttention, CudaAutocast
     from engine.run.trial import BATCH_POOL, adam_eps, make_scaler, tracked_step
 
     name, optim, reduce = split_label(precision)
@@ -356,7 +371,11 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     # one batch per micro-batch, as a trial cycles through its pool of distinct batches
     real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len,
                         min(BATCH_POOL, config.grad_accum), run.seed, device)
-    with fp32_precision(rec), mode, _unpacked_rows():
+    # the card's autocast casts, on top of the CPU's autocast region (it acts only there),
+    # and its attention kernels
+    cuda = CudaAutocast() if traced_policy(config, step_rec) == POLICY else nullcontext()
+    attention = CudaAttention() if config.trace_as == "card" else nullcontext()
+    with fp32_precision(rec), mode, _unpacked_rows(), cuda, attention:
         batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
 
         # a warm-up step, its forward and backward counted as a trial's probe counts them
@@ -382,6 +401,14 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     return TracedStep(measured,
                       {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()},
                       traffic.bytes_moved, traffic.bytes_moved_fused)
+
+
+def traced_policy(config: PlanConfig, rec) -> str | None:
+    """The autocast op lists a trace of ``rec`` follows: the cards' (CUDA's) or, with
+    ``trace_as="cpu"``, the CPU's; None where the step has no autocast region."""
+    if rec.autocast_dtype is None:
+        return None
+    return CPU_POLICY if config.trace_as == "cpu" else POLICY
 
 
 def meta_shape(config: PlanConfig, precision: str):
@@ -537,7 +564,7 @@ def _plan(config: PlanConfig, log) -> PlanResult:
         bytes_moved = fused = None
         # float8 runs compiled on a card (it is fast only compiled), others with --compile
         compiled = config.compile or recipe(base_precision(precision)).fp8
-        memory, method, trace_s = None, "traced", None
+        memory, method, trace_s, policy = None, "traced", None, None
         buckets = 0  # DDP's gradient buckets, held beside the traced step
         timeline = None
         if reason is None:
@@ -552,10 +579,12 @@ def _plan(config: PlanConfig, log) -> PlanResult:
                 from engine.measure.memory_breakdown import breakdown_fields
 
                 trace_s = time.perf_counter() - start
+                policy = _step_policy(config, precision)
                 memory = MemoryBreakdown(
                     **breakdown_fields(measured, TRACE_METHOD),
-                    notes="traced on the CPU device: CPU autocast op lists; CUDA's "
-                          "allocator rounding and kernels' scratch are not in this figure")
+                    notes=f"traced on the CPU device; autocast: {policy or 'none'}; "
+                          f"{_attention_note(config)}CUDA's allocator rounding and kernels' "
+                          "scratch are not in this figure")
                 if base_precision(precision) in FSDP2_ONLY:
                     memory = dataclasses.replace(memory, notes=f"{memory.notes}; {_PRECOMPUTE}")
                 if config.strategy == "ddp":
@@ -597,11 +626,25 @@ def _plan(config: PlanConfig, log) -> PlanResult:
         trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards,
                                 trial_optimizer(config, precision),
                                 _measured(config, precision, reports), bytes_moved, fused,
-                                compiled, memory_timeline=timeline))
+                                compiled, memory_timeline=timeline, autocast_policy=policy))
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum, strategy=config.strategy,
                       nproc_per_node=config.nproc_per_node)
+
+
+def _attention_note(config: PlanConfig) -> str:
+    from engine.run.plan_autocast import ATTENTION
+
+    return f"attention: {ATTENTION}; " if config.trace_as == "card" else ""
+
+
+def _step_policy(config: PlanConfig, precision: str) -> str | None:
+    """traced_policy of the step the trace runs: FSDP2 casts by its policy, not autocast."""
+    from engine.core.recipes import recipe
+
+    rec = recipe(split_label(precision)[0])
+    return None if config.strategy == "fsdp2" else traced_policy(config, rec)
 
 
 def _measured(config: PlanConfig, precision: str, reports: list) -> MeasuredTrial | None:
@@ -755,6 +798,8 @@ def format_plan(result: PlanResult) -> str:
                      f"{size_text(mem.temporaries_bytes)}")
             head += peak_phase_note(mem)
         lines.append(head)
+        if trial.autocast_policy:
+            lines.append(f"  autocast traced: {trial.autocast_policy}")
         if trial.reason:
             lines.append(f"  note: {trial.reason}")
         lines += _measured_lines(trial)

@@ -91,8 +91,6 @@ def test_traced_peak_equals_the_h200s(planned, precision):
         assert abs(traced[name] - real[name]) <= 0.001 * real[name], name
 
 
-@pytest.mark.xfail(strict=True, reason="autocast is traced under the CPU's autocast policy "
-                                       "and attention path, not CUDA's: -13.9% (issue 29)")
 @pytest.mark.parametrize("precision", ("fp16-amp", "bf16-amp", "fp8"))
 def test_autocast_traced_peak_within_2pct_of_the_h200s(planned, precision):
     traced = planned[precision]["memory"]["total_bytes"]

@@ -30,7 +30,8 @@ def _profile(data: Path, out: Path, model: str = "tiny"):
 
 def _plan(data: Path, *args, model: str = "tiny"):
     run = _main(data, "plan", "--model", model, "--precision", "fp32,bf16-amp,fp16-amp",
-                "--seq-len", "32", "--card", "RTX 4090", "--max-batch", "0", "--quiet", *args)
+                "--seq-len", "32", "--card", "RTX 4090", "--max-batch", "0", "--quiet",
+                "--trace-as", "cpu", *args)  # beside CPU trials: the CPU's autocast
     assert run.returncode == 0, run.stderr
     return run
 

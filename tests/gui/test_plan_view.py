@@ -65,6 +65,10 @@ def test_plan_tab_shows_recipe_by_card(qtbot, window):
     tip = view.table.item(0, 3).toolTip()
     assert f"{duration_text(card.predicted_step_ms)} ({card.bound}-bound)" in tip
     assert "prediction (roofline" in tip
+    # bf16-amp was traced under the card's autocast op lists, and the tooltip says which
+    policy = view.last_result.trials[1].autocast_policy
+    assert policy and view.last_result.trials[0].autocast_policy is None
+    assert f"autocast traced: {policy}" in view.table.item(1, 1).toolTip()
     assert view.plan_button.isEnabled()
 
 
