@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
-# The oldest end of AmpScope's tested range, run by hand (not in .ci/run: it downloads torch):
-# Python 3.12 (or AMPSCOPE_OLDEST_PYTHON, e.g. a 3.10) with torch 2.11 and transformers 5.17 (requirements-oldest.txt) in a virtual
-# environment of its own. It installs AmpScope beside them as a user would (pip install of
-# the checkout, which must keep their torch and transformers), runs `profile` on the tiny
+# The oldest end of AmpScope's tested range: torch 2.11 and transformers 5.17
+# (requirements-oldest.txt) on Python 3.12 (or AMPSCOPE_OLDEST_PYTHON, e.g. a 3.10), in a
+# virtual environment of its own. It installs AmpScope beside them as a user would (pip install
+# of the checkout, which must keep their torch and transformers), runs `profile` on the tiny
 # preset from outside the checkout and checks every table is filled, then runs the engine
 # tests that touch the version-sensitive parts: profiler events, FLOP counting, autocast,
 # GradScaler, torchao recipes, bitsandbytes, the Trainer, the report readers and writers.
 # The first run downloads torch's CUDA wheels (about 3 GB); later runs reuse the venv.
+# --if-available (as .ci/run calls it): where that environment cannot be set up here (no
+# Python 3.12, no package index), say so in one line and exit 0; a failing test still fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+if_available=false
+[ "${1:-}" = "--if-available" ] && if_available=true
+cannot() {  # the environment cannot be set up: an error, or a line and 0 with --if-available
+  if $if_available; then echo "test_oldest: skipped: $1"; exit 0; fi
+  echo "test_oldest: $1"; exit 2
+}
 py=${AMPSCOPE_OLDEST_PYTHON:-}
 if [ -z "$py" ]; then
   for candidate in python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12; do
     if command -v "$candidate" >/dev/null 2>&1; then py=$(command -v "$candidate"); break; fi
   done
 fi
-[ -n "$py" ] || { echo "test_oldest: no Python 3.12 found (set AMPSCOPE_OLDEST_PYTHON)"; exit 2; }
+[ -n "$py" ] || cannot "no Python 3.12 found (set AMPSCOPE_OLDEST_PYTHON)"
 venv=${AMPSCOPE_OLDEST_VENV:-$root/.venv-oldest}
-[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+[ -x "$venv/bin/python" ] || "$py" -m venv "$venv" || cannot "$py could not make a venv"
 vpy=$venv/bin/python
 echo "== oldest tested versions: $("$vpy" --version) in $venv"
-"$vpy" -m pip install -q -r requirements-oldest.txt
+# bounded: CI's 90 minutes hold the main suite too
+timeout 1500 "$vpy" -m pip install -q --timeout 60 -r requirements-oldest.txt \
+  || cannot "pip could not install requirements-oldest.txt in 25 minutes (no package index?)"
 "$vpy" -m pip install -q --no-build-isolation "$root"
 "$vpy" - <<'PY'
 import importlib.metadata as m
