@@ -341,7 +341,7 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
 
     from engine.core.recipes import autocast_for, fp32_precision, recipe
     from engine.models.load import load_model, make_batches
-    from engine.run.plan_autocast import CudaAttention, CudaAutocast
+    from engine.run.plan_autocast import CudaAttention, CudaAutocast, recompute_as_traced
     from engine.run.trial import BATCH_POOL, adam_eps, make_scaler, tracked_step
 
     name, optim, reduce = split_label(precision)
@@ -373,8 +373,10 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
                         min(BATCH_POOL, config.grad_accum), run.seed, device)
     # the card's autocast casts, on top of the CPU's autocast region (it acts only there),
     # and its attention kernels
-    cuda = CudaAutocast() if traced_policy(config, step_rec) == POLICY else nullcontext()
+    casts = traced_policy(config, step_rec) == POLICY
+    cuda = CudaAutocast() if casts else nullcontext()
     attention = CudaAttention() if config.trace_as == "card" else nullcontext()
+    recompute_as_traced(model, casts, config.trace_as == "card")
     with fp32_precision(rec), mode, _unpacked_rows(), cuda, attention:
         batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
 

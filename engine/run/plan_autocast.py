@@ -20,7 +20,8 @@ CUDA's ``log_softmax`` and ``nll_loss``: fp32).
 
 from __future__ import annotations
 
-from functools import cache
+from contextlib import ExitStack, contextmanager, nullcontext
+from functools import cache, partial
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -157,3 +158,30 @@ class CudaAttention(TorchFunctionMode):
                 args = (*args[:4], 0.0, *args[5:])
             kwargs = {**kwargs, "dropout_p": 0.0} if "dropout_p" in kwargs else kwargs
         return func(*args, **kwargs)
+
+
+def recompute_as_traced(model, casts: bool, attention: bool) -> None:
+    """Let checkpointed layers recompute under the same modes as their forward. torch runs a
+    recompute with Python function modes off, so the modes entered around the traced step
+    do not reach it (its tensors then came out in the CPU's dtypes and checkpoint refused
+    them); checkpoint's ``context_fn`` enters fresh ones around each recompute."""
+    if not (casts or attention):
+        return
+
+    @contextmanager
+    def modes():  # entered when the recompute runs (context_fn is called in forward)
+        with ExitStack() as stack:
+            if casts:
+                stack.enter_context(CudaAutocast())
+            if attention:
+                stack.enter_context(CudaAttention())
+            yield
+
+    def recompute_modes():
+        return nullcontext(), modes()
+
+    for module in model.modules():
+        checkpointed = getattr(module, "_gradient_checkpointing_func", None)
+        if checkpointed is not None:  # transformers' partial(checkpoint, use_reentrant=False)
+            module._gradient_checkpointing_func = partial(checkpointed,
+                                                          context_fn=recompute_modes)

@@ -189,3 +189,31 @@ def test_attention_dropout_is_traced_as_the_cards_fused_kernel(tmp_path):
     matrix = batch * heads * seq * seq * layers
     assert (traced[0.1, "cpu"].activations_bytes - traced[0.0, "cpu"].activations_bytes
             >= matrix * (2 + 1 + 2))
+
+
+@pytest.mark.parametrize("family", ("gpt2", "llama-gqa"))
+def test_checkpointed_layers_recompute_under_the_cards_casts(family, tmp_path):
+    """torch recomputes a checkpointed layer with Python function modes off: without the
+    card's casts entered around each recompute, the recomputed tensors came out in the CPU's
+    dtypes, checkpoint refused them and the plan fell back to the memory model. Traced under
+    the card's op lists with checkpointing, the step is traced, its peak no higher than
+    without."""
+    FAMILIES[family]().save_pretrained(tmp_path)
+    model = str(tmp_path)
+
+    def planned(*args):
+        done = subprocess.run([sys.executable, "main.py", "plan", "--model", model,
+                               "--precision", "bf16-amp", "--batch-size", "2", "--seq-len",
+                               "32", "--card", "H200", "--max-batch", "0", "--no-history",
+                               "--no-levers", "--json", "--quiet", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr
+        (trial,) = json.loads(done.stdout)["trials"]
+        return trial
+
+    plain, checkpointed = planned(), planned("--grad-checkpointing")
+    for trial in (plain, checkpointed):
+        assert trial["method"] == "traced", trial.get("reason")
+        assert trial["autocast_policy"] and "CUDA" in trial["autocast_policy"]
+    # at these sizes the peak may fall in the optimiser step (no activations left there)
+    assert checkpointed["memory"]["total_bytes"] <= plain["memory"]["total_bytes"]
