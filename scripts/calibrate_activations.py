@@ -1,6 +1,7 @@
 """Calibrate the per-layer activation model (engine.models.memory_model) against the tracker.
 
-For each architecture family, activation mode (fp32; half autocast; pure half) and attention
+For each architecture family, activation mode (fp32; half autocast as the CPU casts and as
+CUDA casts; pure half) and attention
 implementation (eager; sdpa), builds tiny models of several shapes, runs one forward
 under engine.measure.memtrack and records the bytes the forward saved for backward (the
 activations alive when backward begins). A least-squares fit over those shapes gives
@@ -10,16 +11,21 @@ final norm, logits and loss). Layer and outer parts are told apart by running ea
 shape at two depths.
 
     python3 scripts/calibrate_activations.py   # a few minutes on 2 CPU cores
+    python3 scripts/calibrate_activations.py --families gpt2,gpt_neox   # refit these only
+    python3 scripts/calibrate_activations.py --modes amp-cuda   # CUDA's autocast only
 
 writes resources/activation_calibration.json, with the torch and transformers versions it
-was measured with and the fit's worst residual per family.
+was measured with and the fit's worst residual per family (``--families`` keeps the other
+families' stored fits, and the fitted terms of scripts/memory_error_table.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -31,18 +37,33 @@ sys.path.insert(0, str(ROOT))
 from engine.measure.memtrack import MemoryWatcher  # noqa: E402
 from engine.models.load import dims, make_batches, model_class, task_of  # noqa: E402
 from engine.models.memory_model import LAYER_BASIS, OUTER_BASIS, basis_values  # noqa: E402
+from engine.run.plan_autocast import CudaAutocast  # noqa: E402
 
 OUT = ROOT / "resources" / "activation_calibration.json"
 FAMILIES = ("llama", "qwen2", "mistral", "bert", "gpt2", "opt", "gpt_neox", "t5", "bart")
 # mode -> (weight dtype, autocast dtype)
 MODES = {"fp32": (torch.float32, None), "amp": (torch.float32, torch.bfloat16),
-         "half": (torch.bfloat16, None)}
+         "amp-cuda": (torch.float32, torch.bfloat16), "half": (torch.bfloat16, None)}
+# modes whose autocast casts as CUDA's does (engine.run.plan_autocast.CudaAutocast over the
+# CPU's autocast region): CUDA keeps pow, exp, layer_norm, softmax... in fp32, so a card
+# saves more for backward than the CPU under the same recipe. What it leaves alive is what
+# the H200 measured for GPT-2 (tests/engine/test_plan_h200.py); the plan's trace uses it
+CUDA_MODES = ("amp-cuda",)
 ATTENTION = ("eager", "sdpa")
 
 
 def build(family: str, h: int, heads: int, head_dim: int, kv: int, f: int, layers: tuple,
           vocab: int):
-    """A dropout-free config of ``family`` (``layers``: (encoder, decoder) or (n,))."""
+    """A dropout-free config of ``family`` (``layers``: (encoder, decoder) or (n,)), with
+    no key/value cache, as training loads it (engine.models.load): GPT-2's cache keeps
+    another copy of each layer's keys and values alive, GPT-NeoX's one fewer."""
+    config = _config(family, h, heads, head_dim, kv, f, layers, vocab)
+    config.use_cache = False
+    return config
+
+
+def _config(family: str, h: int, heads: int, head_dim: int, kv: int, f: int, layers: tuple,
+            vocab: int):
     import transformers as tf
 
     n = layers[0]
@@ -89,7 +110,9 @@ def saved_bytes(config, attention: str, mode: str, batch: int, seq: int) -> int:
     data = make_batches(config, task, batch, seq, 1, 0, "cpu")[0]
     watcher = MemoryWatcher("cpu")
     watcher.track_training(model, None, data)
-    with watcher, torch.autocast("cpu", dtype=half or torch.float32, enabled=half is not None):
+    cuda = CudaAutocast() if mode in CUDA_MODES else nullcontext()
+    with watcher, torch.autocast("cpu", dtype=half or torch.float32,
+                                 enabled=half is not None), cuda:
         # as a training step holds it: the loss (and through it what the graph saved);
         # the model's other outputs, the logits among them, are dropped
         loss = model(**data).loss
@@ -143,23 +166,37 @@ def fit(family: str, mode: str, attention: str, rng: random.Random) -> dict:
 def main() -> None:
     import transformers
 
-    rng = random.Random(0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default=",".join(FAMILIES),
+                        help="families to refit (the others keep their stored fit)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="activation modes to refit (the others keep their stored fit)")
+    args = parser.parse_args()
+    chosen, modes = args.families.split(","), args.modes.split(",")
+    for given, known in ((chosen, FAMILIES), (modes, tuple(MODES))):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            parser.error(f"unknown {unknown}: choose from {', '.join(known)}")
+    stored = json.loads(OUT.read_text(encoding="utf-8")) if OUT.exists() else {}
+    table = stored.get("families", {})
     torch.set_num_threads(1)
-    table = {}
-    for family in FAMILIES:
-        for mode in MODES:
+    for family in chosen:
+        for mode in modes:
+            # one generator per family and mode: its shapes do not depend on what else runs
+            rng = random.Random(f"{family}/{mode}")
             for attention in ATTENTION:
                 table.setdefault(family, {}).setdefault(mode, {})[attention] = fit(
                     family, mode, attention, rng)
                 print(family, mode, attention, table[family][mode][attention]["worst_residual"],
                       flush=True)
-    OUT.write_text(json.dumps({
+    stored.update({
         "_note": "bytes per token of the activations one forward saves for backward, per "
                  "layer and outside the layers; written by scripts/calibrate_activations.py",
         "torch": torch.__version__, "transformers": transformers.__version__,
         "layer_basis": list(LAYER_BASIS), "outer_basis": list(OUTER_BASIS),
         "families": table,
-    }, indent=1) + "\n", encoding="utf-8")
+    })
+    OUT.write_text(json.dumps(stored, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -48,16 +48,17 @@ SHAPES = ((2, 32), (4, 64))  # (batch, sequence)
 INIT_SCALE = 2.0**10
 
 
-def measure(out: Path, precisions: tuple[str, ...]) -> list[dict]:
+def measure(out: Path, precisions: tuple[str, ...], families: tuple[str, ...] = tuple(FAMILIES),
+            shapes: tuple = SHAPES, checkpointing: tuple = (False, True)) -> list[dict]:
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for family, make in FAMILIES.items():
+        for family in families:
             folder = Path(tmp) / family
-            make().save_pretrained(folder)
+            FAMILIES[family]().save_pretrained(folder)
             for precision in precisions:
-                for batch, seq in SHAPES:
-                    for ckpt in (False, True):
+                for batch, seq in shapes:
+                    for ckpt in checkpointing:
                         config = RunConfig(model=str(folder), batch_size=batch, seq_len=seq,
                                            steps=1, warmup=0, device="cpu",
                                            isolation="inline", grad_checkpointing=ckpt,
@@ -166,6 +167,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="run the trials; keep them here (JSON)")
     parser.add_argument("--from", dest="source", type=Path, help="re-predict kept trials")
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--families", default=",".join(FAMILIES),
+                        help="with --out: the families to run (tests/engine/families.py)")
+    parser.add_argument("--shapes", default=",".join(f"{b}x{s}" for b, s in SHAPES),
+                        help="with --out: batch x sequence, e.g. 4x128,2x32")
+    parser.add_argument("--checkpointing", choices=("both", "off", "on"), default="both",
+                        help="with --out: gradient checkpointing off, on or both")
     parser.add_argument("--fit", action="store_true",
                         help="fit the k-bit LoRA activation term and the checkpointed rerun "
                              "term from the trials; write them into "
@@ -174,7 +181,10 @@ def main() -> None:
     if args.source:
         rows = json.loads(args.source.read_text(encoding="utf-8"))
     elif args.out:
-        rows = measure(args.out, tuple(args.precisions.split(",")))
+        shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))
+        ckpt = {"both": (False, True), "off": (False,), "on": (True,)}[args.checkpointing]
+        rows = measure(args.out, tuple(args.precisions.split(",")),
+                       tuple(args.families.split(",")), shapes, ckpt)
     else:
         parser.error("pass --out FILE (run the trials) or --from FILE (re-predict)")
     shapes = shapes_of(rows)

@@ -42,6 +42,8 @@ from engine.measure import inventory
 
 FP32 = 4
 NF4_BLOCK = 64  # bitsandbytes 4-bit block size; one fp32 absmax per block
+NF4_CODE = 16 * 4  # each 4-bit weight's own code book: 16 fp32 values
+CUDA_BLOCK = 512  # the CUDA caching allocator's smallest block (engine.measure.memtrack)
 ADAM8_BLOCK = 256  # bitsandbytes blockwise 8-bit optimiser state: one fp32 absmax per block
 ADAM8_MIN_SIZE = 4096  # bitsandbytes' min_8bit_size: smaller tensors keep fp32 state
 ADAM8_QMAPS = 2 * 256 * FP32  # the two shared 256-entry quantisation maps
@@ -97,6 +99,16 @@ class ModelShape:
     # weights of the layers converted to float8 / MX training layers: torchao saves their
     # high-precision weight for backward and casts it again there, so no copy is kept
     converted_matmul_params: int = 0
+    # matmul weights outside the layer stacks, not quantised (the LM head, BERT's MLM
+    # transform, OPT's projections): their autocast copies remain with checkpointing
+    outer_matmul_params: int = 0
+    # element count of each quantised weight: nf4 keeps an fp32 absmax per 64-element block
+    # and its own 16-entry fp32 code book per weight; int8 an fp32 scale per output row
+    quantized_sizes: tuple[int, ...] = ()
+    int8_row_counts: tuple[int, ...] = ()
+    # a trainable input embedding that is also the output head: its lookup's gradient comes
+    # last, as a dense table, and is added to the head's into a new one
+    tied_embedding_params: int = 0
 
 
 def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
@@ -122,12 +134,35 @@ def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
         attention=getattr(config, "_attn_implementation", None) or "sdpa",
         layer_trainable_params=_trainable_in(stacks),
         late_grad_params=_trainable_in(_input_embeddings(model, stacks)),
+        tied_embedding_params=_tied_embedding(model),
         loss_in_fp32=task_of(config) == "causal-lm",
         lora_in_features=sum(m.in_features for m in model.modules()
                              if hasattr(m, "lora_A") and hasattr(m, "in_features")),
         converted_matmul_params=sum(m.weight.numel() for m in model.modules()
                                     if type(m).__name__ in CONVERTED_LAYERS),
+        outer_matmul_params=_outer_matmul_params(model, stacks),
+        quantized_sizes=tuple(inventory.logical_numel(p) for p in model.parameters()
+                              if inventory.is_quantized(p)),
+        int8_row_counts=tuple(m.out_features for m in model.modules()
+                              if isinstance(m, nn.Linear)
+                              and type(m.weight).__name__ == "Int8Params"),
     )
+
+
+def _outer_matmul_params(model: nn.Module, stacks: list[nn.Module]) -> int:
+    """Unquantised matmul weights (Linear, GPT-2's Conv1D) outside the layer stacks."""
+    from transformers.pytorch_utils import Conv1D
+
+    inside = {id(m) for st in stacks for m in st.modules()}
+    total = 0
+    for m in model.modules():
+        if id(m) in inside or inventory.is_quantized(getattr(m, "weight", None)):
+            continue
+        if isinstance(m, nn.Linear):
+            total += m.in_features * m.out_features
+        elif isinstance(m, Conv1D):
+            total += m.nx * m.nf
+    return total
 
 
 def _layer_stacks(model: nn.Module) -> list[nn.Module]:
@@ -150,6 +185,16 @@ def _input_embeddings(model: nn.Module, stacks: list[nn.Module]) -> list[nn.Modu
     inside = {id(p) for st in stacks for p in st.parameters()}
     return [m for m in model.modules() if isinstance(m, nn.Embedding)
             and id(m.weight) not in skip and id(m.weight) not in inside]
+
+
+def _tied_embedding(model: nn.Module) -> int:
+    """Elements of the trainable input embedding the output head shares, or 0."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if weight is None or embed is None or weight is not getattr(embed, "weight", None):
+        return 0
+    return weight.numel() if weight.requires_grad else 0
 
 
 def _trainable_in(modules: list[nn.Module]) -> int:
@@ -227,9 +272,40 @@ def _adam8_bytes(sizes: tuple[int, ...]) -> tuple[int, str]:
     return total, text
 
 
-def _mode(recipe: Recipe) -> tuple[str, float, str]:
-    """(calibration mode, scale, what it stands for) for the recipe's activations."""
+def _storage(nbytes: int, device_type: str) -> int:
+    """A storage's bytes as the tracker counts them: CUDA's caching allocator hands out
+    512-byte blocks at least."""
+    return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK if device_type == "cuda" else nbytes
+
+
+def _quant_state_bytes(shape: ModelShape, recipe: Recipe, device_type: str) -> int:
+    """bitsandbytes' state beside the packed weights: per nf4 weight an fp32 absmax per
+    64-element block and its own 16-entry fp32 code book (``QuantState.code``); per int8
+    layer an fp32 scale (SCB) per output row. Without the per-weight sizes (a shape made
+    by hand), the totals by block and row."""
+    if recipe.quant == "nf4":
+        if not shape.quantized_sizes:
+            return shape.quantized_params * FP32 // NF4_BLOCK
+        return sum(_storage(math.ceil(n / NF4_BLOCK) * FP32, device_type)
+                   + _storage(NF4_CODE, device_type) for n in shape.quantized_sizes)
+    if shape.int8_row_counts:
+        return sum(_storage(rows * FP32, device_type) for rows in shape.int8_row_counts)
+    return shape.int8_rows * FP32
+
+
+def _mode(recipe: Recipe, model_type: str, device_type: str) -> tuple[str, float, str]:
+    """(calibration mode, scale, what it stands for) for the recipe's activations. On a
+    CUDA device autocast casts by CUDA's op lists (more ops in fp32 than the CPU's), so
+    its activations have their own calibration ("amp-cuda") where the family has one."""
     if recipe.autocast_dtype is not None:
+        modes = calibration()["families"].get(model_type, {})
+        if device_type == "cuda" and "amp-cuda" in modes:
+            note = "half autocast as CUDA casts it"
+            if recipe.lora:
+                note += "; LoRA adapters' own fp32 activations are not in the calibration"
+            if recipe.fp8:
+                note += "; float8 casts are not in the calibration"
+            return "amp-cuda", 1.0, note
         note = "half autocast"
         if recipe.lora:
             note += "; LoRA adapters' own fp32 activations are not in the calibration"
@@ -245,7 +321,7 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
                  grad_checkpointing: bool, device_type: str) -> _Saved:
     """What the forward saves for backward, whole and in the pieces the phases need."""
     d, tokens = shape.dims, batch * seq
-    mode, scale, note = _mode(recipe)
+    mode, scale, note = _mode(recipe, shape.model_type, device_type)
     attention = "eager" if shape.attention == "eager" else "sdpa"
     family = calibration()["families"].get(shape.model_type, {}).get(mode, {}).get(attention)
     act = _act_bytes(recipe)
@@ -324,7 +400,7 @@ _TERM_CATEGORY = {
     "grads": "grads", "optimiser scratch": "temporaries", "layer inputs": "activations",
     "one layer input": "activations", "gradients so far": "grads",
     "the rerun's activations": "activations", "gradient flow": "temporaries",
-    "the rerun's weight copies": "weight_copies"}
+    "the rerun's weight copies": "weight_copies", "tied embedding gradients": "temporaries"}
 
 
 def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: list, tokens: int,
@@ -346,7 +422,7 @@ def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: list, tokens: 
     if recipe.autocast_dtype is not None and (recipe.weight_dtype.itemsize == FP32
                                               or recipe.quant):
         copies = 2 * max(0, shape.matmul_params - shape.quantized_params
-                         - d["vocab"] * d["hidden"]) // act.layers
+                         - _outer_matmul(shape)) // act.layers
     late = round((act.layers - 1) * per_layer_grads)
     rerun_terms = [("the rerun's activations", act.one_layer), ("gradient flow", flow),
                    ("the rerun's weight copies", copies)]
@@ -354,6 +430,12 @@ def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: list, tokens: 
                                   ("gradients so far", early_grads), *rerun_terms],
             "last layer rerun": [*held, ("one layer input", act.layer_input),
                                  ("gradients so far", early_grads + late), *rerun_terms]}
+
+
+def _outer_matmul(shape: ModelShape) -> int:
+    """Matmul weights outside the checkpointed layers; for a shape made by hand without
+    them, the LM head's vocabulary x hidden."""
+    return shape.outer_matmul_params or shape.dims["vocab"] * shape.dims["hidden"]
 
 
 def _rerun_flow(model_type: str, kind: str) -> float:
@@ -387,8 +469,8 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
     the weight copies and saved activations, and the loss's gradient of the logits); with
     checkpointing, the first and the last layer's rerun in backward (``_reruns``: live
     bytes change linearly between them, so the largest is at one end); and the optimiser
-    step (every gradient, and torch's scratch: one tensor at a time on the CPU, the whole
-    list at once with the foreach kernels torch uses on a GPU).
+    step (every gradient, and the optimiser's scratch: torch's AdamW one tensor at a time
+    on the CPU and none fused on a GPU; other optimisers every gradient's worth on a GPU).
     """
     for name, value in (("batch_size", batch_size), ("seq_len", seq_len),
                         ("total_params", shape.total_params)):
@@ -412,8 +494,7 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
     quant_per = _quantized_bytes(recipe.quant) if recipe.quant else 0.0
     params = round(shape.quantized_params * quant_per + frozen * frozen_weight
                    + shape.trainable_params * trainable_weight)
-    quant_state = (shape.quantized_params * FP32 // NF4_BLOCK if recipe.quant == "nf4"
-                   else shape.int8_rows * FP32)
+    quant_state = _quant_state_bytes(shape, recipe, device_type)
     grads = shape.trainable_params * trainable_weight
     if optimizer == "adamw":
         opt, opt_text = 2 * grads, f"AdamW m+v: 2·{grads:,} = {2 * grads:,} B"
@@ -431,7 +512,7 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
     # formats cannot take, a ":keep-..." recipe's kept layers) are autocast's to copy.
     copies_of = shape.matmul_params - shape.quantized_params - shape.converted_matmul_params
     if grad_checkpointing:
-        copies_of = shape.dims["vocab"] * shape.dims["hidden"]
+        copies_of = _outer_matmul(shape)
     full_weights = recipe.weight_dtype.itemsize == FP32 or recipe.quant
     copies = 2 * copies_of if recipe.autocast_dtype is not None and full_weights else 0
     act = _activations(shape, recipe, batch_size, seq_len, grad_checkpointing, device_type)
@@ -451,7 +532,19 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
         terms.update(_reruns(shape, recipe, act, [*held, ("weight copies", copies)], tokens,
                              trainable_weight))
     largest = max(shape.trainable_sizes, default=0) * trainable_weight
-    scratch = (grads if device_type == "cuda" else 2 * largest) if optimizer != "sgd" else 0
+    # torch's AdamW on the CPU: one tensor's scratch at a time (two of the largest); on a
+    # GPU trials run it fused (engine.run.trial.make_optimizer), one kernel that makes none;
+    # the other optimisers' GPU steps hold every gradient's worth at once
+    if optimizer == "sgd" or (optimizer == "adamw" and device_type == "cuda"):
+        scratch = 0
+    else:
+        scratch = grads if device_type == "cuda" else 2 * largest
+    if shape.tied_embedding_params:
+        # backward's end: every gradient (the head's share of the tied table among them),
+        # the lookup's dense gradient of the table and their sum, before it replaces the
+        # first (GPT-2 on the H200 and the CPU: two tables beside every gradient)
+        tied = 2 * shape.tied_embedding_params * trainable_weight
+        terms["backward end"] = [*held, ("grads", grads), ("tied embedding gradients", tied)]
     terms["optimiser step"] = [*held, ("grads", grads), ("optimiser scratch", scratch)]
     phases = {name: sum(b for _, b in parts) for name, parts in terms.items()}
     total = max(phases.values())
