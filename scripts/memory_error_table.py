@@ -5,8 +5,10 @@ the CPU runs, at two batch sizes and two sequence lengths, with gradient checkpo
 off and on, and compares engine.models.memory_model's predicted peak with the peak
 engine.measure.memtrack measured in the same trial.
 
-    nice python3 scripts/memory_error_table.py --out /tmp/grid.json   # ~10 min on 1 core
+    nice python3 scripts/memory_error_table.py --out /tmp/grid.json   # ~15 min on 1 core
     python3 scripts/memory_error_table.py --from /tmp/grid.json       # table only
+    python3 scripts/memory_error_table.py --out /tmp/cuda.json --as-cuda --checkpointing off \
+        --precisions int8,nf4    # the references the CUDA k-bit term is fitted against
 
 ``--out`` keeps each trial's measurement and the predictor's inputs, so ``--from``
 re-predicts with the current engine.models.memory_model without training again. Prints the
@@ -20,6 +22,7 @@ import dataclasses
 import json
 import sys
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -38,6 +41,7 @@ from engine.models.memory_model import (  # noqa: E402
     predict_memory,
     shape_of,
 )
+from engine.run.as_cuda import as_cuda  # noqa: E402
 from engine.run.trial import run_trial  # noqa: E402
 from tests.engine.families import FAMILIES  # noqa: E402
 
@@ -49,7 +53,10 @@ INIT_SCALE = 2.0**10
 
 
 def measure(out: Path, precisions: tuple[str, ...], families: tuple[str, ...] = tuple(FAMILIES),
-            shapes: tuple = SHAPES, checkpointing: tuple = (False, True)) -> list[dict]:
+            shapes: tuple = SHAPES, checkpointing: tuple = (False, True),
+            cuda: bool = False) -> list[dict]:
+    """Inline CPU trials; with ``cuda``, each as a CUDA card keeps its tensors
+    (engine.run.as_cuda): rows marked device "cuda"."""
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -63,8 +70,9 @@ def measure(out: Path, precisions: tuple[str, ...], families: tuple[str, ...] = 
                                            steps=1, warmup=0, device="cpu",
                                            isolation="inline", grad_checkpointing=ckpt,
                                            profile_step=False, init_scale=INIT_SCALE)
-                        result = run_trial(config, precision, probe("cpu"), lambda e: None,
-                                           lambda: False)
+                        with as_cuda() if cuda else nullcontext():
+                            result = run_trial(config, precision, probe("cpu"),
+                                               lambda e: None, lambda: False)
                         if result.status != "ok":
                             print(family, precision, batch, seq, ckpt, result.reason,
                                   file=sys.stderr)
@@ -72,6 +80,7 @@ def measure(out: Path, precisions: tuple[str, ...], families: tuple[str, ...] = 
                         mem = result.memory
                         rows.append(dict(family=family, precision=precision, batch=batch,
                                          seq=seq, ckpt=ckpt, measured=mem.total_bytes,
+                                         device="cuda" if cuda else "cpu",
                                          phase=mem.peak_phase,
                                          at_phase_start=mem.at_phase_start_bytes))
                         print(family, precision, batch, seq, ckpt, mem.total_bytes,
@@ -96,34 +105,37 @@ def shapes_of(rows: list[dict]) -> dict:
 
 
 def table(rows: list[dict], shapes: dict) -> str:
-    lines = ["| family | recipe | batch x seq | checkpointing | measured B | predicted B | error |",
-             "|---|---|---|---|---:|---:|---:|"]
+    lines = ["| family | recipe | batch x seq | checkpointing | device | measured B | "
+             "predicted B | error |", "|---|---|---|---|---|---:|---:|---:|"]
     worst = 0.0
     for r in rows:
         p = _predicted(r, shapes)
         err = 100 * (p - r["measured"]) / r["measured"]
         worst = max(worst, abs(err))
         lines.append(f"| {r['family']} | {r['precision']} | {r['batch']} x {r['seq']} | "
-                     f"{'on' if r['ckpt'] else 'off'} | {r['measured']:,} | {p:,} | "
+                     f"{'on' if r['ckpt'] else 'off'} | {_device(r)} | {r['measured']:,} | "
+                     f"{p:,} | "
                      f"{err:+.1f}% |")
     lines.append(f"\n{len(rows)} trials; worst |error| {worst:.1f}%")
     return "\n".join(lines)
 
 
-def fit_lora(rows: list[dict], shapes: dict) -> dict:
+def fit_lora(rows: list[dict], shapes: dict, device: str) -> dict:
     """Bytes per token per adapted input unit that a k-bit base with LoRA adapters saves
-    beyond the half-autocast calibration, per family and quantisation, from the trials
-    without checkpointing (what the forward saved, when backward began)."""
-    shapes = shapes_of(rows)
+    beyond the half-autocast calibration (the device's), per family and quantisation, from
+    the device's trials without checkpointing (what the forward saved, when backward
+    began)."""
     found: dict = {}
     for r in rows:
+        if _device(r) != device:
+            continue
         rec = recipe(r["precision"])
         shape = shapes[r["family"], r["precision"]]
         if not rec.lora or r["ckpt"] or not shape.lora_in_features:
             continue
         bare = dataclasses.replace(shape, lora_in_features=0)
         base = predict_memory(rec, "adamw", bare, r["batch"], r["seq"], False,
-                              "cpu").activations_bytes
+                              device).activations_bytes
         measured = r["at_phase_start"]["backward"]["activations"]
         per_unit = (measured - base) / (r["batch"] * r["seq"] * shape.lora_in_features)
         found.setdefault(shape.model_type, {}).setdefault(rec.quant, []).append(per_unit)
@@ -137,7 +149,7 @@ def fit_flow(rows: list[dict], shapes: dict) -> dict:
     flows = calibration().setdefault("rerun_flow", {})
     groups: dict = {}
     for r in rows:
-        if r["ckpt"]:
+        if r["ckpt"] and _device(r) == "cpu":
             key = (shapes[r["family"], r["precision"]].model_type,
                    _rerun_kind(recipe(r["precision"])))
             groups.setdefault(key, []).append(r)
@@ -152,10 +164,15 @@ def fit_flow(rows: list[dict], shapes: dict) -> dict:
     return flows
 
 
+def _device(row: dict) -> str:
+    """"cpu": a CPU trial; "cuda": a CPU trial as a card keeps its tensors (--as-cuda)."""
+    return row.get("device", "cpu")
+
+
 def _predicted(row: dict, shapes: dict) -> int:
     shape = shapes[row["family"], row["precision"]]
     return predict_memory(recipe(row["precision"]), "adamw", shape, row["batch"], row["seq"],
-                          row["ckpt"], "cpu").total_bytes
+                          row["ckpt"], _device(row)).total_bytes
 
 
 def _error(row: dict, shapes: dict) -> float:
@@ -165,7 +182,8 @@ def _error(row: dict, shapes: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="run the trials; keep them here (JSON)")
-    parser.add_argument("--from", dest="source", type=Path, help="re-predict kept trials")
+    parser.add_argument("--from", dest="source", type=Path, nargs="+",
+                        help="re-predict kept trials (one file or several)")
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--families", default=",".join(FAMILIES),
                         help="with --out: the families to run (tests/engine/families.py)")
@@ -173,27 +191,35 @@ def main() -> None:
                         help="with --out: batch x sequence, e.g. 4x128,2x32")
     parser.add_argument("--checkpointing", choices=("both", "off", "on"), default="both",
                         help="with --out: gradient checkpointing off, on or both")
+    parser.add_argument("--as-cuda", action="store_true",
+                        help="with --out: each trial as a CUDA card keeps its tensors "
+                             "(engine.run.as_cuda; checkpointing off only)")
     parser.add_argument("--fit", action="store_true",
                         help="fit the k-bit LoRA activation term and the checkpointed rerun "
                              "term from the trials; write them into "
                              "resources/activation_calibration.json")
     args = parser.parse_args()
     if args.source:
-        rows = json.loads(args.source.read_text(encoding="utf-8"))
+        rows = [r for f in args.source for r in json.loads(f.read_text(encoding="utf-8"))]
     elif args.out:
+        if args.as_cuda and args.checkpointing != "off":
+            parser.error("--as-cuda runs without checkpointing: add --checkpointing off")
         shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))
         ckpt = {"both": (False, True), "off": (False,), "on": (True,)}[args.checkpointing]
         rows = measure(args.out, tuple(args.precisions.split(",")),
-                       tuple(args.families.split(",")), shapes, ckpt)
+                       tuple(args.families.split(",")), shapes, ckpt, args.as_cuda)
     else:
         parser.error("pass --out FILE (run the trials) or --from FILE (re-predict)")
     shapes = shapes_of(rows)
     if args.fit:  # the model reads the cached table: refit in it, then store it
         stored = calibration()
-        stored.pop("rerun_flow", None)
-        stored["lora_activations"] = {}
-        stored["lora_activations"] = fit_lora(rows, shapes)
-        fit_flow(rows, shapes)
+        for device, key in (("cpu", "lora_activations"), ("cuda", "lora_activations_cuda")):
+            if any(_device(r) == device for r in rows):  # refit the devices these rows hold
+                stored[key] = {}
+                stored[key] = fit_lora(rows, shapes, device)
+        if any(r["ckpt"] for r in rows):
+            stored.pop("rerun_flow", None)
+            fit_flow(rows, shapes)
         CALIBRATION.write_text(json.dumps(stored, indent=1) + "\n", encoding="utf-8")
     print(table(rows, shapes))
 

@@ -348,8 +348,7 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
         method = (f"per-layer model calibrated for '{shape.model_type}' ({note}, {attention} "
                   f"attention) against the tracker on the CPU")
     layers = sum(n for _, n, _ in stacks)
-    per_unit = calibration().get("lora_activations", {}).get(shape.model_type, {}).get(
-        recipe.quant or "", 0.0) if recipe.lora else 0.0
+    per_unit = _lora_per_unit(shape.model_type, recipe, device_type)
     if per_unit and shape.lora_in_features:
         # what a k-bit base with adapters saves beyond the half-autocast calibration (the
         # adapters' inputs and outputs, fp32 LayerNorm outputs): per token per unit of the
@@ -378,6 +377,18 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
         parts = " + ".join(f"{n}·{b:,} B per {name}" for name, n, b in stacks)
         formula = f"{parts} + outside the layers {outer:,} B = {saved:,} B"
     return _Saved(saved, one_layer, layer_input, layers, formula, method)
+
+
+def _lora_per_unit(model_type: str, recipe: Recipe, device_type: str) -> float:
+    """The k-bit LoRA term: fitted on CPU trials, and for CUDA on CPU trials run as a card
+    keeps its tensors (engine.run.as_cuda: bitsandbytes' int8 kernels run outside
+    autocast there); the CPU's where a family has no CUDA fit."""
+    if not recipe.lora:
+        return 0.0
+    fitted = calibration().get("lora_activations", {}).get(model_type, {})
+    if device_type == "cuda":
+        fitted = calibration().get("lora_activations_cuda", {}).get(model_type, fitted)
+    return fitted.get(recipe.quant or "", 0.0)
 
 
 @dataclass(frozen=True)
