@@ -120,6 +120,39 @@ def table(rows: list[dict], shapes: dict) -> str:
     return "\n".join(lines)
 
 
+def gpu_table(reports: list[Path]) -> str:
+    """Each finished trial of the GPU reports against the model re-predicted now for its
+    device (the report holds the prediction of the day it ran), by the model's shape as a
+    plan builds it (engine.run.plan.meta_shape)."""
+    from engine.record.json_report import parse_report
+    from engine.run.plan import PlanConfig, meta_shape
+
+    lines = ["| report | recipe | batch x seq | measured | predicted | error | "
+             "activations' error |", "|---|---|---|---:|---:|---:|---:|"]
+    worst = 0.0
+    for path in reports:
+        record = parse_report(path.read_text(encoding="utf-8"), path.name)
+        config = record.config
+        for t in record.trials:
+            if t.status != "ok" or t.memory is None:
+                continue
+            shape = meta_shape(PlanConfig(model=config["model"], precisions=(t.precision,)),
+                               t.precision)
+            p = predict_memory(recipe(t.precision), config["optimizer"], shape,
+                               config["batch_size"], config["seq_len"],
+                               config["grad_checkpointing"], "cuda")
+            m = t.memory
+            err = 100 * (p.total_bytes - m.total_bytes) / m.total_bytes
+            saved = (m.at_phase_start_bytes or {}).get("backward", {}).get("activations")
+            act = f"{100 * (p.activations_bytes - saved) / saved:+.1f}%" if saved else "n/a"
+            worst = max(worst, abs(err))
+            lines.append(f"| {path.name} | {t.precision} | {config['batch_size']} x "
+                         f"{config['seq_len']} | {m.total_bytes / 2**30:.2f} GiB | "
+                         f"{p.total_bytes / 2**30:.2f} GiB | {err:+.1f}% | {act} |")
+    lines.append(f"\nworst |error| {worst:.1f}%")
+    return "\n".join(lines)
+
+
 def fit_lora(rows: list[dict], shapes: dict, device: str) -> dict:
     """Bytes per token per adapted input unit that a k-bit base with LoRA adapters saves
     beyond the half-autocast calibration (the device's), per family and quantisation, from
@@ -194,11 +227,17 @@ def main() -> None:
     parser.add_argument("--as-cuda", action="store_true",
                         help="with --out: each trial as a CUDA card keeps its tensors "
                              "(engine.run.as_cuda; checkpointing off only)")
+    parser.add_argument("--gpu-reports", type=Path, nargs="+",
+                        help="JSON reports of GPU runs: their trials against the model "
+                             "re-predicted for the device (no trial runs)")
     parser.add_argument("--fit", action="store_true",
                         help="fit the k-bit LoRA activation term and the checkpointed rerun "
                              "term from the trials; write them into "
                              "resources/activation_calibration.json")
     args = parser.parse_args()
+    if args.gpu_reports:
+        print(gpu_table(args.gpu_reports))
+        return
     if args.source:
         rows = [r for f in args.source for r in json.loads(f.read_text(encoding="utf-8"))]
     elif args.out:
