@@ -146,7 +146,7 @@ def fit(family: str, mode: str, attention: str, rng: random.Random) -> dict:
                            layers, shp["vocab"])
             d = dims(config)
             tokens = shp["batch"] * shp["seq"]
-            x = basis_values(d, shp["seq"])
+            x = basis_values(d, shp["seq"], shp["batch"])
             layer_cols = [v * n for n in layers for v in x["layer"]]
             rows.append(layer_cols + x["outer"])
             targets.append(saved_bytes(config, attention, mode, shp["batch"], shp["seq"])

@@ -54,7 +54,10 @@ TORCHAO_STATE = {"adamw8bit-ao": (8, 256, 256 * FP32), "adamw4bit": (4, 128, 16 
 TORCHAO_MIN_SIZE = 4096  # torchao quantises state tensors of at least this many elements
 CALIBRATION = RESOURCES / "activation_calibration.json"
 LAYER_BASIS = ("hidden", "attention_width", "kv_width", "mlp_width", "scores", "heads", "one")
-OUTER_BASIS = ("hidden", "vocab", "one")
+# "position_bias": heads x sequence / batch per token, i.e. heads x sequence^2 for the whole
+# batch: T5's relative position bias, made once per stack for every sequence of the batch.
+# A family fitted before it has three outer coefficients (zip stops there)
+OUTER_BASIS = ("hidden", "vocab", "one", "position_bias")
 
 # predicted category -> (measured MemoryBreakdown field, or phase whose start it is held at)
 _MEASURED = {
@@ -202,13 +205,13 @@ def _trainable_in(modules: list[nn.Module]) -> int:
     return sum(seen.values())
 
 
-def basis_values(model_dims: dict, seq_len: int) -> dict:
+def basis_values(model_dims: dict, seq_len: int, batch: int = 1) -> dict:
     """Units per token of each piece: one list for a layer, one for the outer model."""
     d = model_dims
     return {
         "layer": [d["hidden"], d["attention_width"], d["kv_heads"] * d["head_dim"],
                   d["intermediate"], d["n_heads"] * seq_len, d["n_heads"], 1],
-        "outer": [d["hidden"], d["vocab"], 1],
+        "outer": [d["hidden"], d["vocab"], 1, d["n_heads"] * seq_len / batch],
     }
 
 
@@ -334,7 +337,7 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
                   "et al. 2022 per layer, logits and loss outside")
         stacks = [("layer", d["n_layers"], layer)]
     else:
-        x = basis_values(d, seq)
+        x = basis_values(d, seq, batch)
 
         def per_layer(coef):
             return round(scale * tokens * sum(c * v for c, v in zip(coef, x["layer"])))
@@ -348,16 +351,23 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
         method = (f"per-layer model calibrated for '{shape.model_type}' ({note}, {attention} "
                   f"attention) against the tracker on the CPU")
     layers = sum(n for _, n, _ in stacks)
-    per_unit = _lora_per_unit(shape.model_type, recipe, device_type)
-    if per_unit and shape.lora_in_features:
+    per_unit, per_score = _lora_terms(shape.model_type, recipe, device_type)
+    lora_on = bool((per_unit or per_score) and shape.lora_in_features)
+    if lora_on:
         # what a k-bit base with adapters saves beyond the half-autocast calibration (the
         # adapters' inputs and outputs, fp32 LayerNorm outputs): per token per unit of the
-        # adapted layers' input width, shared evenly by the layers
+        # adapted layers' input width, shared evenly by the layers; and where a family's
+        # attention keeps other score tensors over a k-bit base (T5: fewer), per token
+        # per head x sequence in each layer
         lora = round(per_unit * tokens * shape.lora_in_features / layers)
-        stacks = [(name, n, b + lora) for name, n, b in stacks]
+        scores = round(per_score * tokens * d["n_heads"] * seq)
+        stacks = [(name, n, b + lora + scores) for name, n, b in stacks]
         method += (f"; {recipe.quant} base with LoRA: {per_unit} B per token per adapted "
-                   "input unit more")
-    one_layer = max(b for _, _, b in stacks)
+                   "input unit more" + (f", {per_score} B per token per head x sequence in "
+                                        "each layer" if per_score else ""))
+    # (a checkpointed rerun's own bytes are fitted beside it, rerun_flow, without the
+    # score term: the rerun of a T5 layer over a k-bit base was not seen to keep fewer)
+    one_layer = max(b for _, _, b in stacks) - (scores if per_score and lora_on else 0)
     # each checkpointed layer keeps its input, in the residual stream's dtype (the
     # weights': autocast's half outputs are added to it; fp32 over a k-bit base, whose
     # embeddings and norms peft upcasts), and on the CPU the generator's state
@@ -379,16 +389,18 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
     return _Saved(saved, one_layer, layer_input, layers, formula, method)
 
 
-def _lora_per_unit(model_type: str, recipe: Recipe, device_type: str) -> float:
-    """The k-bit LoRA term: fitted on CPU trials, and for CUDA on CPU trials run as a card
-    keeps its tensors (engine.run.as_cuda: bitsandbytes' int8 kernels run outside
-    autocast there); the CPU's where a family has no CUDA fit."""
+def _lora_terms(model_type: str, recipe: Recipe, device_type: str) -> tuple[float, float]:
+    """The k-bit LoRA terms (per adapted input unit, per score), fitted on CPU trials, and
+    for CUDA on CPU trials run as a card keeps its tensors (engine.run.as_cuda:
+    bitsandbytes' int8 kernels run outside autocast there); the CPU's where a family has
+    no CUDA fit. A single number is the first term alone."""
     if not recipe.lora:
-        return 0.0
+        return 0.0, 0.0
     fitted = calibration().get("lora_activations", {}).get(model_type, {})
     if device_type == "cuda":
         fitted = calibration().get("lora_activations_cuda", {}).get(model_type, fitted)
-    return fitted.get(recipe.quant or "", 0.0)
+    value = fitted.get(recipe.quant or "", 0.0)
+    return (float(value), 0.0) if isinstance(value, int | float) else tuple(value)
 
 
 @dataclass(frozen=True)
