@@ -193,6 +193,28 @@ def fit_lora(rows: list[dict], shapes: dict, device: str) -> dict:
     return fitted
 
 
+def fit_outer(rows: list[dict], shapes: dict) -> dict:
+    """Bytes per token per vocabulary unit that a k-bit base with LoRA keeps outside the
+    layers beyond the half-autocast calibration, per family and quantisation: from the
+    CPU trials with checkpointing, where the layers keep only their inputs (what the
+    forward saved, when backward began), the mean."""
+    stored = calibration()
+    stored["lora_outer"] = {}
+    found: dict = {}
+    for r in rows:
+        rec = recipe(r["precision"])
+        shape = shapes[r["family"], r["precision"]]
+        if _device(r) != "cpu" or not rec.lora or not r["ckpt"]:
+            continue
+        predicted = predict_memory(rec, "adamw", shape, r["batch"], r["seq"], True,
+                                   "cpu").activations_bytes
+        measured = r["at_phase_start"]["backward"]["activations"]
+        found.setdefault(shape.model_type, {}).setdefault(rec.quant, []).append(
+            (measured - predicted) / (r["batch"] * r["seq"] * shape.dims["vocab"]))
+    return {family: {q: round(sum(v) / len(v), 3) for q, v in by.items()}
+            for family, by in found.items()}
+
+
 def fit_flow(rows: list[dict], shapes: dict) -> dict:
     """Per family and rerun kind (engine.models.memory_model._rerun_kind), the rerun term (bytes
     per token per hidden unit) whose worst error over the checkpointed trials is least."""
@@ -269,6 +291,8 @@ def main() -> None:
     shapes = shapes_of(rows)
     if args.fit:  # the model reads the cached table: refit in it, then store it
         stored = calibration()
+        if any(r["ckpt"] and _device(r) == "cpu" for r in rows):
+            stored["lora_outer"] = fit_outer(rows, shapes)
         for device, key in (("cpu", "lora_activations"), ("cuda", "lora_activations_cuda")):
             if any(_device(r) == device for r in rows):  # refit the devices these rows hold
                 stored[key] = {}

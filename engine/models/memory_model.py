@@ -351,6 +351,14 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
         method = (f"per-layer model calibrated for '{shape.model_type}' ({note}, {attention} "
                   f"attention) against the tracker on the CPU")
     layers = sum(n for _, n, _ in stacks)
+    per_vocab = calibration().get("lora_outer", {}).get(shape.model_type, {}).get(
+        recipe.quant or "", 0.0) if recipe.lora else 0.0
+    if per_vocab:
+        # outside the layers a k-bit base with LoRA keeps other logits than autocast over
+        # fp32 weights (peft's fp32 head): fitted per token per vocabulary unit on the
+        # checkpointed trials, where the layers save only their inputs
+        outer += round(per_vocab * tokens * d["vocab"])
+        method += f"; {per_vocab} B per token per vocabulary unit outside the layers"
     per_unit, per_score = _lora_terms(shape.model_type, recipe, device_type)
     lora_on = bool((per_unit or per_score) and shape.lora_in_features)
     if lora_on:
