@@ -10,17 +10,21 @@ pieces of a layer: the hidden width h, the query width heads x head_dim, the key
 width (grouped-query attention shrinks it), the MLP width (a SwiGLU MLP saves more per
 unit than a GELU one), the attention scores (heads x sequence: eager attention keeps
 them, fused attention does not) and per-head statistics, plus the parts outside the
-layers (embeddings, final norm, logits and loss). The bytes per unit of each piece are
-calibrated per architecture family, activation mode and attention implementation
-against engine.measure.memtrack on the CPU (``scripts/calibrate_activations.py``, stored in
-``resources/activation_calibration.json``). A family not in that table falls back to
-Korthikanti et al. 2022, s·b·h·(34 + 5·a·s/h) bytes per layer at 2-byte activations,
-and says so. Autocast's low-precision weight copies, which linear layers save for
-backward, are their own category: 2 bytes per matmul weight. Two terms are fitted per
-family on whole CPU trials by ``scripts/memory_error_table.py`` (same file): what a k-bit
-base with LoRA adapters saves beyond the half-autocast calibration, and what a
-checkpointed layer's rerun holds beyond its activations; docs/memory-model.md has the
-error per family, shape and recipe.
+layers (embeddings, final norm, logits and loss; T5's relative position bias, once per
+batch). The bytes per unit of each piece are calibrated per architecture family,
+activation mode and attention implementation against engine.measure.memtrack on the CPU,
+with the key/value cache off as trials load models (``scripts/calibrate_activations.py``,
+stored in ``resources/activation_calibration.json``); autocast on a CUDA device has its
+own mode, measured under CUDA's op lists (engine.run.plan_autocast.CudaAutocast). A
+family not in that table falls back to Korthikanti et al. 2022, s·b·h·(34 + 5·a·s/h)
+bytes per layer at 2-byte activations, and says so. Autocast's low-precision weight
+copies, which linear layers save for backward, are their own category: 2 bytes per
+matmul weight. Terms are fitted per family on whole CPU trials by
+``scripts/memory_error_table.py`` (same file): what a k-bit base with LoRA adapters saves
+beyond the half-autocast calibration, outside the layers and in them (for CUDA, on CPU
+trials run as the card keeps tensors, engine.run.as_cuda), and what a checkpointed
+layer's rerun holds beyond its activations; docs/memory-model.md has the error per
+family, shape, recipe and device.
 """
 
 from __future__ import annotations
