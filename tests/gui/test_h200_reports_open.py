@@ -41,6 +41,7 @@ def test_every_real_h200_report_opens_in_the_window(qtbot, window, tmp_path, mon
         record = shown.args[0]
         assert window.record is record and record.trials
         assert window.statusBar().currentMessage().startswith(f"Showing run {record.run_id}")
+        assert window.run_progress.text() == "report"  # no run is in progress
         log = window.log.toPlainText()
         if bad:
             assert log.count("was repaired on reading") == 1, log
