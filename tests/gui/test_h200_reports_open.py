@@ -88,3 +88,25 @@ def test_the_kernels_summary_shows_every_precision_at_1366_by_768(qtbot, window,
         assert shown.contains(cell), (row, cell, shown)
     upper, lower = view.split.sizes()
     assert lower >= upper
+
+
+def test_every_bar_caption_of_the_compare_tab_is_inside_its_chart_at_1366_by_768(
+        qtbot, window, tmp_path, monkeypatch):
+    """A caption is a line of text above its bar: on the Compare tab's short charts a fixed
+    share of headroom cut the tallest bars' captions ("61.1%", "13.92 GiB") at the top."""
+    import pyqtgraph as pg
+
+    window.resize(1366, 768)
+    path = unpack("01-gpt2-fp32_tf32_fp16-amp_bf16-amp_fp16_bf16.json", tmp_path)
+    with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS):
+        _open_through_file_menu(window, monkeypatch, path)
+    window.tabs.setCurrentWidget(window.compare_view)
+    pause(300)
+    for key in ("throughput", "mfu", "peak_memory"):
+        box = window.compare_view.plots[key].getViewBox()
+        inside = box.sceneBoundingRect()
+        captions = [item for item in box.addedItems if isinstance(item, pg.TextItem)]
+        assert len(captions) == 6, key
+        for caption in captions:
+            rect = caption.sceneBoundingRect()
+            assert rect.top() >= inside.top() - 1, (key, caption.textItem.toPlainText())
