@@ -223,15 +223,6 @@ class PlanResult:
     answers: list = field(default_factory=list)
 
 
-def _traceable(precision: str) -> str | None:
-    from engine.core.recipes import recipe
-
-    if recipe(base_precision(precision)).quant:
-        return ("bitsandbytes quantises the weights while loading a checkpoint, which fake "
-                "tensors have none of")
-    return None
-
-
 def trial_optimizer(config: PlanConfig, precision: str) -> str:
     """The optimiser a trial label trains with: its '+OPTIM' suffix, else --optimizer."""
     return split_label(precision)[1] or config.optimizer
@@ -342,6 +333,7 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     from engine.core.recipes import autocast_for, fp32_precision, recipe
     from engine.models.load import load_model, make_batches
     from engine.run.plan_autocast import CudaAttention, CudaAutocast, recompute_as_traced
+    from engine.run.plan_quant import bitsandbytes_as, load_quantised
     from engine.run.trial import BATCH_POOL, adam_eps, make_scaler, tracked_step
 
     name, optim, reduce = split_label(precision)
@@ -349,9 +341,12 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     run = config.run_config(batch_size)
     device = torch.device("cpu")
     mode = FakeTensorMode()
+    # bitsandbytes' layers as the card (or the CPU) runs them; nothing for other recipes
+    quant = bitsandbytes_as(config.trace_as == "card") if rec.quant else nullcontext()
     with fp32_precision(rec), mode:
-        loaded = load_model(config.model, rec, device, run.seed, run.trust_remote_code,
-                            run.lora_r, config.grad_checkpointing)
+        load = load_quantised if rec.quant else load_model
+        loaded = load(config.model, rec, device, run.seed, run.trust_remote_code,
+                      run.lora_r, config.grad_checkpointing)
         model = loaded.model
         if config.strategy == "fsdp2":
             from engine.distributed.rank_main import _scaler, _wrap
@@ -377,7 +372,7 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     cuda = CudaAutocast() if casts else nullcontext()
     attention = CudaAttention() if config.trace_as == "card" else nullcontext()
     recompute_as_traced(model, casts, config.trace_as == "card")
-    with fp32_precision(rec), mode, _unpacked_rows(), cuda, attention:
+    with fp32_precision(rec), mode, quant, _unpacked_rows(), cuda, attention:
         batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
 
         # a warm-up step, its forward and backward counted as a trial's probe counts them
@@ -560,7 +555,7 @@ def _plan(config: PlanConfig, log) -> PlanResult:
     reports = [(path, read_report(path)) for path in config.measured]  # bad files: say first
     trials = []
     for precision in config.precisions:
-        reason = _traceable(precision)
+        reason = None  # why the step was not traced
         peaks: dict[int, int | None] = {}
         by_dtype: dict = {}
         bytes_moved = fused = None
