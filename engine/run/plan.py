@@ -15,8 +15,9 @@ memory-efficient kernels keep for backward (the output and its log-sum-exp); wha
 allocator adds (512-byte rounding, cuBLAS workspaces, the context) is covered by the
 stated context allowance.
 
-What fake tensors cannot run (bitsandbytes' quantised layers, which quantise real weights
-while loading; a custom op without a fake kernel) falls back to engine.models.memory_model, and
+int8 and nf4 are traced as bitsandbytes runs them on the card (engine.run.plan_quant: fake
+quantised weights of the sizes the card stores, LLM.int8's CUDA matmul). What fake tensors
+cannot run (a custom op without a fake kernel) falls back to engine.models.memory_model, and
 says so in the trial. ``--strategy fsdp2`` traces rank 0 on torch's fake process group;
 DDP cannot run there, so its buckets are added to the one-process trace.
 
@@ -574,13 +575,15 @@ def _plan(config: PlanConfig, log) -> PlanResult:
                 reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
             else:
                 from engine.measure.memory_breakdown import breakdown_fields
+                from engine.run.plan_quant import quant_note
 
                 trace_s = time.perf_counter() - start
                 policy = _step_policy(config, precision)
                 memory = MemoryBreakdown(
                     **breakdown_fields(measured, TRACE_METHOD),
                     notes=f"traced on the CPU device; autocast: {policy or 'none'}; "
-                          f"{_attention_note(config)}CUDA's allocator rounding and kernels' "
+                          f"{_attention_note(config)}{quant_note(precision, config.trace_as)}"
+                          "CUDA's allocator rounding and kernels' "
                           "scratch are not in this figure")
                 if base_precision(precision) in FSDP2_ONLY:
                     memory = dataclasses.replace(memory, notes=f"{memory.notes}; {_PRECOMPUTE}")
@@ -688,7 +691,8 @@ def _gib(value: int | None) -> str:
 
 # the rows of traced vs measured: the peak, then its categories
 SIDE_BY_SIDE = (("peak", "total_bytes"), ("params", "params_bytes"),
-                ("buffers", "buffers_bytes"), ("grads", "grads_bytes"),
+                ("buffers", "buffers_bytes"), ("quant state", "quant_state_bytes"),
+                ("grads", "grads_bytes"),
                 ("optimizer", "optimizer_bytes"), ("inputs", "inputs_bytes"),
                 ("weight copies", "weight_copies_bytes"), ("activations", "activations_bytes"),
                 ("temporaries", "temporaries_bytes"))
@@ -793,6 +797,8 @@ def format_plan(result: PlanResult) -> str:
                      f"weight copies {size_text(mem.weight_copies_bytes)}, activations "
                      f"{size_text(mem.activations_bytes)}, temporaries "
                      f"{size_text(mem.temporaries_bytes)}")
+            if mem.quant_state_bytes:  # bitsandbytes' scales and code books
+                head += f", quant state {size_text(mem.quant_state_bytes)}"
             head += peak_phase_note(mem)
         lines.append(head)
         if trial.autocast_policy:

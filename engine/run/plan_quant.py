@@ -46,6 +46,17 @@ CPU_NOTE = ("bitsandbytes as on the CPU: int8 through MatMul8bitFp (each weight 
             "to the input's dtype), nf4 through MatMul4Bit")
 
 
+def quant_note(precision: str, trace_as: str) -> str:
+    """How the trace ran bitsandbytes' layers, for the traced memory's notes ("" where the
+    recipe has none)."""
+    from engine.core.config import base_precision
+    from engine.core.recipes import recipe
+
+    if not recipe(base_precision(precision)).quant:
+        return ""
+    return f"{CUDA_NOTE if trace_as == 'card' else CPU_NOTE}; "
+
+
 def load_quantised(model: str, rec, device: torch.device, seed: int, trust: bool,
                    lora_r: int, grad_checkpointing: bool):
     """engine.models.load.load_model for a quantised recipe, under an active FakeTensorMode:
@@ -73,7 +84,8 @@ def load_quantised(model: str, rec, device: torch.device, seed: int, trust: bool
     quantizer = AutoHfQuantizer.from_config(_bnb_config(rec), pre_quantized=False)
     with unset_fake_temporarily():  # its new layers are made on meta, outside the fake mode
         quantizer.preprocess_model(net, dtype=rec.weight_dtype, device_map={"": device.type})
-    _quantise_layers(net, originals)
+    with torch.no_grad():  # loading quantises values, not a graph
+        _quantise_layers(net, originals)
     quantizer.postprocess_model(net)
     footprint = int(net.get_memory_footprint())
     note = footprint_note(config, net)
