@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.core.recipes import recipe
-from engine.models.load import dims, load_model
+from engine.models.load import dims, load_config, load_model, resolve_source
 from engine.models.memory_model import shape_of
 from engine.run.plan import PlanConfig, meta_shape, plan
 from tests.engine.families import FAMILIES
@@ -20,17 +20,21 @@ def _source(tmp_path, family: str) -> str:
     return "tiny" if family == "tiny" else _folder(tmp_path, family)
 
 
-@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+@pytest.mark.parametrize("family,checkpointing", [
+    ("tiny", False), ("llama-gqa", False), ("tiny", True)])
 @pytest.mark.parametrize("precision", ["int8", "nf4"])
-def test_traced_as_the_cpu_runs_it_equals_a_real_cpu_trial(tmp_path, family, precision):
-    """tiny is GPT-2 (Conv1D layers, transposed while quantised), llama-gqa nn.Linear."""
+def test_traced_as_the_cpu_runs_it_equals_a_real_cpu_trial(tmp_path, family, checkpointing,
+                                                            precision):
+    """tiny is GPT-2 (Conv1D layers, transposed while quantised), llama-gqa nn.Linear;
+    with checkpointing, peft's reentrant checkpoint recomputes each layer."""
     source = _source(tmp_path, family)
     config = PlanConfig(model=source, precisions=(precision,), batch_size=2, seq_len=32,
-                        max_batch=0, trace_as="cpu", cards=("RTX 4090",))
+                        max_batch=0, trace_as="cpu", cards=("RTX 4090",),
+                        grad_checkpointing=checkpointing)
     trial = plan(config).trials[0]
     assert trial.method == "traced", trial.reason
     assert "bitsandbytes as on the CPU" in trial.memory.notes
-    measured = _measured(source, precision, 2, 32)
+    measured = _measured(source, precision, 2, 32, checkpointing)
     traced = trial.memory
     assert _close(traced.total_bytes, measured.total_bytes), (traced.total_bytes,
                                                               measured.total_bytes)
@@ -80,3 +84,28 @@ def test_meta_shape_is_the_loaded_quantised_model(tmp_path, family, precision):
     real = shape_of(loaded.model, loaded.config, dims(loaded.config))
     assert loaded.model.get_nb_trainable_parameters()[0] == real.trainable_params > 0
     assert dataclasses.asdict(real) == dataclasses.asdict(meta_shape(config, precision))
+
+
+@pytest.mark.parametrize("precision", ["int8", "nf4"])
+def test_checkpointed_layers_recompute_under_the_cards_modes(monkeypatch, precision):
+    """peft checkpoints a quantised model with the reentrant checkpoint, whose recompute
+    runs with Python function modes off and takes no context_fn: the recompute still runs
+    under the card's attention (and casts), so each SDPA call is seen twice per step,
+    in forward and in backward's recompute."""
+    import engine.run.plan_autocast as plan_autocast
+
+    seen = []
+    real = plan_autocast.CudaAttention.__torch_function__
+
+    def watch(self, func, types, args=(), kwargs=None):
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            seen.append(torch.is_grad_enabled())
+        return real(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(plan_autocast.CudaAttention, "__torch_function__", watch)
+    config = PlanConfig(model="tiny", precisions=(precision,), batch_size=2, seq_len=32,
+                        max_batch=0, grad_checkpointing=True, cards=("H200",))
+    trial = plan(config).trials[0]
+    assert trial.method == "traced", trial.reason
+    layers = load_config(resolve_source("tiny"))[0].n_layer
+    assert len(seen) == 2 * 2 * layers  # the probe step and the watched one
