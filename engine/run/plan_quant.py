@@ -19,11 +19,19 @@ The step then runs bitsandbytes' own layers. Where the CUDA path differs from th
   ``MatMul8bitLt``: the input cast to fp16 and quantised to int8 (``int8_vectorwise_quant``)
   and an int8 matmul (``int8_mixed_scaled_mm``) in forward, which keeps the input for
   backward; backward dequantises the weight (``CB`` x ``SCB`` / 127) in the input's dtype.
-  ``CudaBitsandbytes`` makes the trace take that branch.
-- the outlier columns (inputs with \\|x\\| >= the threshold, 6.0) depend on the values,
-  which fake tensors have none of: the trace takes the branch with none, so ``subA``
-  (the outlier columns kept for backward, rows x outliers in the input's dtype) is empty.
+  ``bitsandbytes_as(card=True)`` makes the trace take that branch.
+- the outlier columns (inputs whose magnitude reaches the threshold, 6.0) depend on the
+  values, which fake tensors have none of: the trace takes the branch with none
+  (``NoOutliers``), so ``subA`` (the outlier columns kept for backward, rows x outliers in
+  the input's dtype) is empty.
+- peft's LoRA layers ask ``torch.is_autocast_enabled()``, CUDA's autocast, which is on in
+  the recipe's region on the card and off on the CPU trace; it answers as on the card.
 - nf4 runs the same code on both (``gemm_4bit`` forward, ``dequantize_4bit`` in backward).
+
+Trials load with ``bnb_4bit_use_double_quant=False``. With double quantisation,
+bitsandbytes 0.50's ``quantize_4bit`` reads a value of the absmax it quantises (an
+``aten._local_scalar_dense``), which fake tensors cannot give: such a recipe would fall
+back to the memory model, saying so.
 
 Kernels' inner scratch (the CUDA kernels' outlier masks, a fallback's dequantised weight
 inside ``gemm_4bit``) is not seen on the card either: engine.measure.memtrack sees an op's
