@@ -19,6 +19,7 @@ measured once, in an untimed warm-up run, and cached for all). For each it print
     python benchmarks/sweep_phases.py --baseline /work/wt/base --repeat 2
     python benchmarks/sweep_phases.py --precisions fp32   # the window's default run (goal < 90 s)
     python benchmarks/sweep_phases.py --steps 2 --warmup 1 --precisions fp32,bf16  # smoke
+    python benchmarks/sweep_phases.py --interleave off   # what the second rounds cost
 
 The other settings default to the window's (batch 4 x 128, 10 measured steps after 2
 warm-up, interleaving auto, kernel profile and SQNR pass on).
@@ -48,7 +49,7 @@ def run_sweep(checkout: Path, args, data: Path, out: Path) -> float:
     cmd = [sys.executable, "main.py", "profile", "--model", "tiny", "--device", "cpu",
            "--precision", args.precisions, "--steps", str(args.steps), "--warmup",
            str(args.warmup), "--batch-size", str(args.batch_size), "--seq-len",
-           str(args.seq_len), "--quiet", "--out", str(out)]
+           str(args.seq_len), "--interleave", args.interleave, "--quiet", "--out", str(out)]
     env = dict(os.environ, AMPSCOPE_DATA_DIR=str(data))
     began = time.perf_counter()
     done = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True,
@@ -147,6 +148,8 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--repeat", type=int, default=1, help="sweeps per checkout, alternating")
+    p.add_argument("--interleave", choices=("auto", "on", "off"), default="auto",
+                   help="as main.py profile's (auto: the window's default, 2 rounds here)")
     args = p.parse_args()
     if args.baseline is not None and not (args.baseline / "main.py").is_file():
         print(f"--baseline {args.baseline}: no main.py there: pass a checkout's root folder")

@@ -57,6 +57,9 @@ EMPTY_TEXT = ("Nothing to compare yet. When a run ends (Run tab), or when you op
               "memory by category, throughput, MFU, peak memory and the comparison table.")
 
 
+CAPTION_PX = 22  # a caption's line above its bar, with a gap
+
+
 def _mib(value: int | None) -> float | None:
     return None if value is None else value / MIB
 
@@ -102,6 +105,7 @@ class CompareView(QWidget):
         self.speed_note.setToolTip(f"Rule: {NOISY_RULE}.\nSpread: {spread.METHOD}.")
         self.charts = pg.GraphicsLayoutWidget()
         self.plots: dict[str, pg.PlotItem] = {}
+        self._caption_tops: dict[str, float] = {}  # per chart, the highest caption's foot
         for i, (key, (title, label, units)) in enumerate(COMPARE_CHARTS.items()):
             if key == "memory":  # its legend in a row of its own above it, off the bars
                 cell = self.charts.addLayout(row=i // 2, col=i % 2)
@@ -118,6 +122,7 @@ class CompareView(QWidget):
             plot.showGrid(y=True, alpha=0.25)
             plot.setMouseEnabled(x=False, y=False)
             self.plots[key] = plot
+            plot.getViewBox().sigResized.connect(lambda _box, key=key: self._fit_captions(key))
 
         self.model = ComparisonModel(self)
         self.proxy = RawValueSortProxy(self)
@@ -186,6 +191,7 @@ class CompareView(QWidget):
         self.speed_note.setStyleSheet("color: #C00000; font-weight: bold;" if verdict.noisy
                                       else "")
         labels = [t.precision for t in record.trials]
+        self._caption_tops.clear()
         for plot in self.plots.values():
             plot.clear()
             plot.getAxis("bottom").setTicks([list(enumerate(labels))])
@@ -264,8 +270,9 @@ class CompareView(QWidget):
             plot.addItem(pg.BarGraphItem(
                 x=present, height=[values[i] for i in present], width=0.6,
                 brushes=[precision_color(labels[i]) for i in present], pen=None))
-        top = max((values[i] for i in present), default=1.0)
-        plot.setYRange(0, top * 1.3 or 1.0, padding=0)  # room for the caption above a bar
+        feet = [max(values[i], caption_at[i]) if caption_at and caption_at[i] is not None
+                else values[i] for i in present]
+        self._room_for_captions(key, max(feet, default=1.0) or 1.0)
         for i, trial in enumerate(trials):
             if values[i] is None:
                 self._na(plot, i, trial)
@@ -287,8 +294,24 @@ class CompareView(QWidget):
             top=np.array([intervals[i][1] - values[i] for i in shown]),
             bottom=np.array([values[i] - intervals[i][0] for i in shown]),
             beam=0.2, pen=pg.mkPen("#222222", width=1.2)))
-        top = max(intervals[i][1] for i in shown)
-        plot.setYRange(0, max(plot.getViewBox().viewRange()[1][1], top * 1.18), padding=0)
+        self._room_for_captions(key, max(intervals[i][1] for i in shown))
+
+    def _room_for_captions(self, key: str, top: float) -> None:
+        """Keep room above ``top`` (the foot of the highest caption or whisker)."""
+        self._caption_tops[key] = max(top, self._caption_tops.get(key, 0.0))
+        self._fit_captions(key)
+
+    def _fit_captions(self, key: str) -> None:
+        """A caption is a line of text, a fixed height in pixels: a short chart (the
+        Compare tab at 768 px) needs a larger share of its range above the bars than a
+        tall one, so the range follows the chart's height as it is resized."""
+        top = self._caption_tops.get(key)
+        if not top:
+            return
+        plot = self.plots[key]
+        height = plot.getViewBox().height()
+        share = min(0.6, CAPTION_PX / height) if height > 0 else 0.3
+        plot.setYRange(0, top / (1 - share), padding=0)
 
     def _draw_memory(self, trials: list[TrialResult]) -> None:
         plot = self.plots["memory"]

@@ -130,7 +130,7 @@ class KernelView(QWidget):
         tables.addWidget(self.ops)
         tables.addWidget(self.kernels)
         lower_layout.addWidget(tables, 1)
-        split = QSplitter(Qt.Orientation.Vertical)
+        self.split = split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.summary)
         split.addWidget(lower)
         split.setStretchFactor(1, 3)
@@ -148,6 +148,7 @@ class KernelView(QWidget):
             self.summary.setItem(row, 0, name)
             for col, (text, tip) in enumerate(summary_cells(trial), start=1):
                 self.summary.setItem(row, col, _cell(text, tip))
+        self._fit_summary()
         profiled = [t for t in trials if t.profiled_step is not None]
         basis = {t.profiled_step.time_basis for t in profiled}
         self.note.setText(
@@ -162,6 +163,23 @@ class KernelView(QWidget):
         if current in [t.precision for t in trials]:
             self.precision.setCurrentText(current)
         self._show_ops(self.precision.currentText())
+
+    def _fit_summary(self) -> None:
+        """Every precision's row on show without a scroll bar, while the op and kernel
+        tables keep at least half the tab (a sweep has up to about ten precisions)."""
+        table = self.summary
+        rows = sum(table.rowHeight(r) for r in range(table.rowCount()))
+        scroll = table.horizontalScrollBar()
+        needed = (table.horizontalHeader().sizeHint().height() + rows + 2 * table.frameWidth()
+                  + (scroll.sizeHint().height() if scroll.maximum() > 0 else 0))
+        total = sum(self.split.sizes()) or self.split.height()
+        if total > 0:
+            upper = min(needed, total // 2)
+            self.split.setSizes([upper, total - upper])
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._fit_summary()
 
     def _show_ops(self, precision: str) -> None:
         trial = self.record.trial(precision) if self.record and precision else None

@@ -406,7 +406,6 @@ class MainWindow(QMainWindow):
         self.notice.hide()
         self.charts.clear(config.warmup + config.steps)
         self.reset_live(list(config.precisions), trial_units(config.to_dict()))
-        self.run_progress.setFormat("run %p%")
         self._run_error = None
         self.log.clear()
         self.worker.start(config)
@@ -693,6 +692,7 @@ class MainWindow(QMainWindow):
         self.trial_table.reset(list(precisions), units)
         self.run_progress.setRange(0, units * len(precisions))
         self.run_progress.setValue(0)
+        self.run_progress.setFormat("run %p%")  # a report on show said "report"
         self._latest_steps.clear()
         self._phases.clear()
         self._rounds = 1
@@ -755,9 +755,10 @@ class MainWindow(QMainWindow):
         else:
             self.numerics_view.clear(f"Run {record.run_id} has no numerics: run the lab here.")
         self.setWindowTitle(f"AmpScope — run {record.run_id}")
-        self.run_progress.setRange(0, 100)  # a watched user's run left it busy
-        self.run_progress.setValue(0)
-        self.run_progress.setFormat("run %p%")
+        # no run is in progress: the bar says a saved report is on show, not "run 0%"
+        self.run_progress.setRange(0, 1)  # a watched user's run left it busy
+        self.run_progress.setValue(1)
+        self.run_progress.setFormat("report")
         self.statusBar().showMessage(f"Showing run {record.run_id} ({record.status})")
         self._show_origin(record)
         self.record_shown.emit(record)

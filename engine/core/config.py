@@ -181,6 +181,9 @@ class RunConfig:
     # trial (engine.models.initial_weights); None: a trial draws its own
     initial_weights: str | None = None
     quant_error: bool = True  # the untimed forward that measures each layer's SQNR
+    # whether this trial is its precision's last round (engine/run/rounds.py): only that
+    # round's memory step, held-out loss and lost updates are kept, so earlier rounds skip them
+    last_round: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():

@@ -10,7 +10,10 @@ averages one slot later; mirrored, both average the same time, whatever the leng
 a round, and with any even number of rounds. Every round is a fresh trial (its own process
 by default) with its own warm-up; it receives the steps of the precision's earlier
 rounds, numbers its steps after them, and summarises them all, so the last round's
-result is the precision's combined result. Only that one is reported as finished.
+result is the precision's combined result. Only that one is reported as finished. The
+untimed work runs once per precision: the SQNR forward and the profiled step in the first
+round, the memory step, the held-out loss and the lost updates in the last (whose figures
+the combined result keeps; ``RunConfig.last_round``).
 
 ``interleave="auto"`` interleaves where each trial is cheap (``CHEAP_RULE``): a
 model of at most ``CHEAP_PARAMS`` parameters, whose reload per round costs seconds,

@@ -280,6 +280,8 @@ class Runner:
             changes["initial_weights"] = str(self._weights)
         if item.round:  # the SQNR forward and the profiled step ran in the first round
             changes.update(quant_error=False, profile_step=False)
+        if item.round < item.rounds - 1:  # the last round's memory step and tail replace these
+            changes["last_round"] = False
         return item.config.replace(**changes) if changes else item.config
 
     def _inline(self, precision: str, info: DeviceInfo, item: TrialRound,
@@ -392,12 +394,13 @@ class Runner:
                 continue
             if isinstance(event, TrialFinished):
                 clock.mark(TEARDOWN, event.time_s)
+                self._prestart()  # a round with no untimed step: beside its teardown at least
                 return event.result
             if isinstance(event, StepSample):
                 steps.append(event)
             if isinstance(event, PhaseChanged):
                 clock.event(event.phase, event.time_s)
-                if event.phase == PREFETCH_AT:
+                if event.phase in PREFETCH_AT:
                     self._prestart()
             self._emit(event)
 

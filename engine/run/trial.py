@@ -79,6 +79,10 @@ from engine.record.summary import summarise
 from engine.run.timed_memory import timed_peak
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
+# why a round before an interleaved precision's last has no held-out loss or lost updates:
+# only seen where the run was stopped between its rounds
+LATER_ROUND = ("not measured: the precision's last round measures it, and the run was stopped "
+               "before that round")
 
 
 class _Fp16GradScaler(torch.amp.GradScaler):
@@ -451,8 +455,10 @@ def _measure(state: _State, emit, cancelled) -> bool:
     state.phase(emit, "probes")
     _probe(state, loaded, batches[0])
     _quant_error(state, model, batches[0], device)
-    held = held_out.batches(loaded.config, loaded.task, config, device)
-    state.heldout_before = held_out.loss(model, rec, held, device)
+    held = None
+    if config.last_round:  # the held-out loss an earlier round measured would be replaced
+        held = held_out.batches(loaded.config, loaded.task, config, device)
+        state.heldout_before = held_out.loss(model, rec, held, device)
     state.peak = peak_choice.datasheet_peak(info, rec, state.flops.by_peak_dtype)
     state.measured_peak = peak_choice.measured_peak(rates, rec, state.flops.by_peak_dtype)
     state.common_peak = peak_choice.common_peak(info)
@@ -477,10 +483,17 @@ def _measure(state: _State, emit, cancelled) -> bool:
         state.notes.append(note)
         if breaks:
             log(note, "warning")
-    if stopped:  # a cancel ends the trial now: no further untimed step to watch memory
+    if stopped or not config.last_round:
+        # a cancel ends the trial now: no further untimed step to watch memory; a round before
+        # the last keeps what it holds, as a run stopped before its last round would show
         state.memory = _memory_at_rest(model, optimizer, batches[0], device)
         state.memory_at_rest = True
-        return True
+        if stopped:
+            return True
+        state.heldout_reason = state.lost_updates_reason = LATER_ROUND
+        _profiled_tail(state, step_model, params, optimizer, scaler, batches, log, cancelled,
+                       emit)
+        return False
     state.phase(emit, "memory step")
     try:
         measured = tracked_step(config, rec, device, model, optimizer, scaler, batches)
@@ -504,14 +517,19 @@ def _measure(state: _State, emit, cancelled) -> bool:
     predicted = predict_memory(rec, state.optimizer, shape, config.batch_size, config.seq_len,
                                config.grad_checkpointing, device.type)
     state.predicted = with_errors(predicted, state.memory)
-    if not config.profile_step:
+    _profiled_tail(state, step_model, params, optimizer, scaler, batches, log, cancelled, emit)
+    if not cancelled():
+        _untimed_tail(state, model, params, optimizer, scaler, batches[0], held)
+    return False
+
+
+def _profiled_tail(state: _State, step_model, params, optimizer, scaler, batches, log,
+                   cancelled, emit) -> None:
+    if not state.config.profile_step:
         state.profiled_reason = "turned off (--no-kernel-profile)"
     elif not cancelled():
         state.phase(emit, "profiled step")
         _profiled_step(state, step_model, params, optimizer, scaler, batches, log)
-    if not cancelled():
-        _untimed_tail(state, model, params, optimizer, scaler, batches[0], held)
-    return False
 
 
 def _untimed_tail(state: _State, model, params, optimizer, scaler, batch, held) -> None:

@@ -2,7 +2,7 @@
 
 Starting a trial process costs seconds (the interpreter, torch, transformers, the model's
 class), all of it on the host. The runner starts the next trial's process while the
-current trial runs its untimed tail (``PREFETCH_AT``); the new process imports and then
+current trial runs its untimed steps (``PREFETCH_AT``); the new process imports and then
 blocks on its inbox, touching neither the device nor a model (no CUDA call, no allocation,
 no build) until the runner hands it its trial, which it does only after the previous
 trial's process is gone. Each trial still runs in a process of its own, with clean memory
@@ -20,10 +20,11 @@ from engine.core.events import TrialFinished, TrialResult
 from engine.core.quiet import quiet_libraries
 from engine.run.child import StderrFile, become_child, exit_child, sigint_blocked
 
-# the current trial's phase that starts the next trial's process: its measured steps are
-# over, and what is left (the memory and profiled steps, teardown) is untimed. On the CPU the
-# profiled step then shares the cores with the imports: its times are for shares anyway.
-PREFETCH_AT = "memory step"
+# the current trial's phases that start the next trial's process (the first after its
+# measured steps): what is left (the memory and profiled steps, teardown) is untimed; a round
+# before an interleaved precision's last has no memory step. On the CPU the profiled step
+# then shares the cores with the imports: its times are for shares anyway.
+PREFETCH_AT = ("memory step", "profiled step")
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,10 @@ def test_stopped_interleaved_run_lists_trials_in_the_configured_order():
     assert [t.status for t in record.trials] == ["cancelled", "cancelled"]
     fp32, bf16 = record.trials
     assert [s.round for s in fp32.steps] == [0, 0, 0]  # its first round only
-    assert fp32.summary.peak_memory_bytes is not None  # round 1 watched its memory step
+    # the memory step runs in a precision's last round (its figures are the result's): a
+    # precision stopped before it keeps what its first round held at rest, never as a peak
+    assert fp32.summary.peak_memory_bytes is None and fp32.memory.params_bytes > 0
+    assert "stopped before the watched step" in fp32.summary.peak_memory_method
     assert bf16.summary.peak_memory_bytes is None
     # the journal, read back, keeps that order too
     assert [t.precision for t in read_journal(runner.journal_path).trials] == ["fp32",

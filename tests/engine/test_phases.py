@@ -61,10 +61,12 @@ def test_warm_up_even_with_warmup_0_and_no_profiled_step_when_off(data_dir):
 def test_interleaved_rounds_say_between_rounds_and_reload(data_dir):
     events, _ = _run(RunConfig(**TINY, precisions=("fp32", "bf16-amp"), steps=4, warmup=1,
                                interleave="on", rounds=2))
-    full = ["loading", "probes", "warm-up", "measuring", "memory step", "profiled step"]
+    steps = ["loading", "probes", "warm-up", "measuring"]
     for p in ("fp32", "bf16-amp"):
-        assert _phases(events, p, 0) == [*full, "between rounds"]
-        assert _phases(events, p, 1) == full[:-1]  # the profiled step runs once per recipe
+        # the profiled step runs once per recipe, in the first round; the memory step in the
+        # last, whose figures the result keeps (tests/engine/test_round_tail.py)
+        assert _phases(events, p, 0) == [*steps, "profiled step", "between rounds"]
+        assert _phases(events, p, 1) == [*steps, "memory step"]
     # mirrored rounds (ABBA): fp32 waits between rounds while bf16-amp runs both of its own
     order = [(e.precision, e.round, e.phase) for e in events if isinstance(e, PhaseChanged)
              and e.phase in ("loading", "between rounds")]

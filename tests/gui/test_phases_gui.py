@@ -51,8 +51,9 @@ def test_each_phase_is_shown_as_it_happens(qtbot):
     assert [t.status for t in record.trials] == ["ok", "ok"]
 
     phases = [e for e, *_ in seen if isinstance(e, PhaseChanged)]
-    # per precision: 6 phases, then 5 (the profiled step runs in the first round only), 1 wait
-    assert len(phases) == 2 * (6 + 5 + 1)
+    # per precision: 5 phases in each round (the profiled step runs in the first round only,
+    # the memory step in the last), 1 wait
+    assert len(phases) == 2 * (5 + 5 + 1)
     for event, row, _, bar in seen:
         if isinstance(event, TrialStarted):
             expected = f"loading model… (round {event.round + 1}/2)"
