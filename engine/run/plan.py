@@ -15,8 +15,9 @@ memory-efficient kernels keep for backward (the output and its log-sum-exp); wha
 allocator adds (512-byte rounding, cuBLAS workspaces, the context) is covered by the
 stated context allowance.
 
-What fake tensors cannot run (bitsandbytes' quantised layers, which quantise real weights
-while loading; a custom op without a fake kernel) falls back to engine.models.memory_model, and
+int8 and nf4 are traced as bitsandbytes runs them on the card (engine.run.plan_quant: fake
+quantised weights of the sizes the card stores, LLM.int8's CUDA matmul). What fake tensors
+cannot run (a custom op without a fake kernel) falls back to engine.models.memory_model, and
 says so in the trial. ``--strategy fsdp2`` traces rank 0 on torch's fake process group;
 DDP cannot run there, so its buckets are added to the one-process trace.
 
@@ -223,15 +224,6 @@ class PlanResult:
     answers: list = field(default_factory=list)
 
 
-def _traceable(precision: str) -> str | None:
-    from engine.core.recipes import recipe
-
-    if recipe(base_precision(precision)).quant:
-        return ("bitsandbytes quantises the weights while loading a checkpoint, which fake "
-                "tensors have none of")
-    return None
-
-
 def trial_optimizer(config: PlanConfig, precision: str) -> str:
     """The optimiser a trial label trains with: its '+OPTIM' suffix, else --optimizer."""
     return split_label(precision)[1] or config.optimizer
@@ -342,6 +334,7 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     from engine.core.recipes import autocast_for, fp32_precision, recipe
     from engine.models.load import load_model, make_batches
     from engine.run.plan_autocast import CudaAttention, CudaAutocast, recompute_as_traced
+    from engine.run.plan_quant import bitsandbytes_as, load_quantised
     from engine.run.trial import BATCH_POOL, adam_eps, make_scaler, tracked_step
 
     name, optim, reduce = split_label(precision)
@@ -349,9 +342,12 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     run = config.run_config(batch_size)
     device = torch.device("cpu")
     mode = FakeTensorMode()
+    # bitsandbytes' layers as the card (or the CPU) runs them; nothing for other recipes
+    quant = bitsandbytes_as(config.trace_as == "card") if rec.quant else nullcontext()
     with fp32_precision(rec), mode:
-        loaded = load_model(config.model, rec, device, run.seed, run.trust_remote_code,
-                            run.lora_r, config.grad_checkpointing)
+        load = load_quantised if rec.quant else load_model
+        loaded = load(config.model, rec, device, run.seed, run.trust_remote_code,
+                      run.lora_r, config.grad_checkpointing)
         model = loaded.model
         if config.strategy == "fsdp2":
             from engine.distributed.rank_main import _scaler, _wrap
@@ -377,7 +373,7 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     cuda = CudaAutocast() if casts else nullcontext()
     attention = CudaAttention() if config.trace_as == "card" else nullcontext()
     recompute_as_traced(model, casts, config.trace_as == "card")
-    with fp32_precision(rec), mode, _unpacked_rows(), cuda, attention:
+    with fp32_precision(rec), mode, quant, _unpacked_rows(), cuda, attention:
         batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
 
         # a warm-up step, its forward and backward counted as a trial's probe counts them
@@ -560,7 +556,7 @@ def _plan(config: PlanConfig, log) -> PlanResult:
     reports = [(path, read_report(path)) for path in config.measured]  # bad files: say first
     trials = []
     for precision in config.precisions:
-        reason = _traceable(precision)
+        reason = None  # why the step was not traced
         peaks: dict[int, int | None] = {}
         by_dtype: dict = {}
         bytes_moved = fused = None
@@ -579,13 +575,15 @@ def _plan(config: PlanConfig, log) -> PlanResult:
                 reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
             else:
                 from engine.measure.memory_breakdown import breakdown_fields
+                from engine.run.plan_quant import quant_note
 
                 trace_s = time.perf_counter() - start
                 policy = _step_policy(config, precision)
                 memory = MemoryBreakdown(
                     **breakdown_fields(measured, TRACE_METHOD),
                     notes=f"traced on the CPU device; autocast: {policy or 'none'}; "
-                          f"{_attention_note(config)}CUDA's allocator rounding and kernels' "
+                          f"{_attention_note(config)}{quant_note(precision, config.trace_as)}"
+                          "CUDA's allocator rounding and kernels' "
                           "scratch are not in this figure")
                 if base_precision(precision) in FSDP2_ONLY:
                     memory = dataclasses.replace(memory, notes=f"{memory.notes}; {_PRECOMPUTE}")
@@ -693,7 +691,8 @@ def _gib(value: int | None) -> str:
 
 # the rows of traced vs measured: the peak, then its categories
 SIDE_BY_SIDE = (("peak", "total_bytes"), ("params", "params_bytes"),
-                ("buffers", "buffers_bytes"), ("grads", "grads_bytes"),
+                ("buffers", "buffers_bytes"), ("quant state", "quant_state_bytes"),
+                ("grads", "grads_bytes"),
                 ("optimizer", "optimizer_bytes"), ("inputs", "inputs_bytes"),
                 ("weight copies", "weight_copies_bytes"), ("activations", "activations_bytes"),
                 ("temporaries", "temporaries_bytes"))
@@ -798,6 +797,8 @@ def format_plan(result: PlanResult) -> str:
                      f"weight copies {size_text(mem.weight_copies_bytes)}, activations "
                      f"{size_text(mem.activations_bytes)}, temporaries "
                      f"{size_text(mem.temporaries_bytes)}")
+            if mem.quant_state_bytes:  # bitsandbytes' scales and code books
+                head += f", quant state {size_text(mem.quant_state_bytes)}"
             head += peak_phase_note(mem)
         lines.append(head)
         if trial.autocast_policy:

@@ -24,7 +24,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from functools import cache, partial
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._pytree import tree_map
 
 # autocast_mode.cpp, AutocastCUDA: lower_precision_fp (cast to the autocast dtype)
@@ -164,7 +164,8 @@ def recompute_as_traced(model, casts: bool, attention: bool) -> None:
     """Let checkpointed layers recompute under the same modes as their forward. torch runs a
     recompute with Python function modes off, so the modes entered around the traced step
     do not reach it (its tensors then came out in the CPU's dtypes and checkpoint refused
-    them); checkpoint's ``context_fn`` enters fresh ones around each recompute."""
+    them); checkpoint's ``context_fn`` enters fresh ones around each recompute, or, for the
+    reentrant checkpoint (peft's, on a quantised model), the recomputed function does."""
     if not (casts or attention):
         return
 
@@ -182,6 +183,27 @@ def recompute_as_traced(model, casts: bool, attention: bool) -> None:
 
     for module in model.modules():
         checkpointed = getattr(module, "_gradient_checkpointing_func", None)
-        if checkpointed is not None:  # transformers' partial(checkpoint, use_reentrant=False)
+        if checkpointed is None:
+            continue
+        if getattr(checkpointed, "keywords", {}).get("use_reentrant", True):
+            # peft's preparation of a quantised model asks for the reentrant checkpoint,
+            # which takes no context_fn: the function it recomputes enters the modes
+            module._gradient_checkpointing_func = partial(_reentrant, checkpointed, modes)
+        else:  # transformers' partial(checkpoint, use_reentrant=False)
             module._gradient_checkpointing_func = partial(checkpointed,
                                                           context_fn=recompute_modes)
+
+
+def _reentrant(checkpointed, modes, function, *args, **kwargs):
+    """A reentrant checkpoint of ``function`` whose recompute (in an autograd Function's
+    backward, where Python function modes are off) runs under fresh ``modes``; its
+    forward, under the step's own modes, runs as it is."""
+    ours = (CudaAutocast, CudaAttention)
+
+    def run(*a, **k):
+        if any(isinstance(m, ours) for m in _get_current_function_mode_stack()):
+            return function(*a, **k)
+        with modes():
+            return function(*a, **k)
+
+    return checkpointed(run, *args, **kwargs)

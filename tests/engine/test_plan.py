@@ -12,7 +12,7 @@ import transformers as tf
 
 from engine.core.config import RunConfig
 from engine.measure.device import probe
-from engine.run.plan import PlanConfig, meta_shape, plan, trace_step
+from engine.run.plan import PlanConfig, plan, trace_step
 from engine.run.trial import run_trial
 from tests.engine.families import FAMILIES
 
@@ -247,36 +247,6 @@ def test_a_card_with_its_datasheet_capacity_says_so():
     assert a10.memory_bytes == 24 * 2**30 and a10.memory_kind == "datasheet" and a10.fits
     assert "datasheet's nominal capacity" in result.answers[1].text
     assert "datasheet" not in result.answers[0].text
-
-
-@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
-@pytest.mark.parametrize("precision", ["nf4", "int8"])
-def test_quantised_recipes_fall_back_to_the_memory_model_on_the_loaded_shape(
-        tmp_path, family, precision):
-    """int8/nf4 cannot be traced (bitsandbytes quantises real weights while loading): the
-    plan says so and the memory model predicts from a shape built on the meta device,
-    which must be the shape of the model a real trial loads (quantised layers, LoRA)."""
-    import dataclasses
-
-    from engine.core.recipes import recipe
-    from engine.models.load import dims, load_model
-    from engine.models.memory_model import predict_memory, shape_of
-
-    source = "tiny" if family == "tiny" else _folder(tmp_path, family)
-    config = PlanConfig(model=source, precisions=(precision,), batch_size=2, seq_len=32,
-                        cards=("RTX 4090",), max_batch=0)
-    trial = plan(config).trials[0]
-    assert trial.method == "memory model"
-    assert "fake tensors" in trial.reason and "memory model" in trial.reason
-    assert "not traced" in trial.memory.total_method
-    loaded = load_model(source, recipe(precision), torch.device("cpu"), 0, False, 8, False)
-    real = shape_of(loaded.model, loaded.config, dims(loaded.config))
-    assert loaded.model.get_nb_trainable_parameters()[0] == real.trainable_params > 0
-    assert dataclasses.asdict(real) == dataclasses.asdict(meta_shape(config, precision))
-    predicted = predict_memory(recipe(precision), "adamw", real, 2, 32, False, "cuda")
-    assert trial.memory.total_bytes == predicted.total_bytes
-    assert trial.memory.params_bytes == predicted.params_bytes
-    assert trial.cards[0].fits is True  # a 2-layer model on a 24 GB card
 
 
 def _trainable_sizes(config) -> list[int]:

@@ -135,28 +135,41 @@ def test_step_times_read_in_units():
 
 @pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
 @pytest.mark.parametrize("precision", ["nf4", "int8"])
-def test_cli_predicted_categories_and_formula_terms_add_up(tmp_path, family, precision):
-    """A recipe the plan predicts (bitsandbytes': not traced): its categories add up to its
-    peak, and each phase of the formula's text is the sum of the terms it lists, the
-    largest being the peak."""
+def test_cli_quantised_categories_add_up_and_the_memory_models_terms_too(tmp_path, family,
+                                                                        precision):
+    """A quantised recipe is traced (engine.run.plan_quant): its categories add up to its
+    peak. The memory model, which predicts a trial's memory and stands in where a trace
+    cannot run, predicts it too: each phase of its formula's text is the sum of the terms
+    it lists, the largest being the peak."""
     import re
 
-    run = _cli("--model", _model(tmp_path, family), "--precision", precision, "--batch-size",
+    from engine.core.recipes import recipe
+    from engine.models.memory_model import predict_memory
+    from engine.run.plan import PlanConfig, meta_shape
+
+    model = _model(tmp_path, family)
+    run = _cli("--model", model, "--precision", precision, "--batch-size",
                "2", "--seq-len", "32", "--card", "RTX 4090", "--max-batch", "0",
                "--no-history", "--no-levers", "--json", "--quiet")
     assert run.returncode == 0, run.stderr
-    memory = json.loads(run.stdout)["trials"][0]["memory"]
+    trial = json.loads(run.stdout)["trials"][0]
+    assert trial["method"] == "traced", trial["reason"]
+    memory = trial["memory"]
     cats = ("params_bytes", "buffers_bytes", "quant_state_bytes", "grads_bytes",
             "optimizer_bytes", "inputs_bytes", "weight_copies_bytes", "activations_bytes",
             "temporaries_bytes")
     assert sum(memory[c] for c in cats) == memory["total_bytes"]
+    assert memory["quant_state_bytes"] > 0
+    shape = meta_shape(PlanConfig(model=model, precisions=(precision,), cards=("RTX 4090",)),
+                       precision)
+    predicted = predict_memory(recipe(precision), "adamw", shape, 2, 32, False, "cuda")
     phases = {}
-    for line in memory["notes"].splitlines():
+    for line in predicted.formula.splitlines():
         found = re.fullmatch(r"([a-z ]+) = (.+) = ([\d,]+) B", line)
         if found:
             terms = [int(b.replace(",", "")) for b in re.findall(r" ([\d,]+) B", found[2])]
             phases[found[1]] = int(found[3].replace(",", ""))
             assert sum(terms) == phases[found[1]], line
     assert {"backward start", "optimiser step"} <= set(phases)
-    assert max(phases.values()) == memory["total_bytes"]
-    assert memory["peak_phase"] == max(phases, key=phases.get)
+    assert max(phases.values()) == predicted.total_bytes
+    assert predicted.peak_phase == max(phases, key=phases.get)

@@ -139,3 +139,63 @@ def test_cli_shows_measured_over_predicted_beside_a_trial_of_the_same_card(tmp_p
     assert trial["measured"]["step_ms"] == real["summary"]["median_step_ms"]
     measured = real["memory"]["total_bytes"]
     assert abs(trial["memory"]["total_bytes"] - measured) <= 0.02 * measured
+
+
+QUANTISED = ("int8", "nf4")
+
+
+@pytest.fixture(scope="module")
+def quantised(tmp_path_factory):
+    """plan of GPT-2 int8 and nf4 at 4 x 256 beside the H200's own report of that run."""
+    folder = tmp_path_factory.mktemp("h200")
+    report = unpack("03-gpt2-int8_nf4.json", folder)  # the real report, gzipped in tests/data
+    out = folder / "plan.json"
+    run = subprocess.run([sys.executable, "main.py", "plan", "--model", "gpt2", "--precision",
+                          ",".join(QUANTISED), "--batch-size", "4", "--seq-len", "256",
+                          "--card", "H200", "--max-batch", "0", "--no-history", "--no-levers",
+                          "--quiet", "--measured", str(report), "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stderr
+    real = {t["precision"]: t for t in json.loads(report.read_text(encoding="utf-8"))["trials"]}
+    planned = {t["precision"]: t for t in json.loads(out.read_text(encoding="utf-8"))["trials"]}
+    return run.stdout, planned, real
+
+
+@pytest.mark.parametrize("precision", QUANTISED)
+def test_quantised_traced_peak_and_categories_within_2pct_of_the_h200s(quantised, precision):
+    """bitsandbytes' layers traced as on CUDA: every category the H200 measured (its
+    quantisation state rounded to 512-B blocks: nf4's 48 code books of 64 B, 21 KiB in
+    all, within 0.5%), the peak's phase and the H200's counted FLOPs by dtype."""
+    stdout, planned, real = quantised
+    trial, measured = planned[precision], real[precision]
+    assert trial["method"] == "traced", trial["reason"]
+    traced = trial["memory"]
+    for name in ("total_bytes", "params_bytes", "buffers_bytes", "quant_state_bytes",
+                 "grads_bytes", "optimizer_bytes", "inputs_bytes", "weight_copies_bytes",
+                 "activations_bytes", "temporaries_bytes"):
+        value = measured["memory"][name]
+        assert abs(traced[name] - value) <= 0.02 * value, (name, traced[name], value)
+    assert traced["quant_state_bytes"] > 0 and traced["weight_copies_bytes"] > 0
+    assert traced["peak_phase"] == measured["memory"]["peak_phase"]
+    assert trial["flops_by_peak_dtype"] == measured["flops"]["by_peak_dtype"]
+    head = next(x for x in stdout.splitlines() if x.startswith(f"{precision}: peak "))
+    for name in ("params", "weight copies", "activations", "temporaries", "quant state"):
+        assert name in head, name
+    assert "(traced)" in head
+
+
+@pytest.mark.parametrize("precision", QUANTISED)
+def test_quantised_roofline_is_at_or_below_the_h200s_step(quantised, precision):
+    """The roofline of the kernels that run (int8 matmuls, the dequantised weights in
+    backward) at the table's peaks, printed as measured / predicted beside the H200's."""
+    stdout, planned, real = quantised
+    trial = planned[precision]
+    card = trial["cards"][0]
+    measured = real[precision]["summary"]["median_step_ms"]
+    assert card["predicted_step_ms"] <= measured, (card["predicted_step_ms"], measured)
+    assert card["predicted_step_ms"] == pytest.approx(
+        _bound_ms(trial["flops_by_peak_dtype"], trial["bytes_moved"]), rel=1e-9)
+    lines = stdout.splitlines()
+    start = lines.index(next(x for x in lines if x.startswith(f"{precision}: peak ")))
+    h200 = next(x for x in lines[start:] if x.startswith("  NVIDIA H200 SXM:"))
+    assert h200.endswith(f"; measured / predicted {measured / card['predicted_step_ms']:.2f}")
