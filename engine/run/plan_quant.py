@@ -40,7 +40,9 @@ results, not what it allocates and frees within itself.
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -138,6 +140,18 @@ def _quantise_layers(net, originals: dict) -> None:
             module.bias = bias
 
 
+def in_this_thread(replacement, real):
+    """``replacement`` for the thread that traces, ``real`` for every other: the window's
+    Plan tab traces in a thread beside the GUI's own, and a swapped library function is
+    seen by every thread of the process."""
+    owner = threading.get_ident()
+
+    @functools.wraps(real)
+    def call(*args, **kwargs):
+        return (replacement if threading.get_ident() == owner else real)(*args, **kwargs)
+    return call
+
+
 @contextmanager
 def _moves_in_place():
     """peft moves each new adapter to its base layer's device (and a 4-bit layer's compute
@@ -154,7 +168,7 @@ def _moves_in_place():
                 t.data = t.data.to(dtype)
         return self
 
-    torch.nn.Module.to = to
+    torch.nn.Module.to = in_this_thread(to, real)
     try:
         yield
     finally:
@@ -205,8 +219,8 @@ def bitsandbytes_as(card: bool):
     quiet = logging.getLogger("bitsandbytes.autograd._functions")
     level = quiet.level
     if card:
-        bnb.matmul = _cuda_matmul
-        torch.is_autocast_enabled = _cuda_region_enabled
+        bnb.matmul = in_this_thread(_cuda_matmul, real)
+        torch.is_autocast_enabled = in_this_thread(_cuda_region_enabled, enabled)
         # MatMul8bitLt warns on every fp32 input it casts to fp16 (every layer, every step)
         quiet.setLevel(logging.ERROR)
     try:

@@ -109,3 +109,26 @@ def test_checkpointed_layers_recompute_under_the_cards_modes(monkeypatch, precis
     assert trial.method == "traced", trial.reason
     layers = load_config(resolve_source("tiny"))[0].n_layer
     assert len(seen) == 2 * 2 * layers  # the probe step and the watched one
+
+
+def test_the_cards_answers_are_given_to_the_tracing_thread_only():
+    """The window's Plan tab traces in a thread of the window's process: the library functions
+    the quantised trace swaps answer as the card only there, and as torch does elsewhere."""
+    import threading
+
+    import torch
+
+    from engine.run.plan_quant import bitsandbytes_as
+
+    def asks() -> bool:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.is_autocast_enabled()  # no argument: CUDA's autocast
+
+    other: list[bool] = []
+    with bitsandbytes_as(card=True):
+        here = asks()  # the card's region is the trace's CPU region
+        thread = threading.Thread(target=lambda: other.append(asks()))
+        thread.start()
+        thread.join()
+    assert here is True and other == [False]
+    assert asks() is False  # restored
