@@ -1,6 +1,7 @@
 """Child processes that never outlive their parent and never see the terminal's Ctrl-C.
 
-Trials and the numerics lab run in ``spawn`` children. The parent starts them with
+Trials and the numerics lab run in ``spawn`` children (CPU trials in children of a
+forkserver, engine.run.trial_process). The parent starts them with
 SIGINT blocked (the mask is inherited through fork and exec), and the child ignores
 SIGINT before unblocking it: a terminal Ctrl-C, which reaches the whole foreground
 process group, is the parent's to handle. On Linux the child asks the kernel to kill
@@ -21,6 +22,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import psutil
 
 PR_SET_PDEATHSIG = 1
 PARENT_POLL_S = 0.5
@@ -49,21 +52,44 @@ def end_with_parent(sig: int = signal.SIGKILL) -> None:
                      daemon=True).start()
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _parent_of(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (a zombie has: its parent has not reaped it yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _watch_parent(parent_pid: int, owner_pid: int | None = None) -> None:
     while True:
-        if os.getppid() != parent_pid:
-            os._exit(1)  # re-parented: the parent is gone, nobody reads our results
+        if os.getppid() != parent_pid or (owner_pid is not None and _gone(owner_pid)):
+            os._exit(1)  # the parent is gone: nobody reads our results
         time.sleep(PARENT_POLL_S)
 
 
 def become_child(parent_pid: int, stderr_path: str | None) -> None:
-    """First thing a child does: SIGINT ignored, bound to the parent's life, stderr to a file."""
+    """First thing a child does: SIGINT ignored, bound to the parent's life, stderr to a file.
+
+    ``parent_pid`` is the process that reads the child's results: its parent, or for a
+    child a forkserver forked, the server's parent (the server ends when that one does, its
+    alive pipe closed, and the kernel's death signal then ends the child)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _set_pdeathsig()
-    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="ampscope-parent-watch",
+    direct = os.getppid()
+    if direct != parent_pid and _parent_of(direct) != parent_pid:
+        os._exit(1)  # the parent died before the death signal was armed
+    # a forkserver outlives its parent while any child it forked lives (each holds the
+    # server's alive pipe): a child waiting for a trial watches the reader of its results too
+    owner = parent_pid if direct != parent_pid else None
+    threading.Thread(target=_watch_parent, args=(direct, owner), name="ampscope-parent-watch",
                      daemon=True).start()
     if stderr_path:
         fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND)

@@ -62,7 +62,13 @@ from engine.run.phase_clock import (
     add_times,
 )
 from engine.run.rounds import RoundBook, TrialRound, choose_rounds, schedule
-from engine.run.trial_process import PREFETCH_AT, ChildReady, TrialProcess, TrialTask
+from engine.run.trial_process import (
+    PREFETCH_AT,
+    START_TEXT,
+    ChildReady,
+    TrialProcess,
+    TrialTask,
+)
 
 TERMINATE_GRACE_S = 5.0  # then killed
 DRAIN_S = 1.0  # events still in the pipe when a child has exited
@@ -103,6 +109,7 @@ class Runner:
         self._next: TrialProcess | None = None  # the next trial's process, started early
         self._weights: Path | None = None  # the run's initial weights (initial_weights)
         self._more = False  # a trial follows the current one
+        self._device_kind: str | None = None  # the probed device's kind, set by run()
 
     def cancel(self, grace_s: float | None = None) -> None:
         """Stop after the current step, however long it takes; with ``grace_s`` (SIGTERM),
@@ -151,6 +158,7 @@ class Runner:
         except ValueError as exc:
             self._emit(ErrorEvent(str(exc), None, time.time()))
             raise
+        self._device_kind = info.kind  # how trial processes start (trial_process.start_method)
         quiet_libraries()
         run_id = uuid.uuid4().hex[:12]
         if self._use_journal:
@@ -173,7 +181,9 @@ class Runner:
             self._emit(LogEvent("info", why, None, time.time()))
             plan, book = schedule(self.config, rounds), RoundBook()
             if self._in_processes and plan:  # it imports while the weights are drawn
-                self._next = TrialProcess(self.config.model, self.config.trust_remote_code)
+                self._next = self._new_process()
+                self._emit(LogEvent("info", START_TEXT[self._next.start_method], None,
+                                    time.time()))
             if _draws_pay(plan):
                 self._draw_weights(run_id)
             windows: dict[str, list[tuple[float, float]]] = {}  # precision -> its rounds' spans
@@ -308,6 +318,9 @@ class Runner:
             self._next.stderr.remove()
             self._next = None
 
+    def _new_process(self) -> TrialProcess:
+        return TrialProcess(self.config.model, self.config.trust_remote_code, self._device_kind)
+
     def _take_process(self) -> TrialProcess:
         """The process for the trial about to run: the one started before when it is still
         alive, else a new one."""
@@ -318,7 +331,7 @@ class Runner:
             proc.release()
             _end(proc.process)
             proc.stderr.remove()
-        return TrialProcess(self.config.model, self.config.trust_remote_code)
+        return self._new_process()
 
     def _in_child(self, precision: str, info: DeviceInfo, monitor: Monitor, item: TrialRound,
                   book: RoundBook) -> TrialResult:
@@ -349,7 +362,7 @@ class Runner:
     def _prestart(self) -> None:
         """Start the next trial's process now (the current one is in its untimed tail)."""
         if self._next is None and self._more and not self.cancelled:
-            self._next = TrialProcess(self.config.model, self.config.trust_remote_code)
+            self._next = self._new_process()
             self._next.early = True
 
     def _follow(self, proc: TrialProcess, steps: list[StepSample],

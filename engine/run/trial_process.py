@@ -7,18 +7,45 @@ blocks on its inbox, touching neither the device nor a model (no CUDA call, no a
 no build) until the runner hands it its trial, which it does only after the previous
 trial's process is gone. Each trial still runs in a process of its own, with clean memory
 figures; only its start-up leaves the run's critical path.
+
+On the CPU a trial's process is forked from a forkserver that imported torch, transformers
+and the trial code once (``engine.run.trial_preload``): ready in a fraction of a second
+instead of a new interpreter's ten of import on a busy 2-core machine, where the imports of
+the next trial outlasted the current one's untimed steps. A CUDA trial keeps a spawned
+interpreter: a process that forks must not have started the CUDA driver, and a library
+imported in the server may ask CUDA at import (``torch.cuda.is_available()`` starts the
+driver and marks forked children unable to use it unless NVML answers); forking has not
+been tried on a GPU.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import time
 from dataclasses import dataclass
 
 from engine.core.events import TrialFinished, TrialResult
 from engine.core.quiet import quiet_libraries
 from engine.run.child import StderrFile, become_child, exit_child, sigint_blocked
+
+FORKSERVER_PRELOAD = ["engine.run.trial_preload"]
+START_TEXT = {  # the run's log says how its trial processes start
+    "forkserver": "trial processes are forked from a server that imported torch, transformers "
+                  "and the trial code once (each trial still has a process of its own)",
+    "spawn": "trial processes start as new interpreters (spawn): a GPU trial's process must "
+             "not be forked from one that may have started the CUDA driver (and a system "
+             "without a forkserver spawns on the CPU too)",
+}
+
+
+def start_method(device_kind: str) -> str:
+    """How a trial's process starts on ``device_kind`` ("cpu" or "cuda")."""
+    if device_kind == "cpu" and "forkserver" in mp.get_all_start_methods():
+        return "forkserver"
+    return "spawn"
+
 
 # the current trial's phases that start the next trial's process (the first after its
 # measured steps): what is left (the memory and profiled steps, teardown) is untimed; a round
@@ -34,6 +61,7 @@ class ChildReady:
     entry_s: float  # its first line of code ran (epoch seconds)
     ready_s: float  # its imports were done
     cuda_initialized: bool  # torch.cuda.is_initialized() at that moment: must be False
+    preloaded: bool  # the trial code was in memory at its first line (forked from the server)
 
 
 @dataclass(frozen=True)
@@ -62,9 +90,14 @@ def _preload(model: str, trust_remote_code: bool) -> None:
 
 
 def _worker_main(model: str, trust_remote_code: bool, out, inbox, cancel, parent_pid: int,
-                 stderr_path: str) -> None:
+                 stderr_path: str, environ: dict) -> None:
     entry_s = time.time()
+    preloaded = "engine.run.trial" in sys.modules
     become_child(parent_pid, stderr_path)
+    # a forked child has the server's environment, as it was when the server started: the
+    # runner's, now, is what a spawned child would have had
+    os.environ.clear()
+    os.environ.update(environ)
     quiet_libraries()
     try:
         _preload(model, trust_remote_code)
@@ -72,7 +105,7 @@ def _worker_main(model: str, trust_remote_code: bool, out, inbox, cancel, parent
         pass
     import torch
 
-    out.put(ChildReady(entry_s, time.time(), torch.cuda.is_initialized()))
+    out.put(ChildReady(entry_s, time.time(), torch.cuda.is_initialized(), preloaded))
     task = inbox.get()  # the barrier: the device is free when this arrives
     if task is None:  # the run ended before this process was needed
         exit_child(0)
@@ -96,14 +129,17 @@ def _worker_main(model: str, trust_remote_code: bool, out, inbox, cancel, parent
 class TrialProcess:
     """One trial process: started now, handed its trial later (``hand``)."""
 
-    def __init__(self, model: str, trust_remote_code: bool) -> None:
-        ctx = mp.get_context("spawn")
+    def __init__(self, model: str, trust_remote_code: bool, device_kind: str) -> None:
+        self.start_method = start_method(device_kind)
+        ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":  # read when the server starts: the first trial
+            ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         self.out, self.inbox, self.cancel = ctx.Queue(), ctx.Queue(), ctx.Event()
         self.stderr = StderrFile()
         self.process = ctx.Process(
             target=_worker_main,
             args=(model, trust_remote_code, self.out, self.inbox, self.cancel, os.getpid(),
-                  self.stderr.path),
+                  self.stderr.path, dict(os.environ)),
             name="ampscope-trial", daemon=True)
         self.spawn_s = time.time()
         with sigint_blocked():

@@ -63,6 +63,20 @@ def _wait_for_steps(proc: subprocess.Popen, tmp_path: Path, count: int,
     return psutil.Process(proc.pid).children(recursive=True)
 
 
+def trial_processes(found: list[psutil.Process]) -> list[psutil.Process]:
+    """The trial processes among a run's ``found``: a spawned interpreter (``spawn_main``) or,
+    on the CPU, a child of the trials' forkserver (it shares the server's command line)."""
+    def is_trial(p: psutil.Process) -> bool:
+        try:
+            if "spawn_main" in " ".join(p.cmdline()):
+                return True
+            parent = p.parent()
+            return parent is not None and "forkserver" in " ".join(parent.cmdline())
+        except psutil.Error:
+            return False
+    return [p for p in found if is_trial(p)]
+
+
 def _assert_none_left(processes: list[psutil.Process]) -> None:
     """Every process the run had is gone (the resource tracker ends with its parent)."""
     assert processes, "the run had no child process to check"
@@ -277,7 +291,7 @@ def test_first_ctrl_c_waits_for_a_long_step_however_long(tmp_path):
     proc = _start(tmp_path, "--precision", "fp32", "--steps", "500", "--out", str(out),
                   new_session=True)
     children = _wait_for_steps(proc, tmp_path, 3)
-    (trial,) = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+    (trial,) = trial_processes(children)
     trial.suspend()
     try:
         os.killpg(proc.pid, signal.SIGINT)

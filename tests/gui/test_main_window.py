@@ -412,7 +412,9 @@ def test_closing_while_a_trial_loads_ends_its_process(qtbot):
     assert win.trial_table.progress("fp32") == 0  # still loading: no step has come back
     win.close()
     assert not win.worker.is_running()
-    assert child.exitcode == -signal.SIGTERM  # ended by the window, not finished by itself
+    # 100,000 steps cannot have finished: the child ended at the window's cancel (a forked
+    # CPU trial is past its imports and sees it) or was ended by the window (SIGTERM)
+    assert child.exitcode in (0, -signal.SIGTERM)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert _trial_processes() == []
 

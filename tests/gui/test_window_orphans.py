@@ -16,7 +16,12 @@ import time
 
 import psutil
 
-from tests.engine.test_run_endings import ROOT, _assert_none_left, _journal_steps
+from tests.engine.test_run_endings import (
+    ROOT,
+    _assert_none_left,
+    _journal_steps,
+    trial_processes,
+)
 from tests.gui.window_process import window_driver, window_env
 
 DRIVER = window_driver('RunConfig(model="tiny", precisions=("fp32",), batch_size=1, '
@@ -37,7 +42,7 @@ def test_sigkill_of_the_window_during_a_trial_leaves_no_child(tmp_path):
             assert time.monotonic() < deadline, f"the trial never journaled a step: {log_tail}"
             found = psutil.Process(proc.pid).children(recursive=True)
             journals = list(runs.glob("*.jsonl"))
-            trial = [p for p in found if "spawn_main" in " ".join(_cmdline(p))]
+            trial = trial_processes(found)
             if trial and journals and _journal_steps(journals[0]):
                 break
             time.sleep(0.2)
@@ -50,11 +55,4 @@ def test_sigkill_of_the_window_during_a_trial_leaves_no_child(tmp_path):
     proc.kill()
     proc.wait()
     _assert_none_left(found)
-
-
-def _cmdline(p: psutil.Process) -> list[str]:
-    try:
-        return p.cmdline()
-    except psutil.Error:
-        return []
 
