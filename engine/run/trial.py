@@ -248,6 +248,7 @@ class _State:
     quant_error: QuantError | None = None
     quant_error_reason: str | None = "not measured: the trial ended before its first step"
     heldout_before: float | None = None
+    profiled_steps_run: int = 0  # optimiser steps the profiled step took
     heldout: HeldOutLoss | None = None
     heldout_reason: str = "not measured: the trial ended before its untimed tail"
     lost_updates: LostUpdates | None = None
@@ -538,7 +539,10 @@ def _untimed_tail(state: _State, model, params, optimizer, scaler, batch, held) 
     config, device = state.config, state.device_info.torch_device
     try:
         after = held_out.loss(model, state.rec, held, device)
-        steps = warmup_steps(config.warmup) + config.steps + 1 + (state.profiled is not None)
+        # warm-up, measured, the memory step, and every step the profiler ran (its shapes
+        # step, a memory snapshot's, and its schedule's), failed or not
+        steps = (warmup_steps(config.warmup) + config.steps + 1
+                 + state.profiled_steps_run)
         state.heldout = held_out.result(state.heldout_before, after, held, steps)
     except Exception as exc:
         state.heldout_reason = f"the held-out forward failed: {type(exc).__name__}: {exc}"
@@ -610,10 +614,13 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
     live = live_tensor_bytes(list(model.parameters()), list(model.buffers()),
                              memtrack.quant_state_tensors(model),
                              list(optimizer.state.values()), batches)
+    def step():  # each one is an optimiser step: the held-out loss after counts them
+        state.profiled_steps_run += 1
+        _step(config, rec, device, model, params, optimizer, scaler, batches, i)
+
     try:
-        state.profiled = against_measured(profile_step(
-            lambda: _step(config, rec, device, model, params, optimizer, scaler, batches, i),
-            device, live, trace, snapshot), measured_median_ms(state.steps))
+        state.profiled = against_measured(profile_step(step, device, live, trace, snapshot),
+                                          measured_median_ms(state.steps))
     except Exception as exc:
         state.profiled_reason = f"the profiled step failed: {type(exc).__name__}: {exc}"
         log(state.profiled_reason, "warning")
