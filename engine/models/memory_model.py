@@ -306,19 +306,13 @@ def _mode(recipe: Recipe, model_type: str, device_type: str) -> tuple[str, float
     its activations have their own calibration ("amp-cuda") where the family has one."""
     if recipe.autocast_dtype is not None:
         modes = calibration()["families"].get(model_type, {})
-        if device_type == "cuda" and "amp-cuda" in modes:
-            note = "half autocast as CUDA casts it"
-            if recipe.lora:
-                note += "; LoRA adapters' own fp32 activations are not in the calibration"
-            if recipe.fp8:
-                note += "; float8 casts are not in the calibration"
-            return "amp-cuda", 1.0, note
-        note = "half autocast"
+        cuda = device_type == "cuda" and "amp-cuda" in modes
+        note = "half autocast as CUDA casts it" if cuda else "half autocast"
         if recipe.lora:
             note += "; LoRA adapters' own fp32 activations are not in the calibration"
         if recipe.fp8:
             note += "; float8 casts are not in the calibration"
-        return "amp", 1.0, note
+        return ("amp-cuda" if cuda else "amp"), 1.0, note
     if recipe.weight_dtype.itemsize == 2:
         return "half", 1.0, "pure half precision"
     return "fp32", 1.0, "fp32"
