@@ -713,7 +713,10 @@ def _cpu_allocator_peak(prof) -> int:
     return peak
 
 
-PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 1}  # steps; only the active one is read
+# a GPU's timed profile, in steps (only the active one is read): the profiler's start-up
+# (CUPTI's) falls in the first two. On the CPU the shapes step just before has paid the
+# profiler's start-up, and a step there can take a second (bf16 emulated): one step is timed.
+PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 1}
 
 
 def _join_shapes(timed: list[OpCall], shaped: list[OpCall]) -> list[OpCall]:
@@ -746,9 +749,10 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
     Untimed first: one step with input shapes and dtypes recorded (and the allocator's
     events on the CPU: the memory peak), and on a GPU with a memory snapshot asked for,
     one step under the allocator's history. Then the timed profile: CPU and CUDA activity
-    only (no shapes, no memory, no stacks), under a schedule of ``PROFILE_SCHEDULE``
-    steps, of which only the active one is read: the profiler's own start-up falls in
-    the others. Each timed op takes the dtypes of its twin in the shapes step.
+    only (no shapes, no memory, no stacks): on a GPU under a schedule of
+    ``PROFILE_SCHEDULE`` steps, of which only the active one is read (the profiler's own
+    start-up falls in the others), on the CPU one step. Each timed op takes the dtypes of
+    its twin in the shapes step.
 
     ``live_bytes``: tensor bytes alive before the step (parameters, buffers, quantisation
     state, optimizer state, batches), the base of the CPU memory peak.
@@ -792,10 +796,14 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities, schedule=schedule(**PROFILE_SCHEDULE)) as prof:
-        for _ in range(sum(PROFILE_SCHEDULE.values())):
+    if cuda:
+        with profile(activities=activities, schedule=schedule(**PROFILE_SCHEDULE)) as prof:
+            for _ in range(sum(PROFILE_SCHEDULE.values())):
+                one_step()
+                prof.step()
+    else:
+        with profile(activities=activities) as prof:
             one_step()
-            prof.step()
     if trace_file:
         # the analysis is read back from the written trace, so the figures shown are the
         # ones a reader of that file (or the trace-replay tests) gets
