@@ -210,6 +210,10 @@ def _profile(args) -> int:
         quant_error=not args.no_quant_error,
         **distributed_config(args),
     )
+    if config.isolation == "process" and config.strategy == "none":
+        from engine.run.trial_process import start_server
+
+        start_server(config.device)  # the trials' server imports while this process does
     out = _check_out(args.out) if args.out else None
     if args.measure_peak:  # the first trial finds no cached peak and measures it
         from engine.measure import matmul_peak

@@ -129,6 +129,13 @@ class RoundBook:
         latest = self.latest.get(precision)
         return tuple(latest.steps) if latest is not None else ()
 
+    def prior_flops(self, precision: str):
+        """The FLOPs an earlier round counted (the same model and shapes: a later round
+        does not count them again), or None."""
+        latest = self.latest.get(precision)
+        flops = latest.flops if latest is not None else None
+        return flops if flops is not None and flops.counted_per_step is not None else None
+
     def finish(self, item: TrialRound, result: TrialResult) -> TrialResult | None:
         """Record a round's result; the precision's final result once it is done."""
         self.latest[item.precision] = result

@@ -68,6 +68,8 @@ from engine.run.trial_process import (
     ChildReady,
     TrialProcess,
     TrialTask,
+    start_method,
+    start_server,
 )
 
 TERMINATE_GRACE_S = 5.0  # then killed
@@ -153,6 +155,8 @@ class Runner:
 
     def run(self) -> RunRecord:
         """Run every trial; raises ``ValueError`` before starting if the input is bad."""
+        if self._in_processes:  # its imports overlap the device probe and the weights' draw
+            start_server(self.config.device)
         try:
             info = preflight(self.config)
         except ValueError as exc:
@@ -180,12 +184,16 @@ class Runner:
             rounds, why = choose_rounds(self.config, info=info)
             self._emit(LogEvent("info", why, None, time.time()))
             plan, book = schedule(self.config, rounds), RoundBook()
-            if self._in_processes and plan:  # it imports while the weights are drawn
-                self._next = self._new_process()
-                self._emit(LogEvent("info", START_TEXT[self._next.start_method], None,
-                                    time.time()))
+            forks = start_method(info.kind) == "forkserver"
+            if self._in_processes and plan and not forks:  # it imports while the weights
+                self._next = self._new_process()  # are drawn
             if _draws_pay(plan):
                 self._draw_weights(run_id)
+            if self._in_processes and plan:
+                if forks:  # a fork waits for the server's imports, which the draw overlapped
+                    self._next = self._new_process()
+                self._emit(LogEvent("info", START_TEXT[self._next.start_method], None,
+                                    time.time()))
             windows: dict[str, list[tuple[float, float]]] = {}  # precision -> its rounds' spans
             for index, item in enumerate(plan):
                 precision = item.precision
@@ -307,7 +315,7 @@ class Runner:
             self._emit(event)
 
         result = run_trial(self._trial_config(item), precision, info, emit, self._is_cancelled,
-                           book.prior_steps(precision), item.round)
+                           book.prior_steps(precision), item.round, book.prior_flops(precision))
         clock.mark(TEARDOWN, time.time())
         return _with_times(result, clock, time.time())
 
@@ -344,7 +352,8 @@ class Runner:
         monitor.watch_pid(proc.pid)
         # the previous trial's process is gone: the device is this one's
         proc.hand(TrialTask(self._trial_config(item).to_dict(), precision, info,
-                            book.prior_steps(precision), item.round))
+                            book.prior_steps(precision), item.round,
+                            book.prior_flops(precision)))
         steps: list[StepSample] = list(book.prior_steps(precision))
         result = None
         try:

@@ -328,16 +328,19 @@ def run_trial(
     cancelled: Callable[[], bool],
     prior_steps: tuple[StepSample, ...] = (),
     round_index: int = 0,
+    prior_flops: FlopsInfo | None = None,
 ) -> TrialResult:
     """Measure one precision. Never raises: failures become the trial's status.
 
     ``prior_steps`` are the steps of this precision's earlier rounds when precisions are
     interleaved (engine/run/rounds.py): they open the result's steps, new steps are numbered
-    after them, and the summary covers them all.
+    after them, and the summary covers them all. ``prior_flops``: the FLOPs the first round
+    counted, which a later round takes instead of counting them again (its uncounted step
+    would cost as much as a measured one).
     """
     rec = recipe(precision)
     state = _State(config, rec, device_info, steps=list(prior_steps), round_index=round_index,
-                   step_offset=len(prior_steps))
+                   step_offset=len(prior_steps), flops=prior_flops)
     reason = (device_info.unsupported_reason(base_precision(precision))
               or optimizer_reason(state.optimizer, device_info.kind)
               or _shape_reason(config, rec))
@@ -454,7 +457,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
     if verdict is not None and verdict.support == "emulated":
         state.notes.append(f"emulated: {verdict.reason}")
     state.phase(emit, "probes")
-    _probe(state, loaded, batches[0])
+    if state.flops is None:  # else an earlier round counted them
+        _probe(state, loaded, batches[0])
     _quant_error(state, model, batches[0], device)
     held = None
     if config.last_round:  # the held-out loss an earlier round measured would be replaced

@@ -47,6 +47,31 @@ def start_method(device_kind: str) -> str:
     return "spawn"
 
 
+# a GPU driver's device nodes: without any, --device auto can only mean the CPU
+GPU_NODES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")
+
+
+def cpu_certain(device: str) -> bool:
+    """Whether a run asked for ``device`` will run on the CPU, known without importing torch."""
+    device = device.strip().lower()
+    return device == "cpu" or (device == "auto" and not any(map(os.path.exists, GPU_NODES)))
+
+
+def start_server(device: str) -> bool:
+    """Start the CPU trials' forkserver now, if a run on ``device`` will fork from it: its
+    imports (seconds) then overlap the caller's own (the CLI's, the device probe, the
+    initial weights) instead of the first trial waiting for them. Returns whether it did;
+    starting it again is a no-op."""
+    if not cpu_certain(device) or start_method("cpu") != "forkserver":
+        return False
+    from multiprocessing import forkserver
+
+    mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    with sigint_blocked():  # the server must outlive a Ctrl-C the run itself handles
+        forkserver.ensure_running()
+    return True
+
+
 # the current trial's phases that start the next trial's process (the first after its
 # measured steps): what is left (the memory and profiled steps, teardown) is untimed; a round
 # before an interleaved precision's last has no memory step. On the CPU the profiled step
@@ -73,6 +98,7 @@ class TrialTask:
     info: object  # engine.measure.device.DeviceInfo
     prior_steps: tuple = ()
     round_index: int = 0
+    prior_flops: object = None  # engine.measure.flops.FlopsInfo of an earlier round
 
 
 def _preload(model: str, trust_remote_code: bool) -> None:
@@ -115,7 +141,7 @@ def _worker_main(model: str, trust_remote_code: bool, out, inbox, cancel, parent
 
         config = RunConfig.from_dict(task.config)
         result = run_trial(config, task.precision, task.info, out.put, cancel.is_set,
-                           task.prior_steps, task.round_index)
+                           task.prior_steps, task.round_index, task.prior_flops)
     except BaseException as exc:  # run_trial never raises; this is the last line of defence
         result = TrialResult(task.precision, "error", f"{type(exc).__name__}: {exc}")
     out.put(TrialFinished(result, time.time()))

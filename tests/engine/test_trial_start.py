@@ -9,7 +9,14 @@ import os
 import psutil
 import pytest
 
-from engine.run.trial_process import ChildReady, TrialProcess, start_method
+from engine.run.trial_process import (
+    GPU_NODES,
+    ChildReady,
+    TrialProcess,
+    cpu_certain,
+    start_method,
+    start_server,
+)
 
 READY_TIMEOUT_S = 600  # a first server imports torch and transformers
 
@@ -57,3 +64,28 @@ def test_gpu_trials_start_as_new_interpreters():
     finally:
         _ended(proc)
 
+
+
+def test_the_server_starts_before_a_run_needs_it_only_where_trials_fork():
+    """The CLI and the runner start the server first thing, so its imports overlap theirs:
+    only for a run that is sure to be on the CPU (a GPU trial spawns and needs no server)."""
+    assert cpu_certain("cpu") and cpu_certain(" CPU ")
+    assert not cpu_certain("cuda") and not cpu_certain("cuda:1")
+    assert cpu_certain("auto") == (not any(os.path.exists(p) for p in GPU_NODES))
+    assert not start_server("cuda")
+    if start_method("cpu") != "forkserver":
+        assert not start_server("cpu")
+        return
+    from multiprocessing import forkserver
+
+    assert start_server("cpu")
+    server = forkserver._forkserver._forkserver_pid
+    assert "forkserver" in " ".join(psutil.Process(server).cmdline())
+    assert start_server("cpu")  # again: the same server
+    assert forkserver._forkserver._forkserver_pid == server
+    proc = TrialProcess("tiny", False, "cpu")
+    try:
+        assert _ready(proc).preloaded
+        assert psutil.Process(proc.pid).ppid() == server  # the trial forks from it
+    finally:
+        _ended(proc)
