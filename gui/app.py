@@ -12,6 +12,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QApplication
 
 from engine.core.quiet import quiet_libraries
+from engine.run.trial_process import start_server
 from gui import settings
 
 # Libraries the xcb platform plugin loads from the system, with the Debian/Ubuntu package
@@ -122,4 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     window = MainWindow()
     window.show()
     close_on_signals(window)
+    # on a machine with no GPU every run's trials fork from this server: its imports run
+    # while the user sets the first run up, not after Run is clicked
+    start_server("auto")
     return app.exec()

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QFileDialog
 
 from engine.core.config import RunConfig
 from engine.record.run_record import RunRecord
+from engine.run.trial_process import cpu_certain, start_method
 from gui.chart_specs import MFU_TITLES
 from gui.live_charts import MEASURED_SUFFIX
 from gui.main_window import MainWindow
@@ -372,10 +373,16 @@ def test_a_model_that_cannot_load_is_reported_once_and_the_window_stays_usable(q
     assert window.history.list() == []  # a run that never started is not history
 
 
-def test_app_main_opens_the_window_and_returns_when_it_closes(qapp):
+def test_app_main_opens_the_window_and_returns_when_it_closes(qapp, monkeypatch):
     from PySide6.QtCore import QTimer
 
+    import gui.app
     from gui.app import main
+
+    started = []  # the trials' server starts with the window (a no-op where a GPU is)
+    real = gui.app.start_server
+    monkeypatch.setattr(gui.app, "start_server",
+                        lambda device: started.append((device, real(device))))
 
     shown = []
 
@@ -396,6 +403,7 @@ def test_app_main_opens_the_window_and_returns_when_it_closes(qapp):
     finally:
         closer.stop()
     assert len(shown) == 1
+    assert started == [("auto", cpu_certain("auto") and start_method("cpu") == "forkserver")]
 
 
 def _trial_processes():
