@@ -184,14 +184,14 @@ class Runner:
             rounds, why = choose_rounds(self.config, info=info)
             self._emit(LogEvent("info", why, None, time.time()))
             plan, book = schedule(self.config, rounds), RoundBook()
-            forks = start_method(info.kind) == "forkserver"
-            if self._in_processes and plan and not forks:  # it imports while the weights
-                self._next = self._new_process()  # are drawn
+            in_processes = self._in_processes and bool(plan)
+            if in_processes and start_method(info.kind) == "spawn":  # it imports while the
+                self._next = self._new_process()  # weights are drawn
             if _draws_pay(plan):
                 self._draw_weights(run_id)
-            if self._in_processes and plan:
-                if forks:  # a fork waits for the server's imports, which the draw overlapped
-                    self._next = self._new_process()
+            if in_processes:
+                if self._next is None:  # a fork waits for the server's imports: the draw
+                    self._next = self._new_process()  # overlapped them
                 self._emit(LogEvent("info", START_TEXT[self._next.start_method], None,
                                     time.time()))
             windows: dict[str, list[tuple[float, float]]] = {}  # precision -> its rounds' spans

@@ -89,3 +89,68 @@ def test_the_server_starts_before_a_run_needs_it_only_where_trials_fork():
         assert psutil.Process(proc.pid).ppid() == server  # the trial forks from it
     finally:
         _ended(proc)
+
+
+def test_the_server_prepares_what_every_fork_would_redo():
+    """The server's preload builds transformers' checkpoint renaming table (every trial's
+    from_pretrained reads it) and freezes its objects out of the children's collections."""
+    import subprocess
+    import sys
+
+    code = ("import gc, engine.run.trial_preload\n"
+            "from transformers import conversion_mapping as c\n"
+            "print(gc.get_freeze_count() > 0, c._checkpoint_conversion_mapping_cache is not None)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=READY_TIMEOUT_S)
+    assert done.stdout.split() == ["True", "True"]
+
+
+def test_the_cli_starts_the_server_before_its_own_imports(monkeypatch, capsys):
+    import engine.cli
+    import engine.run.fits
+    import engine.run.trial_process
+
+    calls = []
+    monkeypatch.setattr(engine.run.trial_process, "start_server",
+                        lambda device: calls.append(("server", device)))
+
+    def refuse(config):
+        calls.append(("fits", config.device))
+        raise ValueError("refused here, to end the test")
+
+    monkeypatch.setattr(engine.run.fits, "refuse_if_too_big", refuse)
+    assert engine.cli.main(["profile", "--model", "tiny", "--device", "cpu"]) == 2
+    assert calls == [("server", "cpu"), ("fits", "cpu")]
+    calls.clear()  # inline trials need no server
+    engine.cli.main(["profile", "--model", "tiny", "--device", "cpu", "--isolation", "inline"])
+    assert calls == [("fits", "cpu")]
+
+
+@pytest.mark.skipif(start_method("cpu") != "forkserver", reason="no forkserver on this system")
+def test_the_first_forked_trial_process_starts_after_the_weights_are_drawn(tmp_path,
+                                                                          monkeypatch):
+    """A fork waits for the server's imports: asked for after the draw, it overlaps them."""
+    from engine.core.config import RunConfig
+    from engine.core.events import LogEvent
+    from engine.run.runner import Runner
+    from engine.run.trial_process import START_TEXT
+
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
+    created = []
+    own = TrialProcess.__init__
+
+    def init(self, *args):
+        created.append("process")
+        own(self, *args)
+
+    monkeypatch.setattr(TrialProcess, "__init__", init)
+    logs = []
+    config = RunConfig(model="tiny", precisions=("fp32", "bf16"), batch_size=1, seq_len=16,
+                       steps=1, warmup=1, device="cpu", interleave="off", profile_step=False,
+                       quant_error=False)
+    record = Runner(config, lambda e: isinstance(e, LogEvent) and logs.append(
+        (e.message, len(created)))).run()
+    assert [t.status for t in record.trials] == ["ok", "ok"]
+    drawn = next(n for m, n in logs if m.startswith("initial weights drawn once"))
+    forked = next(n for m, n in logs if m == START_TEXT["forkserver"])
+    assert (drawn, forked) == (0, 1)  # no process yet when the weights were drawn
