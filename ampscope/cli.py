@@ -25,4 +25,10 @@ def main(argv: list[str]) -> int:
 
 def run() -> None:
     multiprocessing.freeze_support()  # trials run in child processes, also when bundled
-    sys.exit(main(sys.argv[1:]))
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv:  # a headless command has written all it writes: exit without the heap's walk
+        from engine.core.collector import before_exit
+
+        before_exit()
+    sys.exit(code)

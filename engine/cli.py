@@ -210,20 +210,23 @@ def _profile(args) -> int:
         quant_error=not args.no_quant_error,
         **distributed_config(args),
     )
-    if config.isolation == "process" and config.strategy == "none":
-        from engine.run.trial_process import start_server
+    from engine.core.collector import imports_paused
 
-        start_server(config.device)  # the trials' server imports while this process does
-    out = _check_out(args.out) if args.out else None
-    if args.measure_peak:  # the first trial finds no cached peak and measures it
-        from engine.measure import matmul_peak
-        from engine.measure.device import probe
+    with imports_paused():  # torch, transformers, the report writer: seconds of imports
+        if config.isolation == "process" and config.strategy == "none":
+            from engine.run.trial_process import start_server
 
-        matmul_peak.forget(probe(config.device))
-    from engine.run.fits import refuse_if_too_big
+            start_server(config.device)  # the trials' server imports while this process does
+        out = _check_out(args.out) if args.out else None
+        if args.measure_peak:  # the first trial finds no cached peak and measures it
+            from engine.measure import matmul_peak
+            from engine.measure.device import probe
 
-    refuse_if_too_big(config)  # a run bigger than the free memory is refused, with figures
-    from engine.run.runner import Runner
+            matmul_peak.forget(probe(config.device))
+        from engine.run.fits import refuse_if_too_big
+
+        refuse_if_too_big(config)  # a run bigger than the free memory is refused, with figures
+        from engine.run.runner import Runner
 
     progress = _Progress(config, enabled=not args.quiet)
     runner = Runner(config, progress)

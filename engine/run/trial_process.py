@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from engine.core.collector import imports_paused
 from engine.core.events import TrialFinished, TrialResult
 from engine.core.quiet import quiet_libraries
 from engine.run.child import StderrFile, become_child, exit_child, sigint_blocked
@@ -126,7 +127,8 @@ def _worker_main(model: str, trust_remote_code: bool, out, inbox, cancel, parent
     os.environ.update(environ)
     quiet_libraries()
     try:
-        _preload(model, trust_remote_code)
+        with imports_paused():  # a spawned trial's seconds of torch and transformers
+            _preload(model, trust_remote_code)
     except BaseException:  # noqa: S110 (the trial's own imports say what is wrong)
         pass
     import torch

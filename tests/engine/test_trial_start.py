@@ -4,6 +4,7 @@ and the child itself see them."""
 
 from __future__ import annotations
 
+import gc
 import os
 
 import psutil
@@ -99,10 +100,12 @@ def test_the_server_prepares_what_every_fork_would_redo():
 
     code = ("import gc, engine.run.trial_preload\n"
             "from transformers import conversion_mapping as c\n"
-            "print(gc.get_freeze_count() > 0, c._checkpoint_conversion_mapping_cache is not None)")
+            "print(gc.get_freeze_count() > 0, c._checkpoint_conversion_mapping_cache is not None,"
+            " gc.isenabled())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, timeout=READY_TIMEOUT_S)
-    assert done.stdout.split() == ["True", "True"]
+    # imported with the collector paused, on again for the children it forks
+    assert done.stdout.split() == ["True", "True", "True"]
 
 
 def test_the_cli_starts_the_server_before_its_own_imports(monkeypatch, capsys):
@@ -115,15 +118,54 @@ def test_the_cli_starts_the_server_before_its_own_imports(monkeypatch, capsys):
                         lambda device: calls.append(("server", device)))
 
     def refuse(config):
-        calls.append(("fits", config.device))
+        # the checks' imports run with the collector paused (engine.core.collector)
+        calls.append(("fits", config.device, gc.isenabled()))
         raise ValueError("refused here, to end the test")
 
     monkeypatch.setattr(engine.run.fits, "refuse_if_too_big", refuse)
     assert engine.cli.main(["profile", "--model", "tiny", "--device", "cpu"]) == 2
-    assert calls == [("server", "cpu"), ("fits", "cpu")]
+    assert calls == [("server", "cpu"), ("fits", "cpu", False)]
+    assert gc.isenabled()  # on again, also after a refusal
     calls.clear()  # inline trials need no server
     engine.cli.main(["profile", "--model", "tiny", "--device", "cpu", "--isolation", "inline"])
-    assert calls == [("fits", "cpu")]
+    assert calls == [("fits", "cpu", False)]
+
+
+def test_a_cli_run_trains_with_the_collector_on(tmp_path, monkeypatch):
+    """Paused for the imports only: the trials (inline here) run with it collecting."""
+    import engine.cli
+    import engine.run.trial
+
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
+    seen = []
+    own = engine.run.trial.run_trial
+
+    def trial(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return own(*args, **kwargs)
+
+    monkeypatch.setattr(engine.run.trial, "run_trial", trial)
+    assert engine.cli.main(["profile", "--model", "tiny", "--device", "cpu", "--isolation",
+                            "inline", "--precision", "fp32", "--steps", "1", "--warmup", "1",
+                            "--no-kernel-profile", "--no-quant-error", "--quiet"]) == 0
+    assert seen == [True]
+
+
+def test_a_headless_command_exits_with_its_heap_frozen():
+    """The console script freezes the heap once a command is done: the interpreter's last
+    collections at exit skip it, and the atexit handlers still run."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, gc, sys\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+            "sys.argv = ['ampscope', '--version']\n"
+            "from ampscope.cli import run\n"
+            "run()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=READY_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "frozen True"
 
 
 @pytest.mark.skipif(start_method("cpu") != "forkserver", reason="no forkserver on this system")
