@@ -457,15 +457,18 @@ def _measure(state: _State, emit, cancelled) -> bool:
     if verdict is not None and verdict.support == "emulated":
         state.notes.append(f"emulated: {verdict.reason}")
     state.phase(emit, "probes")
-    if state.flops is None:  # else an earlier round counted them
+    count_first = None  # how the first warm-up step runs: counted when no probe counted
+    if state.flops is None and state.compiled:  # counted eagerly, before the model compiles
         _probe(state, loaded, batches[0])
+    elif state.flops is None:
+        count_first = functools.partial(_counted_step, state, loaded, rates, optimizer=optimizer)
     _quant_error(state, model, batches[0], device)
     held = None
     if config.last_round:  # the held-out loss an earlier round measured would be replaced
         held = held_out.batches(loaded.config, loaded.task, config, device)
         state.heldout_before = held_out.loss(model, rec, held, device)
-    state.peak = peak_choice.datasheet_peak(info, rec, state.flops.by_peak_dtype)
-    state.measured_peak = peak_choice.measured_peak(rates, rec, state.flops.by_peak_dtype)
+    if state.flops is not None:
+        _set_peaks(state, rates)
     state.common_peak = peak_choice.common_peak(info)
     state.notes.extend(library_sync_notes(rec, loaded.task, state.compiled, state.optimizer,
                                           device.type))
@@ -479,7 +482,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     alloc = AllocatorTracker(device)
     gpm = GpmWindow(info)
     stopped = _train_steps(state, step_model, params, optimizer, scaler, batches, alloc, emit,
-                           cancelled, gpm)
+                           cancelled, gpm, count_first)
     state.gpm = gpm.stop()
     if matmul_peak.beaten_by(state.steps[state.step_offset:]):
         _remeasure_peak(state, log)
@@ -631,7 +634,8 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
 
 
 def _probe(state: _State, loaded, batch: dict) -> None:
-    """One uncounted forward+backward under FlopCounterMode: hardware and model FLOPs."""
+    """One uncounted forward+backward under FlopCounterMode, before a compiled trial's
+    steps (the compiled graph is not counted): hardware and model FLOPs."""
     config, rec, model = state.config, state.rec, loaded.model
     device = state.device_info.torch_device
 
@@ -656,13 +660,40 @@ def _probe(state: _State, loaded, batch: dict) -> None:
             step()
             counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
     model.zero_grad(set_to_none=True)
-    mm_total, mm_trainable = flops_mod.matmul_param_counts(model)
+    _set_flops(state, loaded, counted, config.grad_accum, counted_method)
+
+
+def _counted_step(state: _State, loaded, rates, step, optimizer):
+    """The first warm-up step under FlopCounterMode (an eager trial's FLOPs cost no step of
+    their own), then its FLOPs and the peaks its steps are divided by. Returns the step's
+    outputs."""
+    rec, device = state.rec, state.device_info.torch_device
+    outputs = []
+    try:
+        counted = flops_mod.count_flops(lambda: outputs.append(step()),
+                                        tf32=rec.tf32 and device.type == "cuda")
+        counted_method = ("torch.utils.flop_counter.FlopCounterMode over the first warm-up "
+                          f"step: forward and backward of its {state.config.grad_accum} "
+                          "micro-batch(es) and the optimizer's step")
+    except Exception as exc:  # some quantised kernels refuse the counting mode
+        optimizer.zero_grad(set_to_none=True)
+        counted, outputs = None, [step()]
+        counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
+    _set_flops(state, loaded, counted, 1, counted_method)
+    _set_peaks(state, rates)
+    return outputs[0]
+
+
+def _set_flops(state: _State, loaded, counted, accum: int, counted_method: str) -> None:
+    """``state.flops``: ``counted`` (x ``accum`` where it covered one micro-batch) beside
+    the analytic model FLOPs."""
+    config = state.config
+    mm_total, mm_trainable = flops_mod.matmul_param_counts(loaded.model)
     analytic, formula = flops_mod.model_flops(
         tokens=config.tokens_per_step, matmul_params=mm_total,
         trainable_matmul_params=mm_trainable,
         attention=flops_mod.attention_stacks(dims(loaded.config), config.seq_len),
     )
-    accum = config.grad_accum
     state.flops = FlopsInfo(
         counted_per_step=counted.total * accum if counted else None,
         counted_method=counted_method,
@@ -673,6 +704,13 @@ def _probe(state: _State, loaded, batch: dict) -> None:
         model_convention=flops_mod.MODEL_FLOPS_CONVENTION,
         hardware_convention=flops_mod.HARDWARE_FLOPS_CONVENTION,
     )
+
+
+def _set_peaks(state: _State, rates) -> None:
+    """The datasheet and measured peaks for the dtypes this trial's FLOPs ran in."""
+    by_dtype = state.flops.by_peak_dtype
+    state.peak = peak_choice.datasheet_peak(state.device_info, state.rec, by_dtype)
+    state.measured_peak = peak_choice.measured_peak(rates, state.rec, by_dtype)
 
 
 def _quant_error(state: _State, model, batch: dict, device: torch.device) -> None:
@@ -753,8 +791,9 @@ def _step(config: RunConfig, rec: Recipe, device: torch.device, model, params, o
 
 
 def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc, emit,
-                 cancelled, gpm: GpmWindow) -> bool:
-    """Warm-up and measured steps; each step is read back while the next one runs."""
+                 cancelled, gpm: GpmWindow, count_first=None) -> bool:
+    """Warm-up and measured steps; each step is read back while the next one runs.
+    ``count_first`` runs the first (warm-up) step, counting its FLOPs."""
     config, rec = state.config, state.rec
     device = state.device_info.torch_device
     timer = StepTimer(device)
@@ -775,8 +814,12 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
                 energy.begin()
             alloc.start()
             timer.start()
-            loss_sum, grad_norm, scale_before, scale_after = _step(
-                config, rec, device, model, params, optimizer, scaler, batches, i)
+            def step(i=i):
+                return _step(config, rec, device, model, params, optimizer, scaler, batches, i)
+
+            counted = i == 0 and count_first is not None
+            loss_sum, grad_norm, scale_before, scale_after = (count_first(step) if counted
+                                                              else step())
             mark = timer.stop()
             scalars = readback.push([loss_sum, grad_norm, scale_before, scale_after])
             allocated, reserved = alloc.sample(measured=i >= warmup)
