@@ -458,7 +458,9 @@ def _measure(state: _State, emit, cancelled) -> bool:
         state.notes.append(f"emulated: {verdict.reason}")
     state.phase(emit, "probes")
     count_first = None  # how the first warm-up step runs: counted when no probe counted
-    if state.flops is None and state.compiled:  # counted eagerly, before the model compiles
+    # a step that compiles (the model, or torchao's optimizer step) is counted apart, eagerly:
+    # dynamo does not trace under FlopCounterMode
+    if state.flops is None and (state.compiled or state.optimizer in TORCHAO_STEP):
         _probe(state, loaded, batches[0])
     elif state.flops is None:
         count_first = functools.partial(_counted_step, state, loaded, rates, optimizer=optimizer)
@@ -634,8 +636,8 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
 
 
 def _probe(state: _State, loaded, batch: dict) -> None:
-    """One uncounted forward+backward under FlopCounterMode, before a compiled trial's
-    steps (the compiled graph is not counted): hardware and model FLOPs."""
+    """One uncounted forward+backward under FlopCounterMode, before the steps of a trial
+    that compiles (the model, or torchao's optimizer step): hardware and model FLOPs."""
     config, rec, model = state.config, state.rec, loaded.model
     device = state.device_info.torch_device
 

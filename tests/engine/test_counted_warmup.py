@@ -85,3 +85,19 @@ def test_the_first_warmup_step_is_the_one_counted(family, accum, tmp_path, monke
         for s in trial.steps:
             assert s.tflops == pytest.approx(trial.flops.analytic_per_step / (s.step_ms / 1e3)
                                              / 1e12)
+
+
+def test_a_step_that_compiles_is_counted_apart(tmp_path, monkeypatch):
+    """torchao's low-bit AdamW compiles its step, which dynamo does not trace under
+    FlopCounterMode: that trial counts a forward+backward of its own first, and trains."""
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
+    folder = _folder("gpt2", str(tmp_path / "gpt2"))
+    precision = "bf16-amp+adamw8bit-ao"
+    record = Runner(RunConfig(
+        model=folder, precisions=(precision,), batch_size=BATCH, seq_len=SEQ, steps=1,
+        warmup=1, device="cpu", isolation="inline", interleave="off", profile_step=False,
+        quant_error=False)).run()
+    trial = record.trial(precision)
+    assert trial.status == "ok", trial.reason
+    assert "one forward+backward" in trial.flops.counted_method
+    assert trial.flops.counted_per_step == _separate_count(folder, "bf16-amp").total
