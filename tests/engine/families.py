@@ -4,6 +4,9 @@ Widths: 6 heads (the calibration uses 2, 4 and 8), hidden 96, MLP 200, vocabular
 Dropout is off so that a forward saves the same tensors every time.
 """
 
+import functools
+
+import torch
 import transformers as tf
 
 H, HEADS, F, V = 96, 6, 200, 700
@@ -48,3 +51,11 @@ FAMILIES = {
                                   vocab_size=V, max_position_embeddings=128, dropout=0.0,
                                   attention_dropout=0.0, activation_dropout=0.0),
 }
+
+
+@functools.cache
+def causal_lm_folder(family: str, root: str) -> str:
+    """A causal LM of ``family`` with seeded random weights, saved once to ``root``."""
+    torch.manual_seed(0)
+    tf.AutoModelForCausalLM.from_config(FAMILIES[family]()).save_pretrained(root)
+    return root

@@ -5,8 +5,6 @@ separate forward+backward per micro-batch (the probe it replaces; engine.measure
 counting is checked against formulas in test_flops.py), on GPT-2 and Llama, in fp32 and
 under bf16 autocast, with and without gradient accumulation."""
 
-import functools
-
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -16,16 +14,9 @@ from transformers import AutoModelForCausalLM
 from engine.core.config import RunConfig
 from engine.measure.flops import count_flops
 from engine.run.runner import Runner
-from tests.engine.families import FAMILIES
+from tests.engine.families import causal_lm_folder
 
 BATCH, SEQ = 2, 16
-
-
-@functools.cache
-def _folder(family: str, root: str) -> str:
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(FAMILIES[family]()).save_pretrained(root)
-    return root
 
 
 def _separate_count(folder: str, precision: str):
@@ -46,7 +37,7 @@ def _separate_count(folder: str, precision: str):
 @pytest.mark.parametrize("accum", [1, 2])
 def test_the_first_warmup_step_is_the_one_counted(family, accum, tmp_path, monkeypatch):
     monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
-    folder = _folder(family, str(tmp_path / family))
+    folder = causal_lm_folder(family, str(tmp_path / family))
     active, steps = [], []
     own_enter, own_exit = FlopCounterMode.__enter__, FlopCounterMode.__exit__
 
@@ -91,7 +82,7 @@ def test_a_step_that_compiles_is_counted_apart(tmp_path, monkeypatch):
     """torchao's low-bit AdamW compiles its step, which dynamo does not trace under
     FlopCounterMode: that trial counts a forward+backward of its own first, and trains."""
     monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
-    folder = _folder("gpt2", str(tmp_path / "gpt2"))
+    folder = causal_lm_folder("gpt2", str(tmp_path / "gpt2"))
     precision = "bf16-amp+adamw8bit-ao"
     record = Runner(RunConfig(
         model=folder, precisions=(precision,), batch_size=BATCH, seq_len=SEQ, steps=1,

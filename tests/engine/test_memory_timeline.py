@@ -4,25 +4,16 @@ import functools
 import itertools
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from engine.core.config import RunConfig
 from engine.measure.device import probe
 from engine.measure.memtrack import CATEGORIES
 from engine.run.trial import run_trial
-from tests.engine.families import FAMILIES
+from tests.engine.families import causal_lm_folder
 
 CPU = probe("cpu")
 RECIPES = [("fp32", False), ("bf16-amp", False), ("bf16-amp", True), ("nf4", False)]
 MODELS = ["tiny", "llama-gqa"]
-
-
-@functools.cache
-def _folder(family: str, root: str) -> str:
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(FAMILIES[family]()).save_pretrained(root)
-    return root
 
 
 @functools.cache
@@ -39,7 +30,7 @@ def _trial(model: str, precision: str, checkpointing: bool):
 def trial(tmp_path_factory):
     def run(model, precision, checkpointing=False):
         if model != "tiny":
-            model = _folder(model, str(tmp_path_factory.getbasetemp() / model))
+            model = causal_lm_folder(model, str(tmp_path_factory.getbasetemp() / model))
         return _trial(model, precision, checkpointing)
     return run
 

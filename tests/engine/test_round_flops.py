@@ -4,26 +4,15 @@ forward+backward, and every FLOP figure (the counts, each later step's TFLOP/s)
 equals that of the same run with every round counting, on GPT-2 (the tiny preset) and Llama
 (families.py), inline and in trial processes."""
 
-import functools
-
 import pytest
-import torch
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import AutoModelForCausalLM
 
 from engine.core.config import RunConfig
 from engine.run.rounds import RoundBook
 from engine.run.runner import Runner
-from tests.engine.families import FAMILIES
+from tests.engine.families import causal_lm_folder
 
 PRECISIONS = ("fp32", "bf16-amp")
-
-
-@functools.cache
-def _folder(family: str, root: str) -> str:
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(FAMILIES[family]()).save_pretrained(root)
-    return root
 
 
 def _run(model: str, isolation: str):
@@ -50,7 +39,7 @@ def _counted_rounds(monkeypatch) -> list:
                                                    ("tiny", "process")])
 def test_a_later_round_takes_the_first_rounds_flops(family, isolation, tmp_path, monkeypatch):
     monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
-    model = family if family == "tiny" else _folder(family, str(tmp_path / family))
+    model = family if family == "tiny" else causal_lm_folder(family, str(tmp_path / family))
     entered = _counted_rounds(monkeypatch)
     now = _run(model, isolation)
     if isolation == "inline":  # a trial process's counting is not seen here

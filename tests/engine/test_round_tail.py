@@ -3,26 +3,15 @@ round only (the combined result keeps that round's): every figure equals that of
 with every round running them, as before, on GPT-2 (the tiny preset) and Llama (families.py).
 """
 
-import functools
-
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from engine.core.config import RunConfig
 from engine.core.events import PhaseChanged
 from engine.run.runner import Runner
 from engine.run.trial import LATER_ROUND
-from tests.engine.families import FAMILIES
+from tests.engine.families import causal_lm_folder
 
 PRECISIONS = ("fp32", "bf16")  # bf16 weights lose updates; fp32's are n/a
-
-
-@functools.cache
-def _folder(family: str, root: str) -> str:
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(FAMILIES[family]()).save_pretrained(root)
-    return root
 
 
 def _config(model: str) -> RunConfig:
@@ -53,7 +42,7 @@ def _every_round(monkeypatch) -> None:
 def test_the_last_rounds_tail_gives_the_figures_every_round_running_it_gave(
         family, tmp_path, monkeypatch):
     monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
-    model = family if family == "tiny" else _folder(family, str(tmp_path / family))
+    model = family if family == "tiny" else causal_lm_folder(family, str(tmp_path / family))
     _, run, events = _run(_config(model))
     now = run()
     watched = sorted((e.precision, e.round) for e in events
