@@ -814,12 +814,13 @@ def _train_steps(state: _State, model, params, optimizer, scaler, batches, alloc
                 state.phase(emit, "measuring")
                 gpm.start()
                 energy.begin()
-            alloc.start()
-            timer.start()
+
             def step(i=i):
                 return _step(config, rec, device, model, params, optimizer, scaler, batches, i)
 
             counted = i == 0 and count_first is not None
+            alloc.start()
+            timer.start()
             loss_sum, grad_norm, scale_before, scale_after = (count_first(step) if counted
                                                               else step())
             mark = timer.stop()

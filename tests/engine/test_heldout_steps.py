@@ -8,7 +8,7 @@ import torch
 from engine.core.config import RunConfig
 from engine.models import heldout
 from engine.run.runner import Runner
-from tests.engine.test_round_tail import _folder
+from tests.engine.families import causal_lm_folder
 
 
 def _steps_before_each_heldout_forward(config: RunConfig, monkeypatch) -> tuple[list, object]:
@@ -36,7 +36,7 @@ def _steps_before_each_heldout_forward(config: RunConfig, monkeypatch) -> tuple[
 @pytest.mark.parametrize("profiled", [True, False])
 def test_the_heldout_loss_counts_every_step_before_it(family, profiled, tmp_path, monkeypatch):
     monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
-    model = family if family == "tiny" else _folder(family, str(tmp_path / family))
+    model = family if family == "tiny" else causal_lm_folder(family, str(tmp_path / family))
     config = RunConfig(model=model, precisions=("fp32",), batch_size=2, seq_len=16, steps=3,
                        warmup=1, device="cpu", isolation="inline", interleave="off",
                        profile_step=profiled)
