@@ -714,8 +714,11 @@ def _cpu_allocator_peak(prof) -> int:
 
 
 # a GPU's timed profile, in steps (only the active one is read): the profiler's start-up
-# (CUPTI's) falls in the first two. On the CPU the shapes step just before has paid the
-# profiler's start-up, and a step there can take a second (bf16 emulated): one step is timed.
+# (CUPTI's) falls in the first two, and recording shapes there would stretch the kernels'
+# gaps. On the CPU the step that records shapes and memory is the timed one: its step time
+# and category shares were within the spread of a step profiled with neither (tiny preset,
+# fp32 and bf16 autocast, 4 alternating pairs each), and an emulated half step takes half a
+# second there.
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 1}
 
 
@@ -746,19 +749,17 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
                  memory_snapshot_file: str | None = None) -> ProfiledStep:
     """Profile ``step`` as lightly as still attributes kernels, and analyse it.
 
-    Untimed first: one step with input shapes and dtypes recorded (and the allocator's
-    events on the CPU: the memory peak), and on a GPU with a memory snapshot asked for,
-    one step under the allocator's history. Then the timed profile: CPU and CUDA activity
-    only (no shapes, no memory, no stacks): on a GPU under a schedule of
-    ``PROFILE_SCHEDULE`` steps, of which only the active one is read (the profiler's own
-    start-up falls in the others), on the CPU one step. Each timed op takes the dtypes of
-    its twin in the shapes step.
+    On a GPU, untimed first: one step with input shapes and dtypes recorded, and with a
+    memory snapshot asked for, one step under the allocator's history. Then the timed
+    profile, CPU and CUDA activity only (no shapes, no memory, no stacks), under a schedule
+    of ``PROFILE_SCHEDULE`` steps of which only the active one is read (the profiler's own
+    start-up falls in the others); each timed op takes the dtypes of its twin in the shapes
+    step. On the CPU one step, timed, with shapes, dtypes and the allocator's events (the
+    memory peak) recorded.
 
     ``live_bytes``: tensor bytes alive before the step (parameters, buffers, quantisation
     state, optimizer state, batches), the base of the CPU memory peak.
     """
-    import dataclasses
-
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     cuda = device.type == "cuda"
@@ -769,57 +770,67 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
         if cuda:
             torch.cuda.synchronize(device)
 
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                 profile_memory=not cuda) as shaped_prof:
+    if not cuda:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                     profile_memory=True) as prof:
+            one_step()
+        peak = live_bytes + _cpu_allocator_peak(prof)
+        method = ("tensor bytes alive before the step (parameters, buffers, quantisation "
+                  "state, optimizer state, batches) + the highest net bytes the CPU "
+                  "allocator handed out during the profiled step (torch.profiler memory "
+                  "events)")
+        events = prof.events()
+        return _analysed(prof, "cpu", trace_file, events, recorded_dtypes(prof, events), (),
+                         peak, method, "recorded in the same step", None)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as shaped_prof:
         one_step()
     events = shaped_prof.events()
     by_id = recorded_dtypes(shaped_prof, events)
     shaped, _, _ = _calls_from(events, by_id)
-    if cuda:
-        peak = int(torch.cuda.max_memory_allocated(device))
-        method = "torch.cuda.max_memory_allocated over an untimed step (shapes recorded)"
-    else:
-        peak = live_bytes + _cpu_allocator_peak(shaped_prof)
-        method = ("tensor bytes alive before the step (parameters, buffers, quantisation "
-                  "state, optimizer state, batches) + the highest net bytes the CPU "
-                  "allocator handed out during an untimed step (torch.profiler memory "
-                  "events)")
-    snapshot = cuda and memory_snapshot_file is not None
-    if snapshot:
+    peak = int(torch.cuda.max_memory_allocated(device))
+    if memory_snapshot_file is not None:
         torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
         try:
             one_step()
             torch.cuda.memory._dump_snapshot(memory_snapshot_file)
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    if cuda:
-        with profile(activities=activities, schedule=schedule(**PROFILE_SCHEDULE)) as prof:
-            for _ in range(sum(PROFILE_SCHEDULE.values())):
-                one_step()
-                prof.step()
-    else:
-        with profile(activities=activities) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 schedule=schedule(**PROFILE_SCHEDULE)) as prof:
+        for _ in range(sum(PROFILE_SCHEDULE.values())):
             one_step()
+            prof.step()
+    return _analysed(prof, "cuda", trace_file, None, by_id, shaped, peak,
+                     "torch.cuda.max_memory_allocated over an untimed step (shapes recorded)",
+                     "recorded in an untimed step (the k-th call of an op there is its k-th "
+                     "call in the timed step)", memory_snapshot_file)
+
+
+def _analysed(prof, device_kind: str, trace_file: str | None, events, by_id,
+              shaped: list[OpCall], peak: int, peak_method: str, dtypes_where: str,
+              memory_snapshot_file: str | None) -> ProfiledStep:
+    """The analysis of the timed profile ``prof`` (its ``events`` when already listed), each
+    op with the dtypes of its twin in ``shaped`` where it recorded none."""
+    import dataclasses
+
     if trace_file:
         # the analysis is read back from the written trace, so the figures shown are the
         # ones a reader of that file (or the trace-replay tests) gets
         prof.export_chrome_trace(trace_file)
         calls, step_us, spans = _calls_from(chrome_trace_events(trace_file))
+    elif events is not None:
+        calls, step_us, spans = _calls_from(events, by_id)
     else:
         calls, step_us, spans = _calls_from(prof.events(), {})
-    result = analyse(_join_shapes(calls, shaped), device.type, step_us, spans)
+    result = analyse(_join_shapes(calls, shaped), device_kind, step_us, spans)
     dtype_method = ("n/a: this torch's profiler records no input dtypes, so every op's "
                     "dtype is unknown" if by_id == {} else
-                    result.dtype_method + "; recorded in an untimed step (the k-th call of "
-                    "an op there is its k-th call in the timed step)")
+                    f"{result.dtype_method}; {dtypes_where}")
     return dataclasses.replace(
-        result, peak_memory_bytes=peak, peak_memory_method=method, trace_file=trace_file,
-        memory_snapshot_file=memory_snapshot_file if snapshot else None,
-        dtype_method=dtype_method)
+        result, peak_memory_bytes=peak, peak_memory_method=peak_method, trace_file=trace_file,
+        memory_snapshot_file=memory_snapshot_file, dtype_method=dtype_method)
 
 
 def _pct(share: float | None) -> str:
