@@ -32,18 +32,22 @@ def measured_median_ms(steps) -> float | None:
     return statistics.median(timed) if timed else None
 
 
-def _differs(kernel_ms: float, measured_ms: float, what: str) -> str | None:
+def _differs(kernel_ms: float, measured_ms: float, what: str, gpu: bool = True) -> str | None:
     off = (kernel_ms - measured_ms) / measured_ms
     if abs(off) <= TOLERANCE:
         return None
+    said = (f"the profiled step's {what} took {kernel_ms:.2f} ms, {off:+.0%} against the "
+            f"measured median step ({measured_ms:.2f} ms): ")
     if off > 0:
-        return (f"the profiled step's {what} took {kernel_ms:.2f} ms, {off:+.0%} against the "
-                f"measured median step ({measured_ms:.2f} ms): the profiler slowed it or it "
-                "did work the measured steps did not; read its shares with care")
-    return (f"the profiled step's {what} took {kernel_ms:.2f} ms, {off:+.0%} against the "
-            f"measured median step ({measured_ms:.2f} ms): the rest of the measured step is "
-            "time the GPU had nothing to run (it waited on the host: launches, Python, "
-            "synchronisation)")
+        return said + ("the profiler slowed it or it did work the measured steps did not; "
+                       "read its shares with care")
+    if gpu:
+        return said + ("the rest of the measured step is time the GPU had nothing to run (it "
+                       "waited on the host: launches, Python, synchronisation)")
+    # on the CPU the profiled step is the host's work itself: faster means the steps varied
+    return said + ("one step against the median of the measured ones, which ran slower "
+                   "(other work on this machine's cores, or its clock); read its shares with "
+                   "care")
 
 
 def against_measured(ps: ProfiledStep, measured_ms: float | None) -> ProfiledStep:
@@ -54,7 +58,8 @@ def against_measured(ps: ProfiledStep, measured_ms: float | None) -> ProfiledSte
     if ps.idle_gap_ms is None:  # a CPU run: its op times are the host side itself
         return dataclasses.replace(ps, measured_step_ms=measured_ms,
                                    profiled_step_ms=ps.step_ms,
-                                   basis_note=_differs(ps.step_ms, measured_ms, "wall time"))
+                                   basis_note=_differs(ps.step_ms, measured_ms, "wall time",
+                                                       gpu=False))
     span = ps.step_ms
     busy = span - ps.idle_gap_ms
     total = sum(ps.category_ms.values()) + ps.idle_gap_ms  # the shares' old denominator

@@ -112,6 +112,22 @@ def test_a_cpu_trial_compares_its_profiled_step_with_its_measured_median():
     assert (ps.basis_note is not None) == (off > 0.10)
 
 
+def test_a_faster_cpu_profiled_step_blames_no_gpu():
+    """A CPU step profiled 20% under the measured median: the steps varied, no GPU waited."""
+    import dataclasses
+
+    from engine.core.events import ProfiledStep
+
+    fields = {f.name: None for f in dataclasses.fields(ProfiledStep)
+              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    cpu = dataclasses.replace(ProfiledStep(**fields), step_ms=80.0, idle_gap_ms=None)
+    ps = against_measured(cpu, 100.0)
+    assert "-20%" in ps.basis_note and "100.00 ms" in ps.basis_note
+    assert "GPU" not in ps.basis_note and "ran slower" in ps.basis_note
+    slower = against_measured(dataclasses.replace(cpu, step_ms=130.0), 100.0)
+    assert "+30%" in slower.basis_note and "profiler slowed it" in slower.basis_note
+
+
 def test_the_html_report_shows_the_shares_of_the_measured_step(trace, tmp_path):
     """The real run's report with its trial's profiled step read from its real trace."""
     import dataclasses
