@@ -779,9 +779,11 @@ def profile_step(step: Callable[[], None], device: torch.device, live_bytes: int
                   "state, optimizer state, batches) + the highest net bytes the CPU "
                   "allocator handed out during the profiled step (torch.profiler memory "
                   "events)")
-        events = prof.events()
-        return _analysed(prof, "cpu", trace_file, events, recorded_dtypes(prof, events), (),
-                         peak, method, "recorded in the same step", None)
+        # a written trace is analysed from the file (it carries the dtypes): no event tree
+        events = None if trace_file else prof.events()
+        by_id = None if events is None else recorded_dtypes(prof, events)
+        return _analysed(prof, "cpu", trace_file, events, by_id, (), peak, method,
+                         "recorded in the same step", None)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as shaped_prof:
