@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils.flop_counter import (
     FlopCounterMode,
+    _FlopCounterMode,
     flop_registry,
     sdpa_backward_flop_count,
     sdpa_flop_count,
@@ -222,7 +223,59 @@ def counting_mode(tf32: bool = False) -> tuple[FlopCounterMode, Counter]:
         return count
 
     mapping = {op: attributed(op, f) for op, f in flop_formulas().items()}
-    return FlopCounterMode(display=False, custom_mapping=mapping), by_dtype
+    return _SameKernels(display=False, custom_mapping=mapping), by_dtype
+
+
+class _SameKernels(FlopCounterMode):
+    """FlopCounterMode that runs exactly the kernels the step runs without it.
+
+    FlopCounterMode decomposes an op it has no formula for (``silu_backward`` in a backward
+    pass): the decomposition computes other bits than the op's own CPU or CUDA kernel, so
+    the counted step trained differently from the user's. Here such an op runs itself and
+    its decomposition is counted on fake tensors. Its per-module tally is left out too: it
+    hooks every module's inputs for backward, which changes the order gradients are summed
+    in; only the global tally is read.
+    """
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.mod_tracker = _GlobalOnly()
+
+    def __enter__(self):
+        self.flop_counts.clear()
+        self.mode = _CountDecomposed(self)
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        done, self.mode = self.mode.__exit__(*exc), None
+        return done
+
+
+class _GlobalOnly:
+    """Stands in for FlopCounterMode's ModuleTracker: every FLOP is filed under "Global"."""
+
+    parents = ("Global",)
+
+
+class _CountDecomposed(_FlopCounterMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (isinstance(func, torch._ops.OpOverload) and func not in self.counter.flop_registry
+                and func.has_kernel_for_dispatch_key(
+                    torch._C.DispatchKey.CompositeImplicitAutograd)):
+            self._count_on_fakes(func, args, kwargs)
+            return func(*args, **kwargs)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _count_on_fakes(self, func, args, kwargs) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.utils._pytree import tree_map_only
+
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+            fargs, fkwargs = tree_map_only(torch.Tensor, fake.from_tensor, (args, kwargs))
+            with self:
+                func.decompose(*fargs, **fkwargs)
 
 
 def counted(counter: FlopCounterMode, by_dtype: Counter) -> Counted:

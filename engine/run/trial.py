@@ -63,6 +63,7 @@ from engine.measure.peaks import PeakLookup, over_peak
 from engine.measure.peaks import mfu as mfu_of
 from engine.measure.step_basis import against_measured, measured_median_ms
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
+from engine.measure.untouched import untouched
 from engine.models import heldout as held_out
 from engine.models.load import (
     dims,
@@ -468,7 +469,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
     held = None
     if config.last_round:  # the held-out loss an earlier round measured would be replaced
         held = held_out.batches(loaded.config, loaded.task, config, device)
-        state.heldout_before = held_out.loss(model, rec, held, device)
+        with untouched(model, device):
+            state.heldout_before = held_out.loss(model, rec, held, device)
     if state.flops is not None:
         _set_peaks(state, rates)
     state.common_peak = peak_choice.common_peak(info)
@@ -487,7 +489,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
                            cancelled, gpm, count_first)
     state.gpm = gpm.stop()
     if matmul_peak.beaten_by(state.steps[state.step_offset:]):
-        _remeasure_peak(state, log)
+        with untouched(model, device):  # its random matrices draw from the RNG
+            _remeasure_peak(state, log)
     if state.compiled:
         note, breaks = _compile_note(compiles_before, _compile_counts())
         state.notes.append(note)
@@ -547,7 +550,8 @@ def _untimed_tail(state: _State, model, params, optimizer, scaler, batch, held) 
     the weights back). A failure here costs only these figures."""
     config, device = state.config, state.device_info.torch_device
     try:
-        after = held_out.loss(model, state.rec, held, device)
+        with untouched(model, device):
+            after = held_out.loss(model, state.rec, held, device)
         # warm-up, measured, the memory step, and every step the profiler ran (its shapes
         # step, a memory snapshot's, and its schedule's), failed or not
         steps = (warmup_steps(config.warmup) + config.steps + 1
@@ -556,9 +560,10 @@ def _untimed_tail(state: _State, model, params, optimizer, scaler, batch, held) 
     except Exception as exc:
         state.heldout_reason = f"the held-out forward failed: {type(exc).__name__}: {exc}"
     try:
-        state.lost_updates, reason = measure_lost_updates(
-            model, params, optimizer, state.optimizer, scaler, state.rec, batch, device,
-            config.lr)
+        with untouched(model, device):
+            state.lost_updates, reason = measure_lost_updates(
+                model, params, optimizer, state.optimizer, scaler, state.rec, batch, device,
+                config.lr)
         state.lost_updates_reason = reason or ""
     except Exception as exc:
         optimizer.zero_grad(set_to_none=True)
@@ -647,7 +652,8 @@ def _probe(state: _State, loaded, batch: dict) -> None:
         loss.backward()
 
     try:
-        counted = flops_mod.count_flops(step, tf32=rec.tf32 and device.type == "cuda")
+        with untouched(model, device):
+            counted = flops_mod.count_flops(step, tf32=rec.tf32 and device.type == "cuda")
         counted_method = ("torch.utils.flop_counter.FlopCounterMode over one forward+backward, "
                           f"x {config.grad_accum} micro-batches")
     except Exception as exc:  # some quantised kernels refuse the counting mode
@@ -659,7 +665,8 @@ def _probe(state: _State, loaded, batch: dict) -> None:
                               f"({failure(exc)[1]}); the compiled steps hold less, so the "
                               "trial went on without hardware FLOPs")
         else:
-            step()
+            with untouched(model, device):
+                step()
             counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
     model.zero_grad(set_to_none=True)
     _set_flops(state, loaded, counted, config.grad_accum, counted_method)
@@ -724,7 +731,8 @@ def _quant_error(state: _State, model, batch: dict, device: torch.device) -> Non
         state.quant_error_reason = reason
         return
     try:
-        state.quant_error = quant_error.measure(model, state.rec, batch, device)
+        with untouched(model, device):
+            state.quant_error = quant_error.measure(model, state.rec, batch, device)
     except Exception as exc:
         state.quant_error_reason = f"the SQNR forward failed: {type(exc).__name__}: {exc}"
     _release(device)
