@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 # CI has 2 cores shared by the test process, its trial children and Qt: OpenMP worker
 # threads that spin-wait for a busy core make tiny CPU steps ~20x slower. One intra-op
 # thread keeps the suite quick; set before torch loads, and inherited by children.
@@ -33,3 +35,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _avx512_bf16_cpu(monkeypatch):
+    """Every in-process 4-bit layer believes the CPU has AVX512-BF16, and its conversion to
+    bitsandbytes' CPU inference layout is refused: a test passes or fails the same on any
+    CPU, and no measurement may switch a layer to kernels training would not run
+    (engine/measure/untouched.py). Trials in child processes keep the CPU's own choice;
+    tests/engine/test_observe.py runs each recipe inline."""
+    import bitsandbytes.nn.modules as bnb_modules
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a 4-bit layer was converted to bitsandbytes' CPU inference "
+                             "layout: later training steps would run other kernels")
+
+    monkeypatch.setattr(bnb_modules, "has_avx512bf16", lambda: True)
+    monkeypatch.setattr(bnb_modules, "_convert_weight_packed_for_cpu", refuse)

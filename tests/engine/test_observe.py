@@ -11,13 +11,12 @@ the test only keeps references to the model loader's arguments and to the optimi
 scaler the trial made.
 
 bitsandbytes converts 4-bit weights to a CPU inference layout in an eval-mode forward
-without gradients where the CPU has AVX512-BF16; the layers are told the CPU has it here
-(on any CPU), and the conversion itself is refused, so no trial may trigger it.
+without gradients where the CPU has AVX512-BF16; tests/conftest.py tells the layers the
+CPU has it (on any CPU) and refuses the conversion, so no trial may trigger it.
 """
 
 import functools
 
-import bitsandbytes.nn.modules as bnb_modules
 import pytest
 import torch
 import transformers as tf
@@ -99,20 +98,6 @@ class _Seen:
         monkeypatch.setattr(trial_mod, "_release", lambda d: (release(d), self._release(d)))
 
 
-def _refuse_cpu_layout(monkeypatch):
-    """Every 4-bit layer believes the CPU has AVX512-BF16; converting is an error."""
-    calls = []
-
-    def convert(*a, **kw):
-        calls.append(a)
-        raise AssertionError("a 4-bit layer was converted to bitsandbytes' CPU inference "
-                             "layout: a later training step would run other kernels")
-
-    monkeypatch.setattr(bnb_modules, "has_avx512bf16", lambda: True)
-    monkeypatch.setattr(bnb_modules, "_convert_weight_packed_for_cpu", convert)
-    return calls
-
-
 def _plain_loop(seen: _Seen, precision: str, steps: list[int], batches: list[dict]):
     """The user's loop: load, then for each step forward (autocast if the recipe has it),
     scaled backward, optimizer step, zero_grad."""
@@ -165,7 +150,6 @@ def _tensors(state) -> list:
 @pytest.mark.parametrize(("family", "precision"), CASES)
 def test_a_trial_trains_as_a_plain_loop(family, precision, folders, tmp_path, monkeypatch):
     monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path))
-    converted = _refuse_cpu_layout(monkeypatch)
     seen = _Seen(monkeypatch)
     config = RunConfig(model=folders[family], precisions=(precision,), batch_size=2,
                        seq_len=16, steps=2, warmup=1, device="cpu", isolation="inline",
@@ -174,7 +158,6 @@ def test_a_trial_trains_as_a_plain_loop(family, precision, folders, tmp_path, mo
     record = Runner(config, events.append).run()
     result = record.trial(precision)
     assert result.status == "ok", result.reason
-    assert not converted
     assert result.heldout_loss is not None, result.heldout_loss_reason
     assert result.lost_updates is not None or result.lost_updates_reason, "not measured"
     # the batches each step trained on, as the trial drew them
