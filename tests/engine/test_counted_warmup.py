@@ -8,13 +8,14 @@ under bf16 autocast, with and without gradient accumulation."""
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM
 
 from engine.core.config import RunConfig
-from engine.measure.flops import count_flops
+from engine.measure.flops import count_flops, counting_mode
 from engine.run.runner import Runner
 from tests.engine.families import causal_lm_folder
+
+COUNTER = type(counting_mode()[0])  # FlopCounterMode as the trials run it
 
 BATCH, SEQ = 2, 16
 
@@ -39,7 +40,7 @@ def test_the_first_warmup_step_is_the_one_counted(family, accum, tmp_path, monke
     monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
     folder = causal_lm_folder(family, str(tmp_path / family))
     active, steps = [], []
-    own_enter, own_exit = FlopCounterMode.__enter__, FlopCounterMode.__exit__
+    own_enter, own_exit = COUNTER.__enter__, COUNTER.__exit__
 
     def enter(self):
         active.append(self)
@@ -49,8 +50,8 @@ def test_the_first_warmup_step_is_the_one_counted(family, accum, tmp_path, monke
         active.remove(self)
         return own_exit(self, *exc)
 
-    monkeypatch.setattr(FlopCounterMode, "__enter__", enter)
-    monkeypatch.setattr(FlopCounterMode, "__exit__", leave)
+    monkeypatch.setattr(COUNTER, "__enter__", enter)
+    monkeypatch.setattr(COUNTER, "__exit__", leave)
     # every optimizer step of the run, and whether FLOPs were being counted through it
     handle = register_optimizer_step_post_hook(lambda opt, args, kw: steps.append(bool(active)))
     try:

@@ -5,12 +5,14 @@ equals that of the same run with every round counting, on GPT-2 (the tiny preset
 (families.py), inline and in trial processes."""
 
 import pytest
-from torch.utils.flop_counter import FlopCounterMode
 
 from engine.core.config import RunConfig
+from engine.measure.flops import counting_mode
 from engine.run.rounds import RoundBook
 from engine.run.runner import Runner
 from tests.engine.families import causal_lm_folder
+
+COUNTER = type(counting_mode()[0])  # FlopCounterMode as the trials run it
 
 PRECISIONS = ("fp32", "bf16-amp")
 
@@ -25,13 +27,13 @@ def _run(model: str, isolation: str):
 def _counted_rounds(monkeypatch) -> list:
     """Each FlopCounterMode the trials (inline) enter, as the precision's round count so far."""
     entered: list = []
-    own = FlopCounterMode.__enter__
+    own = COUNTER.__enter__
 
     def enter(self):
         entered.append(1)
         return own(self)
 
-    monkeypatch.setattr(FlopCounterMode, "__enter__", enter)
+    monkeypatch.setattr(COUNTER, "__enter__", enter)
     return entered
 
 
