@@ -84,7 +84,7 @@ from engine.measure.monitor import Monitor
 from engine.measure.peaks import PeakLookup
 from engine.measure.peaks import mfu as mfu_of
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
-from engine.record.bounded import MAX_NAME, MAX_TEXT, cut
+from engine.record.bounded import MAX_NAME, MAX_TEXT, cut, traceback_text
 from engine.record.journal import JournalWriter, journal_path
 from engine.record.rank_journals import rank_journal_path
 from engine.record.run_record import RunRecord
@@ -1077,12 +1077,13 @@ class Recorder:
         finally:
             self._begin_run()
             self._emit_logged(None)
-            status, reason = "ok", None
+            status, reason, trace = "ok", None, None
             if exc is not None:
                 if isinstance(exc, KeyboardInterrupt):
                     status, reason = "cancelled", "stopped by Ctrl-C in the user's script"
                 else:  # any length the user's message has, the journal reads back
                     status, reason = "error", cut(f"{type(exc).__name__}: {exc}", MAX_TEXT - 40)
+                    trace = traceback_text(exc)
                     self._emit(ErrorEvent(f"the user's training raised {reason}",
                                           self.precision, time.time()))
             elif not self.steps:  # nothing measured is not an ok run
@@ -1090,12 +1091,13 @@ class Recorder:
                     "no step was recorded: call rec.step() once per optimizer step"
                     + (f" ({self._failed_steps} rec.step() calls failed: see the warning)"
                        if self._failed_steps else ""))
-            result = self._result(status, reason)
+            result = self._result(status, reason, trace)
             self._emit(TrialFinished(result, time.time()))
             self._emit(RunFinished("ok" if status == "ok" else status, time.time()))
             self._journal.close()
 
-    def _result(self, status: str, reason: str | None) -> TrialResult:
+    def _result(self, status: str, reason: str | None,
+                traceback: str | None = None) -> TrialResult:
         params, trainable = inventory.count_params(self.model)
         return TrialResult(
             precision=self.precision,
@@ -1115,6 +1117,7 @@ class Recorder:
             finished_s=time.time(),
             source=self.source,
             notes=self._notes(),
+            traceback=traceback,
         )
 
     def _notes(self) -> list[str]:

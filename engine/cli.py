@@ -140,10 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--json", action="store_true", help="print JSON")
     fit.add_argument("--quiet", action="store_true", help="no progress display")
 
-    rep = sub.add_parser("report", help="write a report from a run journal (or a JSON report)")
+    rep = sub.add_parser("report", help="list a run's trials (why any failed), or write a "
+                                        "report from a run journal (or a JSON report)")
     rep.add_argument("source", help="a run journal (runs/<run id>.jsonl in the data folder) "
                                     "or a JSON report")
-    rep.add_argument("--out", required=True, help="report file: .json, .csv or .html")
+    rep.add_argument("--out", help="report file: .json, .csv or .html; without it, each "
+                                   "trial's status and reason is printed")
+    rep.add_argument("--traceback", action="store_true",
+                     help="print the full traceback of each trial an exception ended "
+                          "(also with --out)")
 
     wat = sub.add_parser("watch", help="follow a run journal live in the terminal (Ctrl-C ends)")
     wat.add_argument("journal", help="a run journal (runs/<run id>.jsonl), local or mounted")
@@ -334,9 +339,12 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
     _say_kernels(record, trace)
     journal = runner.journal_path
     code = 0
+    kept = journal if runner.journal is not None and not runner.journal.error else None
     if out is not None:
         if _write_report(record, out, _journal_note(runner)):
             _say(f"report written to {_written(out)}")
+            if Path(out).suffix.lower() == ".json":  # the file the user named holds them too
+                kept = out
         else:
             code = EXIT_FAILED
     failed = [t for t in record.trials if t.status not in ("ok", "unsupported")]
@@ -347,8 +355,13 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
              + (f"; the run is in the journal {journal}" if journal else ""), err=True)
         return 128 + signals.received[0]
     if failed:
-        _say(f"{len(failed)} of {len(record.trials)} trials failed: see the reasons above",
-             err=True)
+        from engine.record.failure_text import failed_line
+
+        if kept is None:  # neither journal nor JSON report holds them: printed, not lost
+            for trial in failed:
+                if trial.traceback:
+                    _say(f"{trial.precision}'s traceback:\n{trial.traceback}", err=True)
+        _say(failed_line(record, len(failed), kept), err=True)
         return EXIT_FAILED
     return code
 
@@ -681,15 +694,20 @@ def _written(out) -> str:
 
 
 def _report(args) -> int:
-    """Any journal (or JSON report) into any report format."""
+    """A journal's (or JSON report's) trials, or the run in any report format."""
     from engine.report.writer import check_writable
 
-    out = check_writable(args.out)
+    out = check_writable(args.out) if args.out else None
+    from engine.record.failure_text import trial_lines
     from engine.record.journal import read_run
 
     record = read_run(args.source)
     if record.repaired:
         _say(f"ampscope: note: {record.repaired}", err=True)
+    if out is None or args.traceback:
+        _say("\n".join(trial_lines(record, args.source, args.traceback)))
+    if out is None:
+        return 0
     if not _write_report(record, out):
         return EXIT_FAILED
     _say(f"report of run {record.run_id} ({record.status}) written to {_written(out)}")

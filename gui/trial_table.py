@@ -1,14 +1,22 @@
 """One row per trial of the current run: status, progress, latest step, and why it stopped.
 
 Filled from events while a run is live and from a ``RunRecord`` when a run is loaded;
-a trial that could not run (unsupported, oom, error) shows its reason on its row.
+a trial that could not run (unsupported, oom, error) shows its reason on its row, and one
+that an exception ended has a Show button for the full traceback (the column is hidden while
+no row has one).
 """
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QHeaderView, QProgressBar, QTableWidget, QTableWidgetItem
+from PySide6.QtWidgets import (
+    QHeaderView,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+)
 
 from engine.core.config import warmup_steps
 from engine.core.events import TRIAL_STATUSES, StepSample, TrialResult
@@ -16,9 +24,11 @@ from engine.record.compare import format_cell
 from engine.run.phase_clock import WAITING, on_path_s
 from gui.palette import precision_color
 from gui.plain_text import as_html
+from gui.traceback_dialog import TracebackDialog
 
-HEADERS = ("Precision", "Status", "Progress", "Step time", "Throughput", "Time", "Reason")
-TIME, REASON = HEADERS.index("Time"), HEADERS.index("Reason")
+HEADERS = ("Precision", "Status", "Progress", "Step time", "Throughput", "Time", "Traceback",
+           "Reason")
+TIME, TRACEBACK, REASON = (HEADERS.index(h) for h in ("Time", "Traceback", "Reason"))
 STATUS_COLORS = {"ok": "#1B7F3B", "running": "#0072B2", "queued": "#777777"}
 BUSY_COLOR = "#0072B2"  # a trial that is loading, warming up, measuring...
 PROBLEM_COLOR = "#C00000"
@@ -61,11 +71,14 @@ class TrialTable(QTableWidget):
         header.setStretchLastSection(True)
         self._rows: dict[str, int] = {}
         self._steps_per_trial = 1
+        self.setColumnHidden(TRACEBACK, True)
+        self.traceback_dialog: TracebackDialog | None = None  # the one last opened
 
     def reset(self, precisions: list[str], steps_per_trial: int) -> None:
         """``steps_per_trial`` 0: not known (a user's own loop): the bars show busy."""
         self.setRowCount(0)
         self._rows.clear()
+        self.setColumnHidden(TRACEBACK, True)
         self._steps_per_trial = max(0, steps_per_trial)
         for p in precisions:
             self._row(p)
@@ -86,7 +99,7 @@ class TrialTable(QTableWidget):
         bar.setRange(0, self._steps_per_trial)
         bar.setValue(0)
         self.setCellWidget(row, 2, bar)
-        for col in (1, 3, 4, TIME, REASON):
+        for col in (1, 3, 4, TIME, TRACEBACK, REASON):
             self.setItem(row, col, QTableWidgetItem(""))
         for col in (3, 4, TIME):
             self.item(row, col).setTextAlignment(
@@ -137,6 +150,28 @@ class TrialTable(QTableWidget):
         text, tip = phase_cell(trial)
         self.item(row, TIME).setText(text)
         self.item(row, TIME).setToolTip(tip)
+        self._traceback_button(row, trial)
+
+    def _traceback_button(self, row: int, trial: TrialResult) -> None:
+        self.removeCellWidget(row, TRACEBACK)  # a trial of a later round may end otherwise
+        if trial.traceback:
+            button = QPushButton("Show")
+            button.setToolTip("The full traceback of the exception that ended this trial "
+                              "(Copy in the dialog, for a bug report)")
+            button.clicked.connect(lambda: self._show_traceback(trial))
+            self.setCellWidget(row, TRACEBACK, button)
+        self.setColumnHidden(TRACEBACK, not any(
+            self.cellWidget(r, TRACEBACK) for r in range(self.rowCount())))
+
+    def _show_traceback(self, trial: TrialResult) -> None:
+        if self.traceback_dialog is not None:
+            self.traceback_dialog.close()
+        self.traceback_dialog = TracebackDialog(trial.precision, trial.reason, trial.traceback,
+                                                self)
+        self.traceback_dialog.show()
+
+    def traceback_button(self, precision: str) -> QPushButton | None:
+        return self.cellWidget(self._rows[precision], TRACEBACK)
 
     def progress(self, precision: str) -> int:
         return self.cellWidget(self._rows[precision], 2).value()

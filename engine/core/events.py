@@ -715,6 +715,10 @@ class TrialResult:
     # trial's process was gone); None for user runs, distributed trials and older reports
     phase_times: dict[str, float] | None = None
     phase_starts: dict[str, float] | None = None
+    # the exception that ended the trial ("error" or "oom") as Python prints it, its middle
+    # cut past the reader's text limit (engine.record.bounded); ``reason`` is its one line.
+    # None when no exception ended it (and in older reports)
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ from engine.models.load import (
 )
 from engine.models.memory_model import predict_memory, with_errors
 from engine.models.memory_model import shape_of as memory_shape
+from engine.record.bounded import traceback_text
 from engine.record.summary import summarise
 from engine.run.timed_memory import timed_peak
 
@@ -265,7 +266,8 @@ class _State:
         """This trial's optimiser: its label's "+optim", else the run's --optimizer."""
         return self.rec.optimizer or self.config.optimizer
 
-    def result(self, status: str, reason: str | None) -> TrialResult:
+    def result(self, status: str, reason: str | None,
+               traceback: str | None = None) -> TrialResult:
         verdict = self.device_info.verdict(self.rec.precision)
         return TrialResult(
             precision=self.rec.precision,
@@ -304,6 +306,7 @@ class _State:
             heldout_loss_reason=None if self.heldout else self.heldout_reason,
 
             memory_timeline=self.memory_timeline,
+            traceback=traceback,
         )
 
     def _summary(self) -> TrialSummary:
@@ -353,7 +356,7 @@ def run_trial(
         with device_info.device_context(), fp32_precision(rec):
             stopped = _measure(state, emit, cancelled)
     except Exception as exc:
-        return state.result(*failure(exc))
+        return state.result(*failure(exc), traceback_text(exc))
     finally:
         if device_info.kind == "cuda":
             try:  # after a sticky CUDA error this raises too: the result must still go out

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from engine.core.collector import imports_paused
 from engine.core.events import TrialFinished, TrialResult
 from engine.core.quiet import quiet_libraries
+from engine.record.bounded import traceback_text
 from engine.run.child import StderrFile, become_child, exit_child, sigint_blocked
 
 FORKSERVER_PRELOAD = ["engine.run.trial_preload"]
@@ -145,7 +146,8 @@ def _worker_main(model: str, trust_remote_code: bool, out, inbox, cancel, parent
         result = run_trial(config, task.precision, task.info, out.put, cancel.is_set,
                            task.prior_steps, task.round_index, task.prior_flops)
     except BaseException as exc:  # run_trial never raises; this is the last line of defence
-        result = TrialResult(task.precision, "error", f"{type(exc).__name__}: {exc}")
+        result = TrialResult(task.precision, "error", f"{type(exc).__name__}: {exc}",
+                             traceback=traceback_text(exc))
     out.put(TrialFinished(result, time.time()))
     # the result must be in the pipe before anything else (a sticky CUDA error at
     # interpreter exit) can take the process down

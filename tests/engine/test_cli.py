@@ -113,7 +113,11 @@ def test_failed_trials_exit_1_with_the_table_and_a_summary(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert code == 1
     assert "driver fell over" in captured.out and "Speed-up [95% CI]" in captured.out
-    assert captured.err.strip().splitlines()[-1] == "2 of 4 trials failed: see the reasons above"
+    last = captured.err.strip().splitlines()[-1]
+    # no --out: the run's journal holds the tracebacks
+    assert last.startswith("2 of 4 trials failed: see the reasons above (tracebacks: "
+                           "python main.py report ")
+    assert last.endswith(".jsonl --traceback)")
 
 
 def _model_folder(tmp_path, breakage: str) -> Path:

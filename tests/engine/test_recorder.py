@@ -157,6 +157,8 @@ def test_script_error_keeps_steps_and_marks_the_run(tmp_path):
     assert record.status == "error"
     (trial,) = record.trials
     assert trial.status == "error" and "data loader broke" in trial.reason
+    # the user's own line, kept with the run
+    assert "test_recorder.py" in trial.traceback and ", in test_script_error" in trial.traceback
     assert len(trial.steps) == 3
     assert read_json(tmp_path / "r.json").trials[0].steps == trial.steps
 

@@ -158,6 +158,7 @@ def test_exception_becomes_error_status(monkeypatch):
     monkeypatch.setattr(trial_mod, "load_model", boom)
     result = _run("fp32")
     assert result.status == "error" and "RuntimeError: weights corrupted" in result.reason
+    assert ", in boom\n" in result.traceback  # where it raised, for a bug report
 
 
 def test_oom_keeps_the_steps_measured_before_it(monkeypatch):
