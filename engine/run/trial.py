@@ -61,7 +61,7 @@ from engine.measure.lost_updates import measure_trial as measure_lost_updates
 from engine.measure.memory_breakdown import watched_memory
 from engine.measure.peaks import PeakLookup, over_peak
 from engine.measure.peaks import mfu as mfu_of
-from engine.measure.step_basis import against_measured, measured_median_ms
+from engine.measure.step_basis import against_measured_steps
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
 from engine.models import heldout as held_out
 from engine.models.load import (
@@ -630,8 +630,8 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
         _step(config, rec, device, model, params, optimizer, scaler, batches, i)
 
     try:
-        state.profiled = against_measured(profile_step(step, device, live, trace, snapshot),
-                                          measured_median_ms(state.steps))
+        state.profiled = against_measured_steps(
+            profile_step(step, device, live, trace, snapshot), state.steps)
     except Exception as exc:
         state.profiled_reason = f"the profiled step failed: {type(exc).__name__}: {exc}"
         log(state.profiled_reason, "warning")
