@@ -13,12 +13,22 @@ import copy
 import torch
 
 
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``t`` as it is when the stream reaches this point; from a GPU into
+    pinned memory without waiting (no host sync inside the step)."""
+    if not t.is_cuda:
+        return t.detach().clone()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t.detach(), non_blocking=True)
+
+
 class StepUndo:
     """Notes what a step may change before it runs; ``restore`` puts it back.
 
     The weights and the optimizer's state are copied only once the optimizer step starts
     (a failure before it leaves them untouched), and to the host: a device copy would add
-    the trained weights' size to the step's peak on a GPU that may be nearly full.
+    the trained weights' size to the step's peak on a GPU that may be nearly full. A restore
+    waits for those copies (it copies them back on the same stream).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, scaler, device: torch.device):
@@ -34,9 +44,9 @@ class StepUndo:
         self._hook = optimizer.register_step_pre_hook(self._note)
 
     def _note(self, optimizer, args, kwargs) -> None:
-        self.weights = [p.detach().to("cpu", copy=True) for p in self._params()]
+        self.weights = [_to_host(p) for p in self._params()]
         # per parameter: its tensors on the host with their devices, then everything else
-        self.state = {p: ({k: (v.detach().to("cpu", copy=True), v.device)
+        self.state = {p: ({k: (_to_host(v), v.device)
                            for k, v in s.items() if torch.is_tensor(v)},
                           {k: copy.deepcopy(v) for k, v in s.items() if not torch.is_tensor(v)})
                       for p, s in optimizer.state.items()}
