@@ -50,7 +50,7 @@ def last_step(raw) -> tuple[object, TraceStep | None]:
 
     timed = [e for e in items if e.get("ph") == "X" and "dur" in e]
     host = {id(e) for e in timed if e.get("cat") in _CPU_CATS + _RUNTIME_CATS and inside(e)}
-    launches = {correlation(e) for e in timed if e.get("cat") in _RUNTIME_CATS}
+    launches = {correlation(e) for e in timed if e.get("cat") in _RUNTIME_CATS} - {None}
     launched = {correlation(e) for e in timed if id(e) in host and e.get("cat") in _RUNTIME_CATS}
 
     def kept(e) -> bool:
