@@ -32,7 +32,8 @@ Conventions (docs/report-schema.md, "User runs"):
   real peak of a step and what held it (parameters, gradients, optimizer state,
   activations, temporaries), on the CPU too;
 - a step's scalars (loss, grad norm, loss scale, tokens, lr) are copied to pinned host memory
-  and read one step later through engine.measure.trackers.ScalarReadback, so ``step()`` never
+  and read one step later through engine.measure.trackers.ScalarReadback (the lrs of the other
+  parameter groups and ``log``'s tensors through its LateScalars), so ``step()`` never
   waits for the GPU's current work; the journal is one step behind, on every device (the
   CPU runs the same path the GPU does).
 """
@@ -53,6 +54,7 @@ import time
 import uuid
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,7 +85,7 @@ from engine.measure.memory_breakdown import watched_memory
 from engine.measure.monitor import Monitor
 from engine.measure.peaks import PeakLookup
 from engine.measure.peaks import mfu as mfu_of
-from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
+from engine.measure.trackers import AllocatorTracker, LateScalars, ScalarReadback, StepTimer
 from engine.record.bounded import MAX_NAME, MAX_TEXT, cut, traceback_text
 from engine.record.journal import JournalWriter, journal_path
 from engine.record.rank_journals import rank_journal_path
@@ -376,7 +378,9 @@ class Recorder:
         self._phases: list = []  # this step's time marks (see _Pending.phases)
         self._in_forward = False
         self._in_eval = False  # inside an evaluation forward (model.eval() or no_grad)
-        self._logged: list[tuple[int, str, object, float]] = []  # rec.log(), not yet written
+        # rec.log() and the lrs of groups past the first, not yet written: (step, name, a
+        # LateScalars read of the value, time)
+        self._logged: list[tuple[int, str, Callable[[], float | None], float]] = []
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -668,20 +672,21 @@ class Recorder:
             self._warn_once("finished", f"this Recorder already finished its run "
                             f"({self.run_id}): rec.log() after the end is not recorded")
             return
-        now = time.time()
+        now, kept = time.time(), {}
         for name, value in scalars.items():
-            if isinstance(value, torch.Tensor):
-                if value.numel() != 1:
-                    self._warn_once(f"log-{name}", f"rec.log({name}=...) got a tensor of shape "
-                                    f"{tuple(value.shape)}: pass one number")
-                    continue
-                value = value.detach().reshape(()).clone()
-            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, torch.Tensor) and value.numel() != 1:
+                self._warn_once(f"log-{name}", f"rec.log({name}=...) got a tensor of shape "
+                                f"{tuple(value.shape)}: pass one number")
+            elif not isinstance(value, torch.Tensor) and (
+                    isinstance(value, bool) or not isinstance(value, (int, float))):
                 self._warn_once(f"log-{name}", f"rec.log({name}=...) got "
                                 f"{type(value).__name__}: pass a number")
-                continue
+            else:
+                kept[name] = value
+        late = LateScalars(list(kept.values()))  # tensors read one step late, as group 0's lr
+        for i, name in enumerate(kept):
             self._logged.append((self._index if self._log_step is None else self._log_step,
-                                 name, value, now))
+                                 name, functools.partial(late.value, i), now))
 
     def log_at(self, step: int, **scalars) -> None:
         """``log`` at an optimizer step already taken (the Trainer evaluates after its
@@ -700,7 +705,7 @@ class Recorder:
             if upto is not None and step > upto:
                 keep.append(item)
                 continue
-            number = _as_float(value)
+            number = value()
             self._emit(ScalarLog(self.precision, step, name,
                                  number if number is not None and math.isfinite(number)
                                  else None, when))
@@ -752,9 +757,11 @@ class Recorder:
                 "the lr the optimizer step used is recorded instead")
         lrs = lr if lr is not None else step_lr
         lr = lrs[0] if lrs else None
+        others = LateScalars(lrs[1:]) if lrs and len(lrs) > 1 else None  # read as group 0's
         for group, value in enumerate(lrs[1:] if lrs else [], start=1):  # journaled, all
             if value is not None:
-                self._logged.append((self._index, f"lr_group{group}", value, time.time()))
+                self._logged.append((self._index, f"lr_group{group}",
+                                     functools.partial(others.value, group - 1), time.time()))
         grad_norm = self._one_number(grad_norm, "grad_norm", "pass the total norm",
                                      "AmpScope's own norm is recorded instead")
         if grad_norm is not None:

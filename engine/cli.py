@@ -230,7 +230,9 @@ def _profile(args) -> int:
             matmul_peak.forget(probe(config.device))
         from engine.run.fits import refuse_if_too_big
 
-        refuse_if_too_big(config)  # a run bigger than the free memory is refused, with figures
+        fit = refuse_if_too_big(config)  # a run bigger than the free memory is refused
+        if fit.free_bytes is None and fit.predicted_bytes is not None:
+            print(f"note: {fit.note}", file=sys.stderr)  # not checked: said, not skipped quietly
         from engine.run.runner import Runner
 
     progress = _Progress(config, enabled=not args.quiet)

@@ -5,11 +5,13 @@ training (``export_chrome_trace``, ``tensorboard_trace_handler``; ``.json`` or
 
 A profiler slows a step's host side, so with ``--step-ms`` (the step's time measured
 without the profiler) the shares are of that step: idle = it minus the union of kernel
-time (``engine.measure.step_basis``).
+time (``engine.measure.step_basis``). A trace of several profiled steps is analysed as its
+last step alone (``engine.measure.trace_steps``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -61,11 +63,13 @@ def _load(path: Path):
 
 
 def analyse_file(path: Path, step_ms: float | None):
-    """(the ProfiledStep of the trace, the device kind it ran on)."""
+    """(the ProfiledStep of the trace, the device kind it ran on, the step analysed where the
+    trace holds several, else None)."""
     from engine.measure.kernels import _calls_from, analyse, trace_events_of
     from engine.measure.step_basis import against_measured
+    from engine.measure.trace_steps import last_step
 
-    raw = _load(path)
+    raw, step = last_step(_load(path))
     events = raw["traceEvents"] if isinstance(raw, dict) else raw
     kind = "cuda" if any(isinstance(e, dict) and e.get("cat") == "kernel" for e in events) \
         else "cpu"
@@ -74,10 +78,12 @@ def analyse_file(path: Path, step_ms: float | None):
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: an event of the trace is damaged ({exc!r}): record it "
                          "again") from None
-    if not step_us:  # a user's trace has no AmpScope step range: the span or the ops' wall
-        step_us = _wall_us(events)
-    ps = analyse(calls, kind, step_us, spans)
-    return against_measured(ps, step_ms), kind
+    if not step_us:  # a user's trace has no AmpScope step range: its step's, or the ops' wall
+        step_us = step.wall_us if step else _wall_us(events)
+    ps = against_measured(analyse(calls, kind, step_us, spans), step_ms)
+    if step:
+        ps = dataclasses.replace(ps, time_basis=f"{step.said()}; {ps.time_basis}")
+    return ps, kind, step
 
 
 def _wall_us(events) -> float:
@@ -97,7 +103,7 @@ def shares(ps) -> dict:
     return out
 
 
-def _json(path: Path, ps, kind: str) -> str:
+def _json(path: Path, ps, kind: str, step) -> str:
     from engine.core.events import to_dict
     from engine.measure.padding import padding_hint
 
@@ -109,10 +115,11 @@ def _json(path: Path, ps, kind: str) -> str:
         "tensor_core_share": ps.tensor_core_share, "basis_note": ps.basis_note,
         "padding_hint": padding_hint(ps.odd_gemms, ps.step_ms),
         "time_basis": ps.time_basis, "profiled_step": to_dict(ps),
+        "trace_steps": step.count if step else 1, "step_analysed": step.name if step else None,
     }, indent=2)
 
 
-def _text(path: Path, ps) -> str:
+def _text(path: Path, ps, step) -> str:
     from engine.measure.kernels import format_profiled
 
     trial = type("TraceTrial", (), {"precision": "trace",
@@ -120,7 +127,8 @@ def _text(path: Path, ps) -> str:
                                     "profiled_step_reason": None})()
     lines = [f"{path}: " + (f"shares of the measured step, {ps.measured_step_ms:.2f} ms"
                             if ps.measured_step_ms else
-                            "shares of the profiled step (give --step-ms for the real one)"),
+                            "shares of the profiled step (give --step-ms for the real one)")
+             + (f"; {step.said()}" if step else ""),
              format_profiled([trial]).replace(
                  "Time in one extra profiled step per precision (never a measured step)",
                  "Time by category")]
@@ -137,6 +145,6 @@ def run_trace(args) -> int:
         raise ValueError(f"--step-ms {args.step_ms} is not a step time: give the measured "
                          "step in milliseconds, e.g. --step-ms 24.84")
     path = Path(args.file)
-    ps, kind = analyse_file(path, args.step_ms)
-    print(_json(path, ps, kind) if args.json else _text(path, ps))
+    ps, kind, step = analyse_file(path, args.step_ms)
+    print(_json(path, ps, kind, step) if args.json else _text(path, ps, step))
     return 0

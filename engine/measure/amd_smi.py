@@ -119,6 +119,14 @@ def used_bytes(h) -> int | None:
     return int(used * MIB) if used is not None else None
 
 
+def free_bytes(h) -> int | None:
+    """Device-wide VRAM free: total minus used (every process)."""
+    vram = query("amdsmi_get_gpu_vram_usage", h) if h is not None else None
+    used, total = (_number(vram.get("vram_used")), _number(vram.get("vram_total"))) if vram \
+        else (None, None)
+    return int((total - used) * MIB) if used is not None and total is not None else None
+
+
 def process_memory(h, pids: set[int], baseline_bytes: int | None) -> tuple[int | None, str]:
     """Our processes' VRAM and how it was found: by process id first, else the
     device-wide used VRAM minus ``baseline_bytes`` (read before the trial started)."""

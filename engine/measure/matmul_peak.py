@@ -62,18 +62,21 @@ class MeasuredPeak:
     cpu_count: int | None = None
     # why it was measured again: a run beat it (None: the first measurement, or on request)
     remeasured_because: str | None = None
+    # column -> why its rate is the earlier measurement's (measuring it again failed)
+    kept: dict = field(default_factory=dict)
 
     def lookup(self, dtype: str) -> PeakLookup:
         """This dtype's measured rate as a peak MFU can divide by, or the reason."""
         rate = self.tflops.get(dtype)
         if rate:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at_s))
+            kept = f"; {self.kept[dtype]}" if dtype in self.kept else ""
             return PeakLookup(rate * 1e12, (
                 f"measured matmul peak: {rate:.4g} TFLOP/s {dtype}, best {self.sizes[dtype]}x"
                 f"{self.sizes[dtype]} matmul of {TRIES} passes on {self.device} (torch "
-                f"{self.torch_version}, measured {when}{self.load_text()}; main.py profile "
-                "--measure-peak, or Measure again in the window's status bar, measures "
-                "again)"), None)
+                f"{self.torch_version}, measured {when}{self.load_text()}{kept}; main.py "
+                "profile --measure-peak, or Measure again in the window's status bar, "
+                "measures again)"), None)
         why = self.reasons.get(dtype) or f"the matmul benchmark does not time {dtype}"
         return PeakLookup(None, None, f"no measured {dtype} matmul peak: {why}")
 
@@ -96,14 +99,22 @@ def beaten_by(steps) -> bool:
 
 def remeasure(info, why: str) -> MeasuredPeak:
     """Measure again because a run beat the cached peak; each dtype keeps the best of the
-    old and the new measurement (a peak can only have been measured too low)."""
+    old and the new measurement (a peak can only have been measured too low). A dtype whose
+    new matmul failed (out of memory beside the trial's model) keeps its old rate, and says
+    so: dropping it would leave the trial without a measured peak."""
     old = cached(info)
     new = measure(info)
     if old is not None:
         best = {d: max(r, old.tflops.get(d) or 0.0) for d, r in new.tflops.items()}
         sizes = {d: new.sizes[d] if r == new.tflops[d] else old.sizes.get(d, new.sizes[d])
                  for d, r in best.items()}
-        new = MeasuredPeak(**{**asdict(new), "tflops": best, "sizes": sizes})
+        kept = {d: f"measuring it again failed ({new.reasons[d]}): its rate is the earlier "
+                   "measurement's" for d in new.failed if old.tflops.get(d)}
+        for d in kept:
+            best[d], sizes[d] = old.tflops[d], old.sizes[d]
+        new = MeasuredPeak(**{**asdict(new), "tflops": best, "sizes": sizes, "kept": kept,
+                              "reasons": {d: r for d, r in new.reasons.items() if d not in kept},
+                              "failed": [d for d in new.failed if d not in kept]})
     new = MeasuredPeak(**{**asdict(new), "remeasured_because": why})
     if not new.failed:
         entries = _read()

@@ -6,8 +6,10 @@ gaps that were mostly the profiler's. The kernels themselves run as in a measure
 so on a GPU their time is taken from the profile and each share is of the measured
 median step: a category's kernel time over the median, idle = the median minus the union
 of kernel time. When the profiled kernels' union is more than ``TOLERANCE`` off the
-median, the profile says so (``basis_note``). A CPU run's ops are the host side itself:
-its shares stay those of the profiled step, and only the comparison is said.
+median, the profile says so (``basis_note``). A union a hair above the median but within
+the measured steps' own spread (their p90) is the timer's noise: idle is 0, and said. A CPU
+run's ops are the host side itself: its shares stay those of the profiled step, and only
+the comparison is said.
 """
 
 from __future__ import annotations
@@ -32,6 +34,18 @@ def measured_median_ms(steps) -> float | None:
     return statistics.median(timed) if timed else None
 
 
+def against_measured_steps(ps: ProfiledStep, steps) -> ProfiledStep:
+    """``against_measured`` with the median and the p10/p90 of the measured ``steps``, as
+    the summary's spread takes them (engine.record.spread)."""
+    import numpy as np
+
+    from engine.record.spread import measured_step_ms
+
+    timed = measured_step_ms(steps)
+    spread = tuple(float(x) for x in np.percentile(timed, [10, 90])) if timed else None
+    return against_measured(ps, measured_median_ms(steps), spread)
+
+
 def _differs(kernel_ms: float, measured_ms: float, what: str, gpu: bool = True) -> str | None:
     off = (kernel_ms - measured_ms) / measured_ms
     if abs(off) <= TOLERANCE:
@@ -50,9 +64,11 @@ def _differs(kernel_ms: float, measured_ms: float, what: str, gpu: bool = True) 
                    "care")
 
 
-def against_measured(ps: ProfiledStep, measured_ms: float | None) -> ProfiledStep:
+def against_measured(ps: ProfiledStep, measured_ms: float | None,
+                     spread_ms: tuple[float, float] | None = None) -> ProfiledStep:
     """``ps`` with its shares of the measured median step ``measured_ms`` (GPU), or the
-    comparison only (CPU); ``ps`` as it is when there is no measured step."""
+    comparison only (CPU); ``ps`` as it is when there is no measured step. ``spread_ms``:
+    the measured steps' (p10, p90), the tolerance of a kernel union above the median."""
     if measured_ms is None or measured_ms <= 0:
         return ps
     if ps.idle_gap_ms is None:  # a CPU run: its op times are the host side itself
@@ -66,16 +82,23 @@ def against_measured(ps: ProfiledStep, measured_ms: float | None) -> ProfiledSte
     idle = measured_ms - busy
     note = _differs(busy, measured_ms, "kernels (their union)")
     idle_reason = ps.idle_gap_reason
-    if idle < 0:
+    basis = GPU_BASIS.format(measured=measured_ms, busy=busy, span=span)
+    if idle < 0 and spread_ms and busy <= spread_ms[1]:  # a GPU-bound step, timed with noise
+        idle = 0.0
+        basis += (f"; the kernels' union is {busy - measured_ms:.2f} ms above the median, "
+                  f"within the measured steps' spread (p10 {spread_ms[0]:.2f} ms, p90 "
+                  f"{spread_ms[1]:.2f} ms): idle is 0")
+    elif idle < 0:
+        past = f" and its steps' p90 ({spread_ms[1]:.2f} ms)" if spread_ms else ""
         idle, idle_reason = None, ("the profiled step's kernels took longer than the measured "
-                                   "median step: no idle time to weigh")
+                                   f"median step{past}: no idle time to weigh")
 
     def share(ms):
         return None if ms is None else ms / measured_ms
 
     return dataclasses.replace(
         ps,
-        time_basis=GPU_BASIS.format(measured=measured_ms, busy=busy, span=span),
+        time_basis=basis,
         step_ms=measured_ms,
         category_share={c: share(ms) for c, ms in ps.category_ms.items()},
         matmul_share_by_dtype={d: share(s * total) for d, s in

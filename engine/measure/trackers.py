@@ -107,6 +107,42 @@ class ScalarReadback:
         return [x if keep else None for x, keep in zip(row, pending.present)]
 
 
+class LateScalars:
+    """Numbers and 0-d tensors of one moment (a step's lr of each parameter group, values
+    ``rec.log`` got), read later as ``ScalarReadback`` reads a step's: on a GPU the tensors
+    are copied into pinned host memory behind the work that made them and a read waits for
+    that copy's event only, where ``.item()`` would wait for every kernel queued since. Their
+    number varies, so each moment has a buffer of its own rather than a slot of a ring."""
+
+    def __init__(self, values: list):
+        self._values = [v.detach().reshape(()).clone() if isinstance(v, torch.Tensor) else v
+                        for v in values]
+        self._cuda = [i for i, v in enumerate(self._values)
+                      if isinstance(v, torch.Tensor) and v.is_cuda]
+        self._read: list[float | None] | None = None
+        if self._cuda:
+            device = self._values[self._cuda[0]].device
+            stacked = torch.stack([self._values[i].to(device=device, dtype=torch.float64)
+                                   for i in self._cuda])
+            self._host = torch.empty(len(self._cuda), dtype=torch.float64, pin_memory=True)
+            self._host.copy_(stacked, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record(torch.cuda.current_stream(device))
+
+    def value(self, i: int) -> float | None:
+        """The ``i``-th value as a float (None for None); the first call reads them all."""
+        if self._read is None:
+            # the CPU's tensors: no device to wait for; the GPU's come from the host copy
+            read = [v if not isinstance(v, torch.Tensor) else None if v.is_cuda else v.item()
+                    for v in self._values]
+            if self._cuda:
+                self._done.synchronize()
+                for i, x in zip(self._cuda, self._host.tolist()):
+                    read[i] = x
+            self._read = [None if v is None else float(v) for v in read]
+        return self._read[i]
+
+
 class AllocatorTracker:
     """Peak allocated and reserved bytes of the torch CUDA caching allocator.
 

@@ -2,19 +2,26 @@
 
 Each trial's peak is predicted by engine.models.memory_model from the model built on the
 meta device (no memory, a second or less: engine.run.plan.meta_shape) and compared with
-what the device has free now: ``psutil``'s available memory on the CPU, the CUDA driver's
-free memory on a GPU. Trials run one at a time, so the largest prediction is the one that
-must fit. A prediction that cannot be made (a hub model not in the cache, a distributed
-strategy whose memory is per rank) is said, not guessed, and the run is not refused for it.
+what the device has free now: ``psutil``'s available memory on the CPU, NVML's or AMD SMI's
+free memory on a GPU (a GPU neither sees: torch's, read in a short-lived child process).
+Trials run one at a time, so the largest prediction is the one that must fit. A prediction
+that cannot be made (a hub model not in the cache, a distributed strategy whose memory is
+per rank), or free memory that cannot be read, is said, not guessed, and the run is not
+refused for it.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from engine.core.config import RunConfig, base_precision
 
 GIB = 2**30
+CHILD_TIMEOUT_S = 120  # a child importing torch and starting CUDA: seconds, on a slow disk more
+# the CUDA context mem_get_info needs ends with the child, not held by the CLI for the run
+_CHILD = "import sys, torch; print(torch.cuda.mem_get_info(int(sys.argv[1]))[0])"
 
 
 @dataclass(frozen=True)
@@ -41,24 +48,49 @@ class FitCheck:
                 "--grad-checkpointing, or free memory, then run again")
 
 
-def free_bytes(device: str) -> tuple[int | None, str]:
-    """(bytes free on ``device`` now, the device's name as said in the refusal)."""
+def free_bytes(device: str) -> tuple[int | None, str, str | None]:
+    """(bytes free on ``device`` now or None, the device's name as said in the refusal, why
+    it is None)."""
     if device.startswith("cuda"):
         import torch
 
-        from engine.measure import nvml
+        from engine.measure import amd_smi, nvml
         from engine.measure.device import probe
 
         index = torch.device(device).index or 0
-        # NVML first: torch's mem_get_info would create a CUDA context in this process,
+        name = f"cuda:{index}"
+        # never torch.cuda.mem_get_info here: it would create a CUDA context in this process,
         # holding memory the trials' processes then lack
-        handle = probe(f"cuda:{index}").nvml_handle()
-        memory = nvml.query("nvmlDeviceGetMemoryInfo", handle) if handle is not None else None
-        free = memory.free if memory is not None else torch.cuda.mem_get_info(index)[0]
-        return int(free), f"cuda:{index}"
+        lib, handle = probe(name).telemetry()
+        if lib is amd_smi:
+            free = amd_smi.free_bytes(handle)
+        else:
+            memory = nvml.query("nvmlDeviceGetMemoryInfo", handle) if handle is not None else None
+            free = memory.free if memory is not None else None
+        if free is not None:
+            return int(free), name, None
+        free, note = _free_in_child(index)
+        return free, name, note
     import psutil
 
-    return int(psutil.virtual_memory().available), "this machine's memory"
+    return int(psutil.virtual_memory().available), "this machine's memory", None
+
+
+def _free_in_child(index: int) -> tuple[int | None, str | None]:
+    """torch's free memory of ``cuda:index``, read in a child process; None with the reason
+    when it cannot tell (the run is then not checked)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD, str(index)], capture_output=True,
+                              text=True, timeout=CHILD_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as exc:  # no interpreter, a timeout
+        said = f"{type(exc).__name__}: {exc}"
+    else:
+        try:
+            return int(done.stdout.split()[-1]), None
+        except (ValueError, IndexError):  # it raised: its last line says why
+            said = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return None, (f"free memory not checked: neither NVML nor AMD SMI sees cuda:{index}, and a "
+                  f"child process's torch.cuda.mem_get_info failed ({said})")
 
 
 def check(config: RunConfig) -> FitCheck:
@@ -87,8 +119,8 @@ def check(config: RunConfig) -> FitCheck:
                 largest = (predicted, precision)
     except Exception as exc:  # noqa: BLE001 (the run itself reports what is wrong, better)
         return FitCheck(None, None, None, device, f"memory not predicted: {exc}")
-    free, name = free_bytes(device)
-    return FitCheck(largest[1], largest[0], free, name)
+    free, name, note = free_bytes(device)
+    return FitCheck(largest[1], largest[0], free, name, note)
 
 
 def refuse_if_too_big(config: RunConfig) -> FitCheck:

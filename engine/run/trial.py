@@ -61,7 +61,7 @@ from engine.measure.lost_updates import measure_trial as measure_lost_updates
 from engine.measure.memory_breakdown import watched_memory
 from engine.measure.peaks import PeakLookup, over_peak
 from engine.measure.peaks import mfu as mfu_of
-from engine.measure.step_basis import against_measured, measured_median_ms
+from engine.measure.step_basis import against_measured_steps
 from engine.measure.trackers import AllocatorTracker, ScalarReadback, StepTimer
 from engine.measure.untouched import untouched
 from engine.models import heldout as held_out
@@ -78,6 +78,7 @@ from engine.models.memory_model import predict_memory, with_errors
 from engine.models.memory_model import shape_of as memory_shape
 from engine.record.bounded import traceback_text
 from engine.record.summary import summarise
+from engine.run.step_undo import StepUndo
 from engine.run.timed_memory import timed_peak
 
 BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
@@ -467,7 +468,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
     if state.flops is None and (state.compiled or state.optimizer in TORCHAO_STEP):
         _probe(state, loaded, batches[0])
     elif state.flops is None:
-        count_first = functools.partial(_counted_step, state, loaded, rates, optimizer=optimizer)
+        count_first = functools.partial(_counted_step, state, loaded, rates, optimizer=optimizer,
+                                        scaler=scaler)
     _quant_error(state, model, batches[0], device)
     held = None
     if config.last_round:  # the held-out loss an earlier round measured would be replaced
@@ -636,8 +638,8 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
         _step(config, rec, device, model, params, optimizer, scaler, batches, i)
 
     try:
-        state.profiled = against_measured(profile_step(step, device, live, trace, snapshot),
-                                          measured_median_ms(state.steps))
+        state.profiled = against_measured_steps(
+            profile_step(step, device, live, trace, snapshot), state.steps)
     except Exception as exc:
         state.profiled_reason = f"the profiled step failed: {type(exc).__name__}: {exc}"
         log(state.profiled_reason, "warning")
@@ -675,12 +677,13 @@ def _probe(state: _State, loaded, batch: dict) -> None:
     _set_flops(state, loaded, counted, config.grad_accum, counted_method)
 
 
-def _counted_step(state: _State, loaded, rates, step, optimizer):
+def _counted_step(state: _State, loaded, rates, step, optimizer, scaler):
     """The first warm-up step under FlopCounterMode (an eager trial's FLOPs cost no step of
     their own), then its FLOPs and the peaks its steps are divided by. Returns the step's
     outputs."""
     rec, device = state.rec, state.device_info.torch_device
     outputs = []
+    undo = StepUndo(optimizer, scaler, device)
     try:
         counted = flops_mod.count_flops(lambda: outputs.append(step()),
                                         tf32=rec.tf32 and device.type == "cuda")
@@ -688,9 +691,11 @@ def _counted_step(state: _State, loaded, rates, step, optimizer):
                           f"step: forward and backward of its {state.config.grad_accum} "
                           "micro-batch(es) and the optimizer's step")
     except Exception as exc:  # some quantised kernels refuse the counting mode
-        optimizer.zero_grad(set_to_none=True)
+        undo.restore()  # the attempt may have stopped anywhere: the rerun is a clean step
         counted, outputs = None, [step()]
         counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
+    finally:
+        undo.close()
     _set_flops(state, loaded, counted, 1, counted_method)
     _set_peaks(state, rates)
     return outputs[0]

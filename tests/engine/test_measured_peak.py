@@ -266,3 +266,34 @@ def test_an_mfu_above_one_is_never_a_figure():
                   counted_flops_per_step=None, peak=None, measured_peak=low)
     assert s.tflops * 1e12 > low.flops_per_s  # 10 GFLOP/s achieved: 1000% of that peak
     assert s.mfu_measured is None and s.mfu_measured_reason == OVER_PEAK_REASON
+
+
+def test_a_dtype_whose_remeasure_fails_keeps_its_earlier_rate_with_the_reason(
+        cache, monkeypatch):
+    """Measured again beside a trial's model, a dtype can run out of memory: its earlier rate
+    stays (a trial's MFU vs measured peak must not turn n/a), says why it was not renewed, and
+    the merged entry is cached, so the next trial does not measure again for that."""
+    key = matmul_peak.cache_key(CPU.name, CPU.kind)
+    slow = {"key": key, "device": CPU.name, "torch_version": torch.__version__,
+            "sizes": {"fp32": 256, "bf16": 256}, "measured_at_s": 1.0,
+            "tflops": {"fp32": 1e-6, "bf16": 2e-6}, "reasons": {}, "failed": []}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({key: slow}), encoding="utf-8")
+    real_mm = torch.mm
+
+    def out_of_memory(a, b):
+        if a.dtype == torch.bfloat16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB")
+        return real_mm(a, b)
+
+    monkeypatch.setattr(torch, "mm", out_of_memory)
+    peak = matmul_peak.remeasure(CPU, "a bf16-amp step reached 140% of it")
+    assert peak.tflops["bf16"] == 2e-6 and peak.sizes["bf16"] == 256
+    assert peak.tflops["fp32"] > 1e-6 and peak.failed == []
+    found = peak.lookup("bf16")
+    assert found.flops_per_s == pytest.approx(2e6) and found.reason is None
+    assert "measuring it again failed" in found.source and "OutOfMemoryError" in found.source
+    entry = _entry(cache)
+    assert entry["tflops"]["bf16"] == 2e-6 and entry["tflops"]["fp32"] > 1e-6
+    assert "OutOfMemoryError" in entry["kept"]["bf16"]
+    assert matmul_peak.cached(CPU).lookup("bf16").flops_per_s == pytest.approx(2e6)

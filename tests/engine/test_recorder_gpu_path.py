@@ -5,8 +5,10 @@ counter, the summary's medians, and the TF32 setting as transformers sets it.
 """
 
 import dataclasses
+import inspect
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,6 +115,41 @@ def test_step_reads_only_the_previous_steps_values(tmp_path, monkeypatch):
     (trial,) = read_journal(tmp_path / "g.jsonl").trials
     assert [s.loss for s in trial.steps] == pytest.approx([float(x) for x in losses], rel=1e-6)
     assert all(s.loss_scale == 2.0**10 for s in trial.steps)
+
+
+def test_every_groups_tensor_lr_is_read_late_as_group_0s(tmp_path, monkeypatch):
+    """Learning rates as tensors in two parameter groups, changed in place by a scheduler:
+    every group's is read as group 0's is, by engine.measure.trackers' late readers (on a
+    GPU: copied behind its step, read through that copy's event), never with ``.item()`` on
+    the value itself, which on a GPU waits for the step running then (the CPU takes the
+    same path; the caller of each read tells which)."""
+    model = tiny_gpt2()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": params[:2], "lr": torch.tensor(1e-3)},
+                             {"params": params[2:], "lr": torch.tensor(4e-4)}], foreach=False)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    readers, real_item = [], torch.Tensor.item
+
+    def item(tensor):
+        readers.append(inspect.stack()[1].filename)
+        return real_item(tensor)
+
+    with ampscope.Recorder(model, opt, journal=tmp_path / "lr.jsonl") as rec:
+        for i in range(4):
+            model(**padded_batch(i)).loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            monkeypatch.setattr(torch.Tensor, "item", item)
+            rec.step()
+            monkeypatch.setattr(torch.Tensor, "item", real_item)
+    elsewhere = [f for f in readers if Path(f).parts[-3:] != ("engine", "measure", "trackers.py")]
+    assert readers and elsewhere == []
+    record = read_journal(tmp_path / "lr.jsonl")
+    assert [s.learning_rate for s in record.trials[0].steps] == pytest.approx(
+        [1e-3 * 0.5**i for i in range(4)])
+    assert [x.value for x in record.scalars if x.name == "lr_group1"] == pytest.approx(
+        [4e-4 * 0.5**i for i in range(4)])
 
 
 def test_compiled_model_compiles_in_the_warmup_step_and_is_counted_eagerly(tmp_path):

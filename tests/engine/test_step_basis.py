@@ -17,7 +17,7 @@ import pytest
 from engine.core.config import RunConfig
 from engine.measure.device import probe
 from engine.measure.kernels import MATMUL, analyse_trace_file, format_profiled
-from engine.measure.step_basis import against_measured
+from engine.measure.step_basis import against_measured, against_measured_steps
 from engine.run.trial import run_trial
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +99,33 @@ def test_within_tolerance_nothing_is_said(trace):
     slower = against_measured(profiled, busy * 0.8)  # kernels longer than the step
     assert slower.idle_gap_share is None and "longer" in slower.idle_gap_reason
     assert "+25%" in slower.basis_note
+
+
+def _steps(times_ms):
+    from engine.core.events import StepSample
+
+    return [StepSample(precision="bf16-amp", step=i, warmup=False, loss=1.0, step_ms=ms,
+                       tokens_per_s=None, tflops=None, mfu=None, allocated_bytes=None,
+                       reserved_bytes=None, loss_scale=None, skipped=False, grad_norm=None,
+                       time_s=float(i)) for i, ms in enumerate(times_ms)]
+
+
+def test_kernels_a_hair_above_the_median_within_the_steps_spread_leave_no_idle(trace):
+    """A GPU-bound step: the H200 step's kernel union (16.33 ms) 1% above the median of
+    steps that spread 2% either side is the timer's noise, not kernels that ran longer:
+    idle is 0, with the spread said; above the steps' p90 it stays n/a."""
+    profiled = analyse_trace_file(str(trace), "cuda")
+    busy = profiled.step_ms - profiled.idle_gap_ms
+    median = busy / 1.01
+    steps = _steps([median * f for f in (0.97, 0.98, 0.99, 1.0, 1.0, 1.01, 1.02, 1.03)])
+    ps = against_measured_steps(profiled, steps)
+    assert ps.measured_step_ms == pytest.approx(median)
+    assert ps.idle_gap_ms == 0.0 and ps.idle_gap_share == 0.0 and ps.idle_gap_reason is None
+    assert "within the measured steps' spread" in ps.time_basis and "p90" in ps.time_basis
+    tight = _steps([median * f for f in (0.997, 0.998, 0.999, 1.0, 1.0, 1.001, 1.002)])
+    over = against_measured_steps(profiled, tight)
+    assert over.idle_gap_share is None and "longer" in over.idle_gap_reason
+    assert "p90" in over.idle_gap_reason
 
 
 def test_a_cpu_trial_compares_its_profiled_step_with_its_measured_median():
