@@ -32,7 +32,7 @@ def test_the_shape_counts_what_the_load_kept(tmp_path, precision, kept):
 
 @pytest.mark.parametrize(("batch", "seq", "checkpointing"), [(2, 32, False), (2, 32, True)])
 def test_t5_pure_fp16_counts_its_fp32_wo(tmp_path, batch, seq, checkpointing):
-    # before: -10.6% at 2 x 32 and -5.8% checkpointed (every wo at 2 bytes in the weights,
+    # before: -10.6% at 2 x 32 and -9.3% checkpointed (every wo at 2 bytes in the weights,
     # gradients and AdamW's state; the checkpointed layers' inputs in fp16)
     source, weights = _weights(tmp_path, "t5")
     config = RunConfig(model=source, batch_size=batch, seq_len=seq, steps=1, warmup=0,
