@@ -116,6 +116,10 @@ class ModelShape:
     # a trainable input embedding that is also the output head: its lookup's gradient comes
     # last, as a dense table, and is added to the head's into a new one
     tied_embedding_params: int = 0
+    # parameters a half-precision load kept in fp32 (transformers' _keep_in_fp32_modules
+    # under fp16, T5's ``wo``; _keep_in_fp32_modules_strict under bf16 too), read from the
+    # loaded model's dtypes: a model drawn with from_config keeps none
+    fp32_kept_params: int = 0
 
 
 def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
@@ -153,7 +157,16 @@ def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
         int8_row_counts=tuple(m.out_features for m in model.modules()
                               if isinstance(m, nn.Linear)
                               and type(m.weight).__name__ == "Int8Params"),
+        fp32_kept_params=_fp32_kept(model),
     )
+
+
+def _fp32_kept(model: nn.Module) -> int:
+    """Elements of the fp32 parameters of a model whose other float parameters are half."""
+    params = list(model.parameters())
+    if not any(p.dtype in (torch.float16, torch.bfloat16) for p in params):
+        return 0
+    return sum(p.numel() for p in params if p.dtype == torch.float32)
 
 
 def _outer_matmul_params(model: nn.Module, stacks: list[nn.Module]) -> int:
@@ -377,22 +390,28 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
     # each checkpointed layer keeps its input, in the residual stream's dtype (the
     # weights': autocast's half outputs are added to it; fp32 over a k-bit base, whose
     # embeddings and norms peft upcasts), and on the CPU the generator's state
-    # torch.utils.checkpoint saves to replay dropout (a GPU's is host memory)
+    # torch.utils.checkpoint saves to replay dropout (a GPU's is host memory). Where the
+    # load kept layers in fp32 (T5's wo, whose output is added to the stream) a stack's
+    # later layers take an fp32 stream, its first the embeddings' half output
     rng = torch.get_rng_state().numel() if device_type == "cpu" else 0
     residual = FP32 if recipe.quant else recipe.weight_dtype.itemsize
+    later = FP32 if shape.fp32_kept_params else residual
     layer_input = tokens * d["hidden"] * residual + rng
     if grad_checkpointing:
-        inputs = layers * layer_input
+        inputs = sum(layer_input + (n - 1) * (tokens * d["hidden"] * later + rng)
+                     for _, n, _ in stacks)
         saved = inputs + outer
-        formula = (f"checkpointed: {layers} layer inputs (b·s·h·{residual} + {rng:,} B RNG "
-                   f"state) = {inputs:,} B + "
+        formula = (f"checkpointed: {layers} layer inputs (b·s·h·{residual}"
+                   + (f", b·s·h·{later} after each stack's first" if later != residual else "")
+                   + f" + {rng:,} B RNG state) = {inputs:,} B + "
                    f"outside the layers {outer:,} B = {saved:,} B (one layer reruns in "
                    f"backward: {one_layer:,} B)")
     else:
+        inputs = 0
         saved = sum(n * b for _, n, b in stacks) + outer
         parts = " + ".join(f"{n}·{b:,} B per {name}" for name, n, b in stacks)
         formula = f"{parts} + outside the layers {outer:,} B = {saved:,} B"
-    return _Saved(saved, one_layer, layer_input, layers, formula, method)
+    return _Saved(saved, one_layer, layer_input, inputs, layers, formula, method)
 
 
 def _lora_terms(model_type: str, recipe: Recipe, device_type: str) -> tuple[float, float]:
@@ -415,7 +434,8 @@ class _Saved:
 
     total: int
     one_layer: int  # the largest layer's activations: what a checkpointed rerun makes
-    layer_input: int  # a checkpointed layer's saved input (RNG state included)
+    layer_input: int  # a checkpointed first layer's saved input (RNG state included)
+    inputs: int  # every checkpointed layer's saved input
     layers: int
     formula: str
     method: str
@@ -455,7 +475,7 @@ def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: list, tokens: 
     late = round((act.layers - 1) * per_layer_grads)
     rerun_terms = [("the rerun's activations", act.one_layer), ("gradient flow", flow),
                    ("the rerun's weight copies", copies)]
-    return {"first layer rerun": [*held, ("layer inputs", act.layers * act.layer_input),
+    return {"first layer rerun": [*held, ("layer inputs", act.inputs),
                                   ("gradients so far", early_grads), *rerun_terms],
             "last layer rerun": [*held, ("one layer input", act.layer_input),
                                  ("gradients so far", early_grads + late), *rerun_terms]}
@@ -521,10 +541,13 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
     trainable_weight = FP32 if recipe.lora else weight  # peft creates LoRA adapters in fp32
     frozen_weight = FP32 if recipe.quant else weight  # peft upcasts the rest of a k-bit base
     quant_per = _quantized_bytes(recipe.quant) if recipe.quant else 0.0
+    # layers a half-precision load kept in fp32 train there (a pure half recipe trains
+    # every weight): 2 more bytes each in the weight, its gradient and AdamW's m and v
+    kept = shape.fp32_kept_params * (FP32 - weight) if weight < FP32 and not recipe.quant else 0
     params = round(shape.quantized_params * quant_per + frozen * frozen_weight
-                   + shape.trainable_params * trainable_weight)
+                   + shape.trainable_params * trainable_weight) + kept
     quant_state = _quant_state_bytes(shape, recipe, device_type)
-    grads = shape.trainable_params * trainable_weight
+    grads = shape.trainable_params * trainable_weight + kept
     if optimizer == "adamw":
         opt, opt_text = 2 * grads, f"AdamW m+v: 2·{grads:,} = {2 * grads:,} B"
     elif optimizer == "adamw8bit":
