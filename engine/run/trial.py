@@ -692,6 +692,8 @@ def _counted_step(state: _State, loaded, rates, step, optimizer, scaler):
                           "micro-batch(es) and the optimizer's step")
     except Exception as exc:  # some quantised kernels refuse the counting mode
         undo.restore()  # the attempt may have stopped anywhere: the rerun is a clean step
+        if undo.began_update:  # weights may be half updated: a rerun would step on top
+            raise
         counted, outputs = None, [step()]
         counted_method = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"
     finally:

@@ -1,8 +1,9 @@
 """A FLOP count that fails part-way through the first warm-up step (a quantised kernel
 refusing FlopCounterMode) is followed by the same step run plainly (engine/run/trial.py,
-_counted_step). The failed attempt may have unscaled the gradients, started the optimizer
-step or even finished it: the rerun must equal a clean step, so the trial's losses, grad
-norms and loss scales equal those of a trial whose count succeeded."""
+_counted_step). The failed attempt may have unscaled the gradients: the rerun must equal a
+clean step, so the trial's losses, grad norms and loss scales equal those of a trial whose
+count succeeded. A failure once the optimizer step has begun (weights may be half updated)
+is not rerun on top: the trial ends with that error."""
 
 import pytest
 import transformers as tf
@@ -19,11 +20,11 @@ from engine.run.trial import run_trial
 CPU = probe("cpu")
 
 
-def _trial(precision: str, model: str = "tiny"):
+def _trial(precision: str, model: str = "tiny", status: str = "ok"):
     config = RunConfig(model=model, batch_size=2, seq_len=16, steps=3, warmup=1, device="cpu",
                        isolation="inline", profile_step=False, quant_error=False)
     result = run_trial(config, precision, CPU, lambda e: None, lambda: False)
-    assert result.status == "ok", result.reason
+    assert result.status == status, result.reason
     return result
 
 
@@ -61,6 +62,10 @@ def test_a_count_failing_after_unscale_leaves_no_half_step(precision, dropout, w
             handle.remove()
 
     monkeypatch.setattr(flops_mod, "count_flops", count_then_fail)
+    if where == "post":
+        failed = _trial(precision, model, status="error")
+        assert "refuses FlopCounterMode" in failed.reason and not failed.steps
+        return
     failed = _trial(precision, model)
     assert "FlopCounterMode failed: RuntimeError" in failed.flops.counted_method
     assert _figures(failed) == _figures(clean)
