@@ -258,12 +258,22 @@ class _GlobalOnly:
     parents = ("Global",)
 
 
+def _any_fake(tree) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._pytree import tree_leaves
+
+    return any(isinstance(t, FakeTensor) or (isinstance(t, torch.Tensor) and t.is_meta)
+               for t in tree_leaves(tree))
+
+
 class _CountDecomposed(_FlopCounterMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if (isinstance(func, torch._ops.OpOverload) and func not in self.counter.flop_registry
+                and func is not torch.ops.prim.device.default  # as FlopCounterMode: no kernel
                 and func.has_kernel_for_dispatch_key(
-                    torch._C.DispatchKey.CompositeImplicitAutograd)):
+                    torch._C.DispatchKey.CompositeImplicitAutograd)
+                and not _any_fake((args, kwargs))):  # a traced step (the plan) has no bits
             self._count_on_fakes(func, args, kwargs)
             return func(*args, **kwargs)
         return super().__torch_dispatch__(func, types, args, kwargs)

@@ -28,20 +28,23 @@ GPU_BASIS = ("device time of the kernels each op launched in the profiled step "
              "from its first kernel to its last (the profiler slows the host side)")
 
 
+def _timed_ms(steps) -> list[float]:
+    """The measured (not warm-up, not skipped) steps' times, as the summary takes them."""
+    return [s.step_ms for s in steps if not s.warmup and not s.skipped]
+
+
 def measured_median_ms(steps) -> float | None:
-    """The median of the measured (not warm-up, not skipped) steps, as the summary's."""
-    timed = [s.step_ms for s in steps if not s.warmup and not s.skipped]
+    """The median of the measured steps, as the summary's."""
+    timed = _timed_ms(steps)
     return statistics.median(timed) if timed else None
 
 
 def against_measured_steps(ps: ProfiledStep, steps) -> ProfiledStep:
     """``against_measured`` with the median and the p10/p90 of the measured ``steps``, as
-    the summary's spread takes them (engine.record.spread)."""
+    the summary's spread takes them."""
     import numpy as np
 
-    from engine.record.spread import measured_step_ms
-
-    timed = measured_step_ms(steps)
+    timed = _timed_ms(steps)
     spread = tuple(float(x) for x in np.percentile(timed, [10, 90])) if timed else None
     return against_measured(ps, measured_median_ms(steps), spread)
 

@@ -26,6 +26,9 @@ def untouched(model: nn.Module, device: torch.device):
     layers = [m for m in model.modules() if getattr(m, CPU_LAYOUT_FLAG, False)]
     for layer in layers:
         setattr(layer, CPU_LAYOUT_FLAG, False)
+    biases = [(m.bias, m.bias.data) for m in model.modules()
+              if type(m).__module__.startswith("bitsandbytes")
+              and isinstance(getattr(m, "bias", None), torch.Tensor)]
     cuda = [device] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=cuda, device_type="cuda"):
@@ -33,3 +36,5 @@ def untouched(model: nn.Module, device: torch.device):
     finally:
         for layer in layers:
             setattr(layer, CPU_LAYOUT_FLAG, True)
+        for bias, data in biases:
+            bias.data = data
