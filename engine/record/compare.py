@@ -8,14 +8,14 @@ because a ratio against bf16 read as "vs fp32" would be a wrong number.
 
 Every speed figure carries its spread (p10..p90, CV, bootstrap CIs: conventions in
 ``engine/record/spread.py``), and ``speed_verdict`` decides whether the run can rank the
-precisions at all (``NOISY_RULE``); a noisy run says so instead of ranking.
+precisions at all (``NOISY_RULE``): round drift widens the CIs, and only a run too short
+to bound or on a busy host says so instead of ranking.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,8 +114,7 @@ def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) ->
     speedup = _ratio(b.median_step_ms, step_ms) if b else None
     speedup_ci = None  # none for fp32 itself: 1.0 by definition
     if b is not None and speedup is not None and trial is not base:
-        speedup_ci = spread.ratio_ci(spread.measured_step_ms(base.steps),
-                                     spread.measured_step_ms(trial.steps))
+        speedup_ci = _ratio_ci(base, trial)
     peak_share = _ratio(peak, b.peak_memory_bytes) if b else None
     loss_diff = None
     if b is not None and final_loss is not None and b.final_loss is not None:
@@ -170,11 +169,12 @@ def comparison_rows(record: RunRecord, verdict: SpeedVerdict | None = None
 CV_LIMIT = 0.10  # pyperf's limit: a std above 10% of the mean marks a benchmark unstable
 DRIFT_LIMIT = 0.10  # interleaved rounds of one precision whose medians differ more: drift
 NOISY_RULE = (
-    f"a run is noisy when a finished trial has fewer than {spread.MIN_STEPS} measured steps, "
-    f"its step-time CV is above {CV_LIMIT:.0%}, or (interleaved) the medians of its rounds "
-    f"differ by more than {DRIFT_LIMIT:.0%}; otherwise two precisions are ranked only when "
-    f"the {spread.CI_LEVEL:.0%} bootstrap CI of the ratio of their median step times "
-    "excludes 1.0, and precisions whose CIs include 1.0 count as tied; and "
+    f"speeds are not ranked when a finished trial has fewer than {spread.MIN_STEPS} measured "
+    f"steps; otherwise two precisions are ranked only when the {spread.CI_LEVEL:.0%} bootstrap "
+    "CI of the ratio of their median step times, widened by each one's drift between its "
+    "interleaved rounds (the ends divided and multiplied by 1 + drift), excludes 1.0, and "
+    "precisions whose CIs include 1.0 count as tied; a step-time CV above "
+    f"{CV_LIMIT:.0%} or a drift above {DRIFT_LIMIT:.0%} is named (the CIs carry it); and "
     + CONTENTION_RULE
 )
 NOISY_TEXT = "noisy: speed-ups not significant"
@@ -187,7 +187,7 @@ class SpeedVerdict:
     """Whether the run's speeds can rank its precisions, and the ranking when they can.
 
     ``status``: "ranked" (at least two groups told apart), "tied" (spread fine, but no
-    precision measurably faster than another), "noisy" (spread too wide to rank, or the
+    precision measurably faster than another), "noisy" (too few steps to bound a CI, or the
     host too busy: ``engine.measure.contention``) or
     "n/a" (fewer than two finished trials). ``ranking`` is None unless "ranked": groups
     fastest first, precisions in one group statistically tied.
@@ -211,21 +211,15 @@ def _measured(trial: TrialResult) -> list[float]:
     return spread.measured_step_ms(trial.steps)
 
 
+def _ratio_ci(a: TrialResult, b: TrialResult) -> tuple[float, float] | None:
+    """The bootstrap CI of median(a) / median(b), widened by both trials' round drift."""
+    return spread.widened(spread.ratio_ci(_measured(a), _measured(b)),
+                          spread.round_drift(a.steps), spread.round_drift(b.steps))
+
+
 def _tied(a: TrialResult, b: TrialResult) -> bool:
-    ci = spread.ratio_ci(_measured(a), _measured(b))
+    ci = _ratio_ci(a, b)
     return ci is None or ci[0] <= 1.0 <= ci[1]
-
-
-def _round_drift(trial: TrialResult) -> float | None:
-    """Largest over smallest median of a precision's interleaved rounds, minus 1."""
-    by_round: dict[int, list[float]] = {}
-    for s in trial.steps:
-        if not s.warmup:
-            by_round.setdefault(s.round, []).append(s.step_ms)
-    if len(by_round) < 2:
-        return None
-    medians = [statistics.median(v) for v in by_round.values()]
-    return max(medians) / min(medians) - 1.0 if min(medians) > 0 else None
 
 
 def _groups(trials: list[TrialResult]) -> list[list[TrialResult]]:
@@ -250,10 +244,10 @@ def _groups(trials: list[TrialResult]) -> list[list[TrialResult]]:
     return list(groups.values())
 
 
-def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
+def speed_verdict(trials: list[TrialResult], reference: str = BASELINE) -> SpeedVerdict:
     """Apply ``NOISY_RULE`` to the finished trials that ran the same way (compiled or eager)
-    as the baseline; the others are named in the text and in ``unmatched``."""
-    kept, unmatched, note = like_with_like.split(trials)
+    as the ``reference`` trial; the others are named in the text and in ``unmatched``."""
+    kept, unmatched, note = like_with_like.split(trials, reference)
     verdict = _rank_speeds(kept)
     if not unmatched:
         return verdict
@@ -273,45 +267,44 @@ def _rank_speeds(trials: list[TrialResult]) -> SpeedVerdict:
                             "and profile again")
     few = [f"{t.precision} {len(_measured(t))}" for t in done
            if len(_measured(t)) < spread.MIN_STEPS]
-    problems, unsteady = [], False
     if few:
-        problems.append(f"too few measured steps for a spread (need {spread.MIN_STEPS}): "
-                        + ", ".join(few))
-    for t in done:
-        cv = t.summary.spread.cv if t.summary.spread else None
-        drift = _round_drift(t)
-        if cv is not None and cv > CV_LIMIT:
-            unsteady = True
-            problems.append(f"{t.precision} step time varies {cv:.0%} (CV above "
-                            f"{CV_LIMIT:.0%})")
-        if drift is not None and drift > DRIFT_LIMIT:
-            unsteady = True
-            problems.append(f"{t.precision}'s rounds differ by {drift:.0%} in median step time "
-                            f"(drift above {DRIFT_LIMIT:.0%})")
-    if problems:
         most = max(len(_measured(t)) for t in done)
-        advice = []
-        if few:
-            advice.append(f"run more steps (--steps {max(4 * spread.MIN_STEPS, 2 * most)})")
-        if unsteady:
-            interleaved = any(t.summary.spread and t.summary.spread.rounds > 1 for t in done)
-            advice.append("run on an idle machine (close other programs and runs: the step "
-                          "times moved while measuring) with more steps"
-                          + ("" if interleaved else " and interleaved rounds (--interleave on)"))
-        return SpeedVerdict("noisy", f"{NOISY_TEXT}: " + "; ".join(problems), tuple(problems),
-                            None, "; or ".join(advice))
+        problem = (f"too few measured steps for a spread (need {spread.MIN_STEPS}): "
+                   + ", ".join(few))
+        return SpeedVerdict("noisy", f"{NOISY_TEXT}: {problem}", (problem,), None,
+                            f"run more steps (--steps {max(4 * spread.MIN_STEPS, 2 * most)})")
+    notes = _unsteady(done)
+    noted = f" ({'; '.join(notes)})" if notes else ""
+    steadier = ("run on an idle machine with interleaved rounds (--interleave on) and more "
+                "steps" if notes else None)  # narrower CIs tell closer recipes apart
     groups = _groups(done)
     if len(groups) == 1:
         return SpeedVerdict(
             "tied", f"speed-ups not significant: the {spread.CI_LEVEL:.0%} CI of every ratio "
-            "of median step times includes 1.0, so no precision is measurably faster here",
-            (), None, "more steps narrow the CIs, if a difference this small matters")
+            f"of median step times includes 1.0, so no precision is measurably faster here"
+            f"{noted}", (), None,
+            steadier or "more steps narrow the CIs, if a difference this small matters")
     ranking = tuple(tuple(t.precision for t in g) for g in groups)
     text = " > ".join(" = ".join(g) for g in ranking)
     tied = any(len(g) > 1 for g in ranking)
     ties = f" ('=': tied within the {spread.CI_LEVEL:.0%} CIs)" if tied else ""
-    return SpeedVerdict("ranked", f"ranked by speed, fastest first: {text}{ties}", (),
-                        ranking)
+    return SpeedVerdict("ranked", f"ranked by speed, fastest first: {text}{ties}{noted}", (),
+                        ranking, steadier)
+
+
+def _unsteady(done: list[TrialResult]) -> list[str]:
+    """What made the CIs wide: a CV above ``CV_LIMIT`` (in the bootstrap already) and round
+    drift above ``DRIFT_LIMIT`` (added to the ratios' CIs)."""
+    notes = []
+    for t in done:
+        cv = t.summary.spread.cv if t.summary.spread else None
+        drift = spread.round_drift(t.steps)
+        if cv is not None and cv > CV_LIMIT:
+            notes.append(f"{t.precision} step time varies {cv:.0%} (CV above {CV_LIMIT:.0%})")
+        if drift is not None and drift > DRIFT_LIMIT:
+            notes.append(f"{t.precision}'s rounds differ by {drift:.0%} in median step time: "
+                         "its ratios' CIs are widened by that")
+    return notes
 
 
 def _row_verdict(trial: TrialResult, base: TrialResult | None,
