@@ -8,14 +8,16 @@ because a ratio against bf16 read as "vs fp32" would be a wrong number.
 
 Every speed figure carries its spread (p10..p90, CV, bootstrap CIs: conventions in
 ``engine/record/spread.py``), and ``speed_verdict`` decides whether the run can rank the
-precisions at all (``NOISY_RULE``): round drift widens the CIs, and only a run too short
-to bound or on a busy host says so instead of ranking.
+precisions at all (``NOISY_RULE``): drift between interleaved rounds widens the CIs, and
+only a run too short or too spread within a round to bound, or on a busy host, says so
+instead of ranking.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -169,12 +171,12 @@ def comparison_rows(record: RunRecord, verdict: SpeedVerdict | None = None
 CV_LIMIT = 0.10  # pyperf's limit: a std above 10% of the mean marks a benchmark unstable
 DRIFT_LIMIT = 0.10  # interleaved rounds of one precision whose medians differ more: drift
 NOISY_RULE = (
-    f"speeds are not ranked when a finished trial has fewer than {spread.MIN_STEPS} measured "
-    f"steps; otherwise two precisions are ranked only when the {spread.CI_LEVEL:.0%} bootstrap "
-    "CI of the ratio of their median step times, widened by each one's drift between its "
-    "interleaved rounds (the ends divided and multiplied by 1 + drift), excludes 1.0, and "
-    "precisions whose CIs include 1.0 count as tied; a step-time CV above "
-    f"{CV_LIMIT:.0%} or a drift above {DRIFT_LIMIT:.0%} is named (the CIs carry it); and "
+    f"a run is noisy when a finished trial has fewer than {spread.MIN_STEPS} measured steps "
+    f"or its step-time CV within a round is above {CV_LIMIT:.0%}; otherwise two precisions "
+    f"are ranked only when the {spread.CI_LEVEL:.0%} bootstrap CI of the ratio of their "
+    "median step times, widened by each one's drift between its interleaved rounds (the ends "
+    "divided and multiplied by 1 + drift), excludes 1.0, and precisions whose CIs include 1.0 "
+    f"count as tied (a drift above {DRIFT_LIMIT:.0%} is named); and "
     + CONTENTION_RULE
 )
 NOISY_TEXT = "noisy: speed-ups not significant"
@@ -187,8 +189,8 @@ class SpeedVerdict:
     """Whether the run's speeds can rank its precisions, and the ranking when they can.
 
     ``status``: "ranked" (at least two groups told apart), "tied" (spread fine, but no
-    precision measurably faster than another), "noisy" (too few steps to bound a CI, or the
-    host too busy: ``engine.measure.contention``) or
+    precision measurably faster than another), "noisy" (too few steps to bound a CI, steps too
+    spread within a round, or the host too busy: ``engine.measure.contention``) or
     "n/a" (fewer than two finished trials). ``ranking`` is None unless "ranked": groups
     fastest first, precisions in one group statistically tied.
     """
@@ -267,16 +269,31 @@ def _rank_speeds(trials: list[TrialResult]) -> SpeedVerdict:
                             "and profile again")
     few = [f"{t.precision} {len(_measured(t))}" for t in done
            if len(_measured(t)) < spread.MIN_STEPS]
+    problems = []
     if few:
+        problems.append(f"too few measured steps for a spread (need {spread.MIN_STEPS}): "
+                        + ", ".join(few))
+    unsteady = [t for t in done if (_round_cv(t) or 0.0) > CV_LIMIT]
+    problems += [f"{t.precision} step time varies {_round_cv(t):.0%} (CV above "
+                 f"{CV_LIMIT:.0%})" for t in unsteady]
+    if problems:
         most = max(len(_measured(t)) for t in done)
-        problem = (f"too few measured steps for a spread (need {spread.MIN_STEPS}): "
-                   + ", ".join(few))
-        return SpeedVerdict("noisy", f"{NOISY_TEXT}: {problem}", (problem,), None,
-                            f"run more steps (--steps {max(4 * spread.MIN_STEPS, 2 * most)})")
-    notes = _unsteady(done)
-    noted = f" ({'; '.join(notes)})" if notes else ""
-    steadier = ("run on an idle machine with interleaved rounds (--interleave on) and more "
-                "steps" if notes else None)  # narrower CIs tell closer recipes apart
+        advice = []
+        if few:
+            advice.append(f"run more steps (--steps {max(4 * spread.MIN_STEPS, 2 * most)})")
+        if unsteady:
+            interleaved = any(t.summary.spread and t.summary.spread.rounds > 1 for t in done)
+            advice.append("run on an idle machine (close other programs and runs: the step "
+                          "times moved while measuring) with more steps"
+                          + ("" if interleaved else " and interleaved rounds (--interleave on)"))
+        return SpeedVerdict("noisy", f"{NOISY_TEXT}: " + "; ".join(problems), tuple(problems),
+                            None, "; or ".join(advice))
+    drifted = [f"{t.precision}'s rounds differ by {d:.0%} in median step time" for t in done
+               if (d := spread.round_drift(t.steps) or 0.0) > DRIFT_LIMIT]
+    noted = (f" ({'; '.join(drifted)}: the CIs of their ratios are widened by that drift)"
+             if drifted else "")
+    # narrower CIs would tell closer recipes apart
+    steadier = "run on an idle machine with more steps" if drifted else None
     groups = _groups(done)
     if len(groups) == 1:
         return SpeedVerdict(
@@ -292,19 +309,16 @@ def _rank_speeds(trials: list[TrialResult]) -> SpeedVerdict:
                         ranking, steadier)
 
 
-def _unsteady(done: list[TrialResult]) -> list[str]:
-    """What made the CIs wide: a CV above ``CV_LIMIT`` (in the bootstrap already) and round
-    drift above ``DRIFT_LIMIT`` (added to the ratios' CIs)."""
-    notes = []
-    for t in done:
-        cv = t.summary.spread.cv if t.summary.spread else None
-        drift = spread.round_drift(t.steps)
-        if cv is not None and cv > CV_LIMIT:
-            notes.append(f"{t.precision} step time varies {cv:.0%} (CV above {CV_LIMIT:.0%})")
-        if drift is not None and drift > DRIFT_LIMIT:
-            notes.append(f"{t.precision}'s rounds differ by {drift:.0%} in median step time: "
-                         "its ratios' CIs are widened by that")
-    return notes
+def _round_cv(trial: TrialResult) -> float | None:
+    """The largest step-time CV within one of the trial's rounds: drift between rounds
+    widens the ratios' CIs instead (``spread.widened``), so it is not counted twice."""
+    by_round: dict[int, list[float]] = {}
+    for s in trial.steps:
+        if not s.warmup and not s.skipped:
+            by_round.setdefault(s.round, []).append(s.step_ms)
+    cvs = [statistics.stdev(v) / statistics.fmean(v) for v in by_round.values()
+           if len(v) > 1 and statistics.fmean(v) > 0]
+    return max(cvs, default=None)
 
 
 def _row_verdict(trial: TrialResult, base: TrialResult | None,
