@@ -42,20 +42,34 @@ class LossRule:
         final = trial.summary.final_loss if trial.summary else None
         return None if not first or final is None else (first[0], final)
 
+    def _base(self, record: RunRecord, trial: TrialResult) -> tuple[float, float] | None:
+        """The reference's (first, final) loss; on the training batches, final after as many
+        steps as ``trial`` ran (a trial from a shorter run is not set against a longer one's
+        progress)."""
+        base = record.trial(self.baseline)
+        losses = self.losses(base)
+        steps = [s.loss for s in base.steps]
+        n = len(trial.steps)
+        if self.source == "training" and losses and 0 < n < len(steps) and \
+                steps[n - 1] is not None:
+            return losses[0], steps[n - 1]
+        return losses
+
     def diff(self, record: RunRecord, row) -> float | None:
         """A row's final loss minus the reference's, on this rule's batches."""
-        mine = self.losses(record.trial(row.precision))
-        base = self.losses(record.trial(self.baseline))
+        trial = record.trial(row.precision)
+        mine, base = self.losses(trial), self._base(record, trial)
         return None if mine is None or base is None else mine[1] - base[1]
 
     def judge(self, record: RunRecord, row) -> tuple[str, str] | None:
         """(judgement, note) when the row's loss rules it out, else None (a tie or better)."""
         if not self.judged:
             return None
-        mine = self.losses(record.trial(row.precision))
+        trial = record.trial(row.precision)
+        mine = self.losses(trial)
         if mine is None:
             return "no loss", f"no {self.source} loss to compare with {self.baseline}'s"
-        base = self.losses(record.trial(self.baseline))
+        base = self._base(record, trial)
         if mine[1] - base[1] <= self.tolerance:  # NaN compares False: ruled out below
             return None
         versus = (f"{self.source} loss {mine[1]:.4g} vs {base[1]:.4g}, beyond the tolerance "
