@@ -207,7 +207,9 @@ def _unranked(speed: SpeedVerdict) -> str:
 
 def _single(record: RunRecord, ref: str, row: ComparisonRow, reasons: list[str]) -> Verdict:
     others = [p for p in ("fp32", "bf16-amp", "fp16-amp") if p != ref]
-    figure = _figure(row, row, "recommended", "the only precision in this run")
+    figure = dataclasses.replace(  # nothing to set it against: no ratios
+        _figure(row, row, "recommended", "the only precision in this run"),
+        speedup_vs_fp32=None, memory_saved_bytes=None, final_loss_diff_vs_fp32=None)
     return Verdict(ref, f"Train in {ref}: the only precision in this run, so nothing was "
                    "compared with it", (figure,), tuple(reasons),
                    f"profile {ref} with {', '.join(others[:-1])} and {others[-1]} (the default "

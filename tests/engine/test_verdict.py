@@ -62,6 +62,7 @@ def test_single_precision_has_nothing_to_compare():
     assert v.headline == ("Train in fp32: the only precision in this run, so nothing was "
                           "compared with it")
     assert v.advice == "profile fp32 with bf16-amp and fp16-amp (the default precisions)"
+    assert [figure_text(f) for f in v.figures] == ["speed-up n/a, memory n/a, loss n/a"]
 
 
 def test_all_failed_says_so_with_each_status():
