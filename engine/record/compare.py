@@ -8,7 +8,9 @@ because a ratio against bf16 read as "vs fp32" would be a wrong number.
 
 Every speed figure carries its spread (p10..p90, CV, bootstrap CIs: conventions in
 ``engine/record/spread.py``), and ``speed_verdict`` decides whether the run can rank the
-precisions at all (``NOISY_RULE``); a noisy run says so instead of ranking.
+precisions at all (``NOISY_RULE``): drift between interleaved rounds widens the CIs, and
+only a run too short or too spread within a round to bound, or on a busy host, says so
+instead of ranking.
 """
 
 from __future__ import annotations
@@ -114,8 +116,7 @@ def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) ->
     speedup = _ratio(b.median_step_ms, step_ms) if b else None
     speedup_ci = None  # none for fp32 itself: 1.0 by definition
     if b is not None and speedup is not None and trial is not base:
-        speedup_ci = spread.ratio_ci(spread.measured_step_ms(base.steps),
-                                     spread.measured_step_ms(trial.steps))
+        speedup_ci = _ratio_ci(base, trial)
     peak_share = _ratio(peak, b.peak_memory_bytes) if b else None
     loss_diff = None
     if b is not None and final_loss is not None and b.final_loss is not None:
@@ -170,11 +171,12 @@ def comparison_rows(record: RunRecord, verdict: SpeedVerdict | None = None
 CV_LIMIT = 0.10  # pyperf's limit: a std above 10% of the mean marks a benchmark unstable
 DRIFT_LIMIT = 0.10  # interleaved rounds of one precision whose medians differ more: drift
 NOISY_RULE = (
-    f"a run is noisy when a finished trial has fewer than {spread.MIN_STEPS} measured steps, "
-    f"its step-time CV is above {CV_LIMIT:.0%}, or (interleaved) the medians of its rounds "
-    f"differ by more than {DRIFT_LIMIT:.0%}; otherwise two precisions are ranked only when "
-    f"the {spread.CI_LEVEL:.0%} bootstrap CI of the ratio of their median step times "
-    "excludes 1.0, and precisions whose CIs include 1.0 count as tied; and "
+    f"a run is noisy when a finished trial has fewer than {spread.MIN_STEPS} measured steps "
+    f"or its step-time CV within a round is above {CV_LIMIT:.0%}; otherwise two precisions "
+    f"are ranked only when the {spread.CI_LEVEL:.0%} bootstrap CI of the ratio of their "
+    "median step times, widened by each one's drift between its interleaved rounds (the ends "
+    "divided and multiplied by 1 + drift), excludes 1.0, and precisions whose CIs include 1.0 "
+    f"count as tied (a drift above {DRIFT_LIMIT:.0%} is named); and "
     + CONTENTION_RULE
 )
 NOISY_TEXT = "noisy: speed-ups not significant"
@@ -187,8 +189,8 @@ class SpeedVerdict:
     """Whether the run's speeds can rank its precisions, and the ranking when they can.
 
     ``status``: "ranked" (at least two groups told apart), "tied" (spread fine, but no
-    precision measurably faster than another), "noisy" (spread too wide to rank, or the
-    host too busy: ``engine.measure.contention``) or
+    precision measurably faster than another), "noisy" (too few steps to bound a CI, steps too
+    spread within a round, or the host too busy: ``engine.measure.contention``) or
     "n/a" (fewer than two finished trials). ``ranking`` is None unless "ranked": groups
     fastest first, precisions in one group statistically tied.
     """
@@ -211,21 +213,15 @@ def _measured(trial: TrialResult) -> list[float]:
     return spread.measured_step_ms(trial.steps)
 
 
+def _ratio_ci(a: TrialResult, b: TrialResult) -> tuple[float, float] | None:
+    """The bootstrap CI of median(a) / median(b), widened by both trials' round drift."""
+    return spread.widened(spread.ratio_ci(_measured(a), _measured(b)),
+                          spread.round_drift(a.steps), spread.round_drift(b.steps))
+
+
 def _tied(a: TrialResult, b: TrialResult) -> bool:
-    ci = spread.ratio_ci(_measured(a), _measured(b))
+    ci = _ratio_ci(a, b)
     return ci is None or ci[0] <= 1.0 <= ci[1]
-
-
-def _round_drift(trial: TrialResult) -> float | None:
-    """Largest over smallest median of a precision's interleaved rounds, minus 1."""
-    by_round: dict[int, list[float]] = {}
-    for s in trial.steps:
-        if not s.warmup:
-            by_round.setdefault(s.round, []).append(s.step_ms)
-    if len(by_round) < 2:
-        return None
-    medians = [statistics.median(v) for v in by_round.values()]
-    return max(medians) / min(medians) - 1.0 if min(medians) > 0 else None
 
 
 def _groups(trials: list[TrialResult]) -> list[list[TrialResult]]:
@@ -250,10 +246,10 @@ def _groups(trials: list[TrialResult]) -> list[list[TrialResult]]:
     return list(groups.values())
 
 
-def speed_verdict(trials: list[TrialResult]) -> SpeedVerdict:
+def speed_verdict(trials: list[TrialResult], reference: str = BASELINE) -> SpeedVerdict:
     """Apply ``NOISY_RULE`` to the finished trials that ran the same way (compiled or eager)
-    as the baseline; the others are named in the text and in ``unmatched``."""
-    kept, unmatched, note = like_with_like.split(trials)
+    as the ``reference`` trial; the others are named in the text and in ``unmatched``."""
+    kept, unmatched, note = like_with_like.split(trials, reference)
     verdict = _rank_speeds(kept)
     if not unmatched:
         return verdict
@@ -273,21 +269,13 @@ def _rank_speeds(trials: list[TrialResult]) -> SpeedVerdict:
                             "and profile again")
     few = [f"{t.precision} {len(_measured(t))}" for t in done
            if len(_measured(t)) < spread.MIN_STEPS]
-    problems, unsteady = [], False
+    problems = []
     if few:
         problems.append(f"too few measured steps for a spread (need {spread.MIN_STEPS}): "
                         + ", ".join(few))
-    for t in done:
-        cv = t.summary.spread.cv if t.summary.spread else None
-        drift = _round_drift(t)
-        if cv is not None and cv > CV_LIMIT:
-            unsteady = True
-            problems.append(f"{t.precision} step time varies {cv:.0%} (CV above "
-                            f"{CV_LIMIT:.0%})")
-        if drift is not None and drift > DRIFT_LIMIT:
-            unsteady = True
-            problems.append(f"{t.precision}'s rounds differ by {drift:.0%} in median step time "
-                            f"(drift above {DRIFT_LIMIT:.0%})")
+    unsteady = [t for t in done if (_round_cv(t) or 0.0) > CV_LIMIT]
+    problems += [f"{t.precision} step time varies {_round_cv(t):.0%} (CV above "
+                 f"{CV_LIMIT:.0%})" for t in unsteady]
     if problems:
         most = max(len(_measured(t)) for t in done)
         advice = []
@@ -300,18 +288,37 @@ def _rank_speeds(trials: list[TrialResult]) -> SpeedVerdict:
                           + ("" if interleaved else " and interleaved rounds (--interleave on)"))
         return SpeedVerdict("noisy", f"{NOISY_TEXT}: " + "; ".join(problems), tuple(problems),
                             None, "; or ".join(advice))
+    drifted = [f"{t.precision}'s rounds differ by {d:.0%} in median step time" for t in done
+               if (d := spread.round_drift(t.steps) or 0.0) > DRIFT_LIMIT]
+    noted = (f" ({'; '.join(drifted)}: the CIs of their ratios are widened by that drift)"
+             if drifted else "")
+    # narrower CIs would tell closer recipes apart
+    steadier = "run on an idle machine with more steps" if drifted else None
     groups = _groups(done)
     if len(groups) == 1:
         return SpeedVerdict(
             "tied", f"speed-ups not significant: the {spread.CI_LEVEL:.0%} CI of every ratio "
-            "of median step times includes 1.0, so no precision is measurably faster here",
-            (), None, "more steps narrow the CIs, if a difference this small matters")
+            f"of median step times includes 1.0, so no precision is measurably faster here"
+            f"{noted}", (), None,
+            steadier or "more steps narrow the CIs, if a difference this small matters")
     ranking = tuple(tuple(t.precision for t in g) for g in groups)
     text = " > ".join(" = ".join(g) for g in ranking)
     tied = any(len(g) > 1 for g in ranking)
     ties = f" ('=': tied within the {spread.CI_LEVEL:.0%} CIs)" if tied else ""
-    return SpeedVerdict("ranked", f"ranked by speed, fastest first: {text}{ties}", (),
-                        ranking)
+    return SpeedVerdict("ranked", f"ranked by speed, fastest first: {text}{ties}{noted}", (),
+                        ranking, steadier)
+
+
+def _round_cv(trial: TrialResult) -> float | None:
+    """The largest step-time CV within one of the trial's rounds: drift between rounds
+    widens the ratios' CIs instead (``spread.widened``), so it is not counted twice."""
+    by_round: dict[int, list[float]] = {}
+    for s in trial.steps:
+        if not s.warmup and not s.skipped:
+            by_round.setdefault(s.round, []).append(s.step_ms)
+    cvs = [statistics.stdev(v) / statistics.fmean(v) for v in by_round.values()
+           if len(v) > 1 and statistics.fmean(v) > 0]
+    return max(cvs, default=None)
 
 
 def _row_verdict(trial: TrialResult, base: TrialResult | None,

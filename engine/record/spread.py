@@ -17,10 +17,16 @@ Conventions, stated wherever the figures appear:
 
 Below ``MIN_STEPS`` measured steps no interval is given: a median of fewer values
 has too few distinct bootstrap values to bound.
+
+Drift between a trial's interleaved rounds (the machine warming, throttling or getting
+busier) is not in the bootstrap, which treats the steps as one steady sample: a ratio's
+interval is widened by each side's drift (``widened``), so recipes far apart stay told
+apart and close ones tie.
 """
 
 from __future__ import annotations
 
+import statistics
 import zlib
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -84,6 +90,31 @@ def ratio_ci(numerator_ms, denominator_ms) -> tuple[float, float] | None:
     if len(numerator_ms) < MIN_STEPS or len(denominator_ms) < MIN_STEPS:
         return None
     return _interval(bootstrap_medians(numerator_ms) / bootstrap_medians(denominator_ms))
+
+
+def round_drift(steps: list[StepSample]) -> float | None:
+    """Largest over smallest median of a trial's interleaved rounds, minus 1 (None: one
+    round)."""
+    by_round: dict[int, list[float]] = {}
+    for s in steps:
+        if not s.warmup:
+            by_round.setdefault(s.round, []).append(s.step_ms)
+    if len(by_round) < 2:
+        return None
+    medians = [statistics.median(v) for v in by_round.values()]
+    return max(medians) / min(medians) - 1.0 if min(medians) > 0 else None
+
+
+def widened(ci: tuple[float, float] | None, *drifts: float | None
+            ) -> tuple[float, float] | None:
+    """A ratio's interval with each side's round drift added: either side's rounds may sit
+    ``1 + drift`` away from the other's, so both ends move out by the product."""
+    if ci is None:
+        return None
+    factor = 1.0
+    for drift in drifts:
+        factor *= 1.0 + max(drift or 0.0, 0.0)
+    return ci[0] / factor, ci[1] * factor
 
 
 def measured_step_ms(steps: list[StepSample]) -> list[float]:

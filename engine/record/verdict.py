@@ -1,10 +1,14 @@
-"""The verdict: which precision to train in, how sure that is, and why (or why none).
+"""The verdict: which precision to train in, how sure that is, and why.
 
-Pure functions over a run record: its trials, the comparison against fp32
-(``engine.record.compare``: bootstrap CIs and a significance-gated speed ranking that refuses
-to rank noisy runs or a busy host), the numerics lab's result when it ran, and the
-device's bf16 support. The rules are ``RULES``; every figure in the text is a measured
-one from the comparison table.
+Pure functions over a run record: its trials, the comparison against the reference (fp32,
+else the highest-precision recipe that finished; ``engine.record.compare``: bootstrap CIs
+widened by drift, and a speed ranking that refuses only a busy host or too few steps), the
+numerics lab's result when it ran, and the device's bf16 support. The rules are ``RULES``;
+every figure in the text is a measured one from the comparison table.
+
+Every run that finished a trial answers "Train in X": what could not be judged (speed on a
+busy host, the loss when the reference barely learned, compiled trials beside eager ones)
+is named, and the answer rests on what could be.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from functools import cmp_to_key
 
 from engine.core.config import BF16_COMPUTE, recipe_name
 from engine.record import verdict_numerics as vn
+from engine.record import verdict_order as order
 from engine.record.compare import (
     BUSY_TEXT,
     EMULATED_TEXT,
@@ -27,28 +32,39 @@ from engine.record.compare import (
     format_bytes,
     speed_verdict,
 )
+from engine.record.like_with_like import ran_compiled
 from engine.record.run_record import RunRecord
+from engine.record.verdict_loss import loss_rules
+from engine.record.verdict_order import TIE_RULE
 
-LOSS_DROP_SHARE = 0.10  # final loss within 10% of fp32's own loss drop of fp32's final loss
-MIN_LOSS_DROP = 0.05  # nats: below this fp32's drop is too small to judge a loss against
+LOSS_DROP_SHARE = 0.10  # a loss within 10% of the reference's own drop of its final loss ties
+MIN_LOSS_DROP = 0.05  # nats: below this the reference's drop is too small to judge against
 LOST_UPDATES_MAX = 0.05  # share of the update's norm a recipe may lose at the smallest lr
-MEMORY_MIN_SAVING = 0.05  # a peak at least 5% below fp32's counts as using less memory
+MEMORY_MIN_SAVING = 0.05  # a peak at least 5% below the reference's counts as using less
 RULES = (
-    "a precision is recommended over fp32 when it finished, trains all weights (int8 and "
-    "nf4 train LoRA adapters over a frozen base: not a like-for-like replacement), its "
-    f"final loss is finite and within {LOSS_DROP_SHARE:.0%} of fp32's own loss drop of "
-    "fp32's final loss (on held-out batches no step trained on; in reports without them, on "
-    f"the training batches), not judged when fp32's drop is under {MIN_LOSS_DROP} (too few "
-    "steps); weights stored below fp32 lose at most "
+    "the reference is fp32, or where fp32 did not finish the highest-precision recipe that "
+    "did; a precision is recommended over it when it finished, trains all weights (int8 and "
+    "nf4 train LoRA adapters over a frozen base: compared only with each other), ran as the "
+    "reference did (compiled or eager: torch.compile's fused kernels hold less memory and run "
+    "faster, so compiled trials are compared, speed and memory, only with compiled ones), its "
+    "loss is finite and ends no further above the reference's than the tolerance (the larger "
+    f"of {LOSS_DROP_SHARE:.0%} of the reference's own drop and the spread of the reference's "
+    "loss: between its rounds where it ran several, else twice the standard deviation of its "
+    "step-to-step changes; on held-out batches no step trained on and on the training "
+    f"batches; not judged when the reference's drop is under {MIN_LOSS_DROP}; a lower loss is "
+    "never held against a recipe); weights stored below fp32 lose at most "
     f"{LOST_UPDATES_MAX:.0%} of an update's norm at the schedule's smallest learning rate "
     "(measured in an untimed step; a report without the measurement recommends no pure "
     "bf16/fp16 weights without an fp32 master copy or stochastic rounding); it is not "
-    "significantly slower, and it is "
-    "either significantly faster (the 95% CI of its speed-up excludes 1.0, judged only when "
-    "the run's speeds can be ranked; never for bf16 where the device emulates bf16) or its "
-    f"peak memory is at least {MEMORY_MIN_SAVING:.0%} below fp32's. Among several: the "
-    "faster first, then the one using less memory, then numerics (the numerics lab's "
-    "choice, fewer skipped steps, loss closer to fp32's). Without one, fp32 is the choice"
+    "significantly slower, and it is either significantly faster (the 95% CI of its speed-up, "
+    "widened by each trial's drift between its interleaved rounds, excludes 1.0; judged only "
+    "when the run's speeds can be ranked; never for bf16 where the device emulates bf16) or "
+    f"its peak memory is at least {MEMORY_MIN_SAVING:.0%} below the reference's. Where speed "
+    "cannot be ranked (a busy host, too few steps) the answer rests on memory, loss and lost "
+    "updates, and says so. Among several: the faster first, then the one using "
+    f"{MEMORY_MIN_SAVING:.0%} less memory, then the numerics lab's choice, then fewer skipped "
+    f"steps; {TIE_RULE.format(share=MEMORY_MIN_SAVING)}. Without one, the reference is the "
+    "choice"
 )
 
 
@@ -59,10 +75,11 @@ class VerdictFigure:
     precision: str
     judgement: str  # recommended, baseline, qualifies, not better, slower, diverged, ...
     note: str  # why, in a phrase
+    # "vs fp32": against the verdict's reference (``Verdict.reference``), fp32 where it ran
     speedup_vs_fp32: float | None
     speedup_ci: tuple[float, float] | None
     peak_memory_bytes: int | None
-    memory_saved_bytes: int | None  # fp32's peak minus this one's
+    memory_saved_bytes: int | None  # the reference's peak minus this one's
     memory_saving_vs_fp32: float | None
     final_loss_diff_vs_fp32: float | None
     skipped_steps: int | None
@@ -76,6 +93,9 @@ class Verdict:
     reasons: tuple[str, ...]  # what else the judgement rests on: speed verdict, gating, lab
     advice: str | None  # what to do when nothing can be recommended, or to be surer
     rules: str = RULES
+    # the trial every figure's "vs fp32" ratio is against: fp32, or the highest-precision
+    # recipe that finished where fp32 did not
+    reference: str = "fp32"
 
 
 def _steps(record: RunRecord, precision: str) -> int:
@@ -89,10 +109,10 @@ def _group(speed: SpeedVerdict, precision: str) -> int | None:
     return next((i for i, g in enumerate(speed.ranking) if precision in g), None)
 
 
-def _speed_text(row: ComparisonRow) -> str:
+def _speed_text(row: ComparisonRow, ref: str) -> str:
     ci = (f" [{row.speedup_ci[0]:.2f}-{row.speedup_ci[1]:.2f}]" if row.speedup_ci
           else " (no CI: too few steps)")
-    return f"{row.speedup_vs_fp32:.2f}x fp32's speed{ci}"
+    return f"{row.speedup_vs_fp32:.2f}x {ref}'s speed{ci}"
 
 
 def _memory_text(row: ComparisonRow, base: ComparisonRow) -> str:
@@ -105,10 +125,10 @@ def _memory_text(row: ComparisonRow, base: ComparisonRow) -> str:
     return f"uses {format_bytes(-saved)} more ({-share:.0%})"
 
 
-def _loss_text(row: ComparisonRow, steps: int) -> str:
+def _loss_text(row: ComparisonRow, steps: int, ref: str) -> str:
     if row.final_loss_diff_vs_fp32 is None:
-        return "loss vs fp32 n/a"
-    return f"loss {row.final_loss_diff_vs_fp32:+.3g} vs fp32 after {steps} steps"
+        return f"loss vs {ref} n/a"
+    return f"loss {row.final_loss_diff_vs_fp32:+.3g} vs {ref} after {steps} steps"
 
 
 def _figure(row: ComparisonRow, base: ComparisonRow, judgement: str, note: str
@@ -144,75 +164,115 @@ def _none(headline: str, advice: str | None, figures=(), reasons=()) -> Verdict:
                    advice)
 
 
+def _mode(trial) -> str:
+    return "compiled" if ran_compiled(trial) else "eager"
+
+
+def _ruled_out(record: RunRecord, row: ComparisonRow, ref: str, rules, lost,
+               speed: SpeedVerdict) -> tuple[str, str] | None:
+    """(judgement, note) when the row cannot be recommended whatever its speed and memory."""
+    trial, base = record.trial(row.precision), record.trial(ref)
+    loss = trial.summary.final_loss if trial.summary else None
+    if row.status != "ok":
+        return row.status, row.reason or row.status
+    if trial.lora is not None and base.lora is None:
+        return "LoRA only", "trains LoRA adapters over a frozen base"
+    if row.median_step_ms is None:
+        return "no step time", "every measured step was skipped"
+    if loss is None or not math.isfinite(loss):
+        return "diverged", f"final loss is {loss}"
+    judged = next((said for rule in rules if (said := rule.judge(record, row))), None)
+    if judged is not None:
+        return judged
+    if lost is not None:
+        return lost[:2]
+    if row.precision in speed.unmatched:  # torch.compile's memory and speed are not its own
+        return "not compared", (
+            f"ran {_mode(trial)} while {ref} ran {_mode(base)}: its speed and memory are "
+            f"compared only with {_mode(trial)} trials (profile with --compile to compare "
+            "every precision compiled)")
+    return None
+
+
+def _unranked(speed: SpeedVerdict) -> str:
+    """"speed not ranked: why; what to do", or "" when the run's speeds were ranked."""
+    if not speed.noisy:
+        return ""
+    more = f"; and {len(speed.problems) - 1} more" if len(speed.problems) > 1 else ""
+    first = f"{speed.problems[0]}{more}" if speed.problems else speed.text
+    why = f"the machine was busy ({first})" if speed.text.startswith(BUSY_TEXT) else first
+    todo = f"; {speed.suggestion}" if speed.suggestion else ""
+    return f"speed not ranked: {why}{todo}"
+
+
+def _single(record: RunRecord, ref: str, row: ComparisonRow, reasons: list[str]) -> Verdict:
+    others = [p for p in ("fp32", "bf16-amp", "fp16-amp") if p != ref]
+    figure = dataclasses.replace(  # nothing to set it against: no ratios
+        _figure(row, row, "recommended", "the only precision in this run"),
+        speedup_vs_fp32=None, memory_saved_bytes=None, final_loss_diff_vs_fp32=None)
+    return Verdict(ref, f"Train in {ref}: the only precision in this run, so nothing was "
+                   "compared with it", (figure,), tuple(reasons),
+                   f"profile {ref} with {', '.join(others[:-1])} and {others[-1]} (the default "
+                   "precisions)", reference=ref)
+
+
 def verdict(record: RunRecord) -> Verdict:
     """Apply ``RULES`` to the record's finished trials."""
-    speed = speed_verdict(record.trials)
-    rows = {r.precision: r for r in comparison_rows(record, speed)}
     gated = [f"{t.precision} did not run: {t.reason}" for t in record.trials
              if t.status == "unsupported"]
-    finished = [r for r in rows.values() if r.status == "ok"]
-    if not finished:
-        failed = "; ".join(f"{r.precision}: {r.status}" for r in rows.values()) or "none ran"
+    if not any(t.status == "ok" for t in record.trials):
+        failed = "; ".join(f"{t.precision}: {t.status}" for t in record.trials) or "none ran"
         return _none(f"no trial finished ({failed})",
                      "fix what the trials' reasons say (a smaller batch or model for an "
                      "out-of-memory, precisions this device supports) and profile again",
                      reasons=gated)
-    why_no_base = baseline_reason(record)
-    only_fp32 = len(rows) == 1 and baseline_label(record) in rows  # said below, with advice
-    if why_no_base and not only_fp32:
-        return _none(why_no_base, "profile again with fp32 among the precisions",
-                     reasons=gated)
+    baseline = baseline_label(record)
+    ref = order.reference(record, baseline)
+    why_no_base = baseline_reason(record) if ref != baseline else None
+    if why_no_base:  # every *_vs_fp32 figure below is against ref, said in the headline
+        config = record.config if isinstance(record.config, dict) else {}
+        record = dataclasses.replace(record, config={**config, "baseline": ref})
+    speed = speed_verdict(record.trials, ref)
+    rows = {r.precision: r for r in comparison_rows(record, speed)}
     if len(rows) == 1:
-        return _none("only fp32 ran, so there is nothing to compare it with",
-                     "profile fp32 with bf16-amp and fp16-amp (the default precisions)")
-    baseline = baseline_label(record)  # fp32, or the ticked fp32 of a comparison
-    base = rows[baseline]
+        return _single(record, ref, rows[ref], gated)
+    base = rows[ref]
     device = record.environment.get("device")
     device = device if isinstance(device, dict) else {}  # older reports: a description
     bf16_emulated = device.get("bf16_hardware") is False
-    base_group = _group(speed, baseline)
+    base_group = None if speed.noisy else _group(speed, ref)
     reasons = [f"speed: {speed.text}", *gated]
+    if why_no_base:
+        reasons.insert(0, f"reference: {why_no_base}; every ratio is against {ref}, the "
+                       "highest-precision recipe that finished")
     if bf16_emulated:
         reasons.append(f"bf16 is emulated on this {device.get('kind', 'device')} (no "
                        "AVX512-BF16/AMX): bf16 recipes are not recommended on speed here")
     lab = _lab_choice(record)
     if lab:
         reasons.append(f"the numerics lab recommends {lab}")
-    loss_rule = vn.loss_rule(record, baseline, LOSS_DROP_SHARE, MIN_LOSS_DROP)
-    reasons.append(loss_rule.text)
+    rules = loss_rules(record, ref, LOSS_DROP_SHARE, MIN_LOSS_DROP)
+    reasons.extend(rule.text for rule in rules)
     reasons.extend(vn.changed_optimizers(record))
     excluded: dict[str, str] = {}  # precision: why it is not recommended, for the headline
-    figures = {baseline: _figure(base, base, "baseline", "the reference every ratio uses")}
+    figures = {ref: _figure(base, base, "baseline", "the reference every ratio uses")}
     good: list[ComparisonRow] = []
     groups: dict[str, int | None] = {}
+    unranked = " (speed not ranked)" if speed.noisy else ""
     for row in rows.values():
-        if row.precision == baseline:
+        if row.precision == ref:
             continue
         trial = record.trial(row.precision)
-        loss = trial.summary.final_loss if trial.summary else None
         lost = (vn.lost_updates_reason(trial, LOST_UPDATES_MAX) if row.status == "ok"
                 else None)
         if lost is not None:  # named in the headline whatever else rules the trial out
             excluded[row.precision] = lost[2]
-        if row.status != "ok":
-            judgement, note = row.status, row.reason or row.status
-        elif trial.lora is not None:
-            judgement, note = "LoRA only", "trains LoRA adapters over a frozen base"
-        elif row.median_step_ms is None:
-            judgement, note = "no step time", "every measured step was skipped"
-        elif loss is None or not math.isfinite(loss):
-            judgement, note = "diverged", f"final loss is {loss}"
-        elif loss_rule.judged and loss_rule.diff(record, row) is None:
-            judgement, note = "no loss", f"no {loss_rule.source} loss to compare with fp32's"
-        elif loss_rule.judged and not abs(loss_rule.diff(record, row)) <= loss_rule.tolerance:
-            judgement, note = "learned less", (
-                f"{loss_rule.source} loss {loss_rule.diff(record, row):+.3g} vs fp32, beyond "
-                f"{LOSS_DROP_SHARE:.0%} of fp32's drop ({loss_rule.tolerance:.3g})")
-        elif lost is not None:
-            judgement, note = lost[:2]
+        out = _ruled_out(record, row, ref, rules, lost, speed)
+        if out is not None:
+            judgement, note = out
         else:
             # an emulated format (gating) has no speed to judge: memory and loss only
-            group = (None if trial.support == "emulated" or row.precision in speed.unmatched
+            group = (None if trial.support == "emulated" or speed.noisy
                      else _group(speed, row.precision))
             emulated = bf16_emulated and recipe_name(row.precision) in BF16_COMPUTE
             if emulated and group is not None and base_group is not None:
@@ -222,102 +282,84 @@ def verdict(record: RunRecord) -> Verdict:
             slower = group is not None and base_group is not None and group > base_group
             smaller = (row.memory_saving_vs_fp32 or 0.0) >= MEMORY_MIN_SAVING
             if slower:
-                judgement, note = "slower", f"{_speed_text(row)}, {_memory_text(row, base)}"
+                judgement, note = "slower", f"{_speed_text(row, ref)}, {_memory_text(row, base)}"
             elif faster or smaller:
-                judgement, note = "qualifies", "faster" if faster else "uses less memory"
+                judgement = "qualifies"
+                note = ("faster" if faster else "uses less memory") + unranked
                 good.append(row)
             else:
-                judgement, note = "not better", ("neither significantly faster nor "
-                                                 f"{MEMORY_MIN_SAVING:.0%} smaller")
+                judgement, note = "not better", (
+                    f"neither significantly faster nor {MEMORY_MIN_SAVING:.0%} smaller"
+                    if not unranked else f"not {MEMORY_MIN_SAVING:.0%} smaller{unranked}")
         changed = (vn.changed_optimizer(trial, (record.config or {}).get("optimizer") or "adamw")
                    if row.status == "ok" else None)
         figures[row.precision] = _figure(row, base, judgement,
                                          f"{note}; {changed}" if changed else note)
-    not_rec = vn.excluded_text(excluded)
-    if speed.noisy:  # the first problem in the headline, all of them in the reasons
-        what = ("speeds not ranked, the machine was busy" if speed.text.startswith(BUSY_TEXT)
-                else "step times too noisy to rank")
-        more = f"; and {len(speed.problems) - 1} more" if len(speed.problems) > 1 else ""
-        first = f" ({speed.problems[0]}{more})" if speed.problems else ""
-        unranked = {p: dataclasses.replace(f, judgement="speed not ranked", note=(
-            f"{f.note}, but its speed could not be ranked: {what}"))
-            for p, f in figures.items() if f.judgement == "qualifies"}
-        figures.update(unranked)
-        return _none(what + first + (f". {not_rec}" if not_rec else ""), speed.suggestion,
-                     tuple(figures.values()), [*speed.problems, *reasons[1:]])
-
-    def better(a: ComparisonRow, b: ComparisonRow) -> int:
-        """Negative when ``a`` is the better choice (faster, then smaller, then numerics)."""
-        ga, gb = groups[a.precision], groups[b.precision]
-        if ga is not None and gb is not None and ga != gb:
-            return ga - gb
-        pa, pb = a.peak_memory_bytes, b.peak_memory_bytes
-        if pa is not None and pb is not None and \
-                abs(pa - pb) >= MEMORY_MIN_SAVING * base.peak_memory_bytes:
-            return -1 if pa < pb else 1
-        ka, kb = numerics_key(a), numerics_key(b)
-        return (ka > kb) - (ka < kb)
-
-    def numerics_key(row: ComparisonRow) -> tuple:
-        return (row.precision != lab, row.skipped_steps or 0,
-                abs(row.final_loss_diff_vs_fp32 or 0.0))
-
+        if judgement == "not compared":  # its ratios would credit or blame torch.compile
+            figures[row.precision] = dataclasses.replace(
+                figures[row.precision], speedup_vs_fp32=None, speedup_ci=None,
+                memory_saved_bytes=None, memory_saving_vs_fp32=None)
+    apart = [p for p, f in figures.items() if f.judgement == "not compared"]
+    tail = [vn.excluded_text(excluded),
+            f"Not compared: {', '.join(apart)} ({figures[apart[0]].note})" if apart else "",
+            f"Compared against {ref}, the highest-precision recipe that finished "
+            f"({why_no_base})" if why_no_base else ""]
+    caveats = "; ".join(rule.caveat for rule in rules if rule.caveat)
+    advice = "; ".join(a for a in (speed.suggestion, why_no_base and
+                                   "profile again with fp32 among the precisions") if a)
     if not good:
         # failure reasons are long sentences: the headline names the status, "Why" says more
         others = ", ".join(f"{f.precision} {f.judgement}"
                            + (f" ({f.note})" if f.judgement in ("slower", "diverged") else "")
-                           for p, f in figures.items() if p != baseline)
-        headline = (f"Train in fp32: no other precision was significantly faster or "
+                           for p, f in figures.items()
+                           if p != ref and f.judgement != "not compared")
+        faster = "" if speed.noisy else "significantly faster or "
+        headline = (f"Train in {ref}: no other precision was {faster}"
                     f"{MEMORY_MIN_SAVING:.0%} smaller without diverging or being slower"
-                    + (f"; {others}" if others else ""))
-        figures[baseline] = _figure(base, base, "recommended", "nothing beat it")
-        headline += f". {not_rec}" if not_rec else ""
-        headline += f"; {loss_rule.caveat}" if loss_rule.caveat else ""
-        return Verdict(baseline, headline, tuple(figures.values()), tuple(reasons),
-                       speed.suggestion)
-    ranked = sorted(good, key=cmp_to_key(better))
+                    + "".join(f"; {s}" for s in (others, caveats, _unranked(speed)) if s))
+        figures[ref] = _figure(base, base, "recommended", "nothing beat it")
+        return Verdict(ref, ". ".join([headline, *filter(None, tail)]),
+                       tuple(figures.values()), tuple(reasons), advice or None, reference=ref)
+    deciders = order.deciders(groups, base.peak_memory_bytes, MEMORY_MIN_SAVING, lab,
+                              not bf16_emulated)
+    ranked = sorted(good, key=cmp_to_key(lambda a, b: order.decide(a, b, deciders)[0]))
     best = ranked[0]
-    speed_part = (_speed_text(best) if best.speedup_vs_fp32 is not None else "speed n/a")
-    if record.trial(best.precision).support == "emulated":
-        speed_part = f"speed {EMULATED_TEXT}"
-    elif best.precision in speed.unmatched:
-        speed_part = "speed not compared (compiled vs eager: not like with like)"
-    elif bf16_emulated and recipe_name(best.precision) in BF16_COMPUTE:
-        speed_part += " (bf16 emulated here: not judged on speed)"
-    elif groups[best.precision] == base_group:
-        speed_part += " (not significantly faster)"
-    headline = (f"Train in {best.precision}: {speed_part}, {_memory_text(best, base)}, "
-                f"{_loss_text(best, _steps(record, best.precision))}")
-    headline += f" ({loss_rule.caveat})" if loss_rule.caveat else ""
+    parts = [_speed_part(record, best, ref, speed, groups, base_group, bf16_emulated),
+             _memory_text(best, base), _loss_text(best, _steps(record, best.precision), ref)]
+    headline = f"Train in {best.precision}: " + ", ".join(p for p in parts if p)
+    headline += f" ({caveats})" if caveats else ""
+    headline += f"; {_unranked(speed)}" if speed.noisy else ""
     if len(ranked) > 1:
-        headline += "; " + _runner_up(ranked[1], best, groups, base, lab)
-    headline += f". {not_rec}" if not_rec else ""  # why the faster pure recipes lost
+        headline += "; " + _runner_up(ranked[1], best, groups, deciders)
     figures[best.precision] = _figure(best, base, "recommended", figures[best.precision].note)
-    return Verdict(best.precision, headline, tuple(figures.values()), tuple(reasons),
-                   speed.suggestion)
+    return Verdict(best.precision, ". ".join([headline, *filter(None, tail)]),
+                   tuple(figures.values()), tuple(reasons), advice or None, reference=ref)
 
 
-def _runner_up(row: ComparisonRow, best: ComparisonRow, groups: dict, base: ComparisonRow,
-               lab: str | None) -> str:
-    """Why the next candidate lost, in a phrase."""
-    judged = groups[row.precision] is not None and groups[best.precision] is not None
-    same_speed = groups[row.precision] == groups[best.precision]
-    if not judged:  # an emulated format has no speed to compare: never "as fast"
-        lead = f"{row.precision} (speed not judged)"
-        same_speed = True
-    else:
-        lead = (f"{row.precision} is as fast but" if same_speed
-                else f"{row.precision} is slower and")
-    if row.peak_memory_bytes is not None and best.peak_memory_bytes is not None and \
-            row.peak_memory_bytes - best.peak_memory_bytes >= \
-            MEMORY_MIN_SAVING * base.peak_memory_bytes:
-        return f"{lead} uses {format_bytes(row.peak_memory_bytes - best.peak_memory_bytes)} more"
-    if (row.skipped_steps or 0) > (best.skipped_steps or 0):
-        return f"{lead} skipped {row.skipped_steps} steps"
-    if not same_speed:
+def _speed_part(record: RunRecord, best: ComparisonRow, ref: str, speed: SpeedVerdict,
+                groups: dict, base_group: int | None, bf16_emulated: bool) -> str:
+    """The recommended precision's speed in a phrase ("" when speed was not ranked: the
+    headline says why after the figures)."""
+    if speed.noisy:
+        return ""
+    if record.trial(best.precision).support == "emulated":
+        return f"speed {EMULATED_TEXT}"
+    text = _speed_text(best, ref) if best.speedup_vs_fp32 is not None else "speed n/a"
+    if bf16_emulated and recipe_name(best.precision) in BF16_COMPUTE:
+        return text + " (bf16 emulated here: not judged on speed)"
+    if groups[best.precision] == base_group:
+        return text + " (not significantly faster)"
+    return text
+
+
+def _runner_up(row: ComparisonRow, best: ComparisonRow, groups: dict, deciders) -> str:
+    """Why the next candidate lost, in a phrase: the first criterion that told them apart."""
+    _, why = order.decide(best, row, deciders)
+    if why == "is slower":
         return f"{row.precision} is slower"
-    if not judged:
+    judged = groups[row.precision] is not None and groups[best.precision] is not None
+    # an emulated format or an unranked run has no speed to compare: never "as fast"
+    lead = f"{row.precision} is as fast but" if judged else f"{row.precision} (speed not judged)"
+    if not judged and not why.startswith("uses "):
         lead += ": where it is alike,"
-    if lab == best.precision:
-        return f"{lead} the numerics lab recommends {best.precision}"
-    return f"{lead} its loss is further from fp32's"
+    return f"{lead} {why}"

@@ -1,11 +1,9 @@
-"""What the verdict weighs beyond ten steps' speed: the loss drop, lost updates, a changed
-optimiser. Pure functions over a run record's trials (engine.record.verdict applies them).
+"""What the verdict weighs beyond ten steps' speed: lost updates, a changed optimiser (the
+loss: engine.record.verdict_loss). Pure functions over a run record's trials
+(engine.record.verdict applies them).
 """
 
 from __future__ import annotations
-
-import math
-from dataclasses import dataclass
 
 from engine.core.config import recipe_name, split_label
 from engine.core.events import TrialResult
@@ -20,53 +18,6 @@ REMEDY = {"bf16": "bf16-amp, or bf16+adamw-bf16-sr (stochastic rounding)",
 # the window's first paint does not load it
 ROUNDS_AWAY = {"bf16": "2^-8", "fp16": "2^-11"}
 FP16_TINY = 2.0**-14  # fp16's smallest normal: Adam's epsilon in pure fp16 (engine.run.trial)
-
-
-@dataclass(frozen=True)
-class LossRule:
-    """How the final loss is judged in this record: on which batches, against what drop."""
-
-    source: str  # "held-out" or "training"
-    judged: bool
-    drop: float | None  # fp32's own loss drop over the run
-    tolerance: float | None  # the largest difference from fp32's final loss allowed
-    steps: int
-    baseline: str
-    text: str  # for the verdict's reasons
-    caveat: str | None  # for the headline when the loss cannot be judged
-
-    def diff(self, record: RunRecord, row) -> float | None:
-        """A row's final loss minus fp32's, on this rule's batches."""
-        if self.source == "training":
-            return row.final_loss_diff_vs_fp32
-        mine = record.trial(row.precision).heldout_loss
-        base = record.trial(self.baseline).heldout_loss
-        return None if mine is None or base is None else mine.loss_after - base.loss_after
-
-
-def loss_rule(record: RunRecord, baseline: str, share: float, min_drop: float) -> LossRule:
-    base = record.trial(baseline)
-    held = base.heldout_loss
-    if held is not None:
-        source, steps, drop = "held-out", held.steps, held.loss_before - held.loss_after
-    else:
-        losses = [s.loss for s in base.steps if s.loss is not None and math.isfinite(s.loss)]
-        final = base.summary.final_loss if base.summary else None
-        source, steps = "training", len(base.steps)
-        drop = losses[0] - final if losses and final is not None else None
-    where = ("held-out batches no step trained on" if source == "held-out" else
-             "the training batches (this report has no held-out loss)")
-    if drop is None or not math.isfinite(drop) or drop < min_drop:
-        fell = "n/a" if drop is None else f"only {drop:.3g}"
-        caveat = (f"cannot judge the loss after {steps} steps: fp32's {source} loss fell "
-                  f"{fell} (under {min_drop}); profile more steps (--steps) to judge it")
-        return LossRule(source, False, drop, None, steps, baseline,
-                        f"loss: {caveat}", caveat)
-    tolerance = share * drop
-    return LossRule(source, True, drop, tolerance, steps, baseline, (
-        f"loss: judged on {where}: fp32's loss fell {drop:.3g} in {steps} steps; a precision "
-        f"may end at most {tolerance:.3g} ({share:.0%} of that drop) from fp32's final loss"),
-        None)
 
 
 def _pure(trial: TrialResult) -> str | None:

@@ -179,7 +179,7 @@ def _verdict(v: Verdict) -> str:
     cls = "verdict" if v.precision else "verdict none"
     advice = f'<p class="todo">To do: {_e(v.advice)}</p>' if v.advice else ""
     reasons = "".join(f"<li>{_e(r)}</li>" for r in v.reasons)
-    figures = _table(["precision", "judgement", "figures vs fp32 (95% CI)", "why"],
+    figures = _table(["precision", "judgement", f"figures vs {v.reference} (95% CI)", "why"],
                      [[_swatch(f.precision), _e(f.judgement), _e(figure_text(f)), _e(f.note)]
                       for f in v.figures])
     return (f'<section class="{cls}"><p class="headline">{_e(v.headline)}</p>{advice}'

@@ -137,15 +137,44 @@ def test_too_few_steps_is_noisy_and_suggests_more():
     assert "--steps 40" in verdict.suggestion
 
 
-def test_round_drift_is_noisy():
+def _drifting(ms, drift, n=10):
+    """Two interleaved rounds of ``n`` steady steps, the second ``drift`` slower."""
+    return _clean(ms, n) + _clean(ms * (1 + drift), n), [0] * n + [1] * n
+
+
+def test_round_drift_widens_the_ratios_ci_instead_of_silencing_the_ranking():
     # each round steady, but the second round of fp32 ran 30% slower: the machine drifted
-    times = _clean(100.0, n=10) + _clean(130.0, n=10)
-    rounds = [0] * 10 + [1] * 10
-    record = _record(_trial("fp32", times, rounds=rounds),
-                     _trial("bf16-amp", _clean(60.0)))
+    times, rounds = _drifting(100.0, 0.30)
+    record = _record(_trial("fp32", times, rounds=rounds), _trial("bf16-amp", _clean(60.0)))
     verdict = speed_verdict(record.trials)
-    assert verdict.noisy
-    assert "fp32's rounds differ by 30% in median step time" in verdict.text
+    assert verdict.ranking == (("bf16-amp",), ("fp32",))
+    assert "fp32's rounds differ by 30% in median step time: the CIs of their ratios are " \
+        "widened by that drift" in verdict.text
+    # the row's CI: the bootstrap's, both ends moved out by 1 + fp32's drift
+    ci = spread.ratio_ci(times, _clean(60.0))
+    row = {r.precision: r for r in comparison_rows(record, verdict)}["bf16-amp"]
+    assert row.speedup_ci == pytest.approx((ci[0] / 1.3, ci[1] * 1.3))
+    assert row.speedup_ci[0] > 1.0 and row.speed_verdict == "faster"
+
+
+def test_far_apart_recipes_stay_ranked_through_drift_and_close_ones_tie():
+    # the CPU sweeps: fp32 15x faster than emulated-half recipes, every recipe's two
+    # rounds 24% apart (the widened CI of 15x spans about 15 / 1.24^2 .. 15 * 1.24^2)
+    fp32, r32 = _drifting(10.0, 0.24)
+    half, rh = _drifting(150.0, 0.24)
+    record = _record(_trial("fp32", fp32, rounds=r32), _trial("fp16", half, rounds=rh))
+    verdict = speed_verdict(record.trials)
+    assert verdict.status == "ranked" and verdict.ranking == (("fp32",), ("fp16",))
+    row = {r.precision: r for r in comparison_rows(record, verdict)}["fp16"]
+    assert row.speedup_ci[1] < 1.0 and row.speed_verdict == "slower"
+    # two recipes 5% apart, each drifting 20%: the widened CI includes 1.0, a tie
+    a, ra = _drifting(100.0, 0.20)
+    b, rb = _drifting(105.0, 0.20)
+    record = _record(_trial("fp32", a, rounds=ra), _trial("bf16-amp", b, rounds=rb))
+    verdict = speed_verdict(record.trials)
+    assert verdict.status == "tied" and verdict.ranking is None
+    low, high = {r.precision: r for r in comparison_rows(record, verdict)}["bf16-amp"].speedup_ci
+    assert low < np.median(a) / np.median(b) < high and low <= 1.0 <= high
 
 
 def test_overlapping_speeds_are_tied_not_ranked():

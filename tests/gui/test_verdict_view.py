@@ -67,15 +67,16 @@ def test_compare_opens_with_the_verdict_above_everything(qtbot, window, monkeypa
         assert widget.mapTo(window.compare_view, QPoint(0, 0)).y() > top
 
 
-def test_a_report_with_nothing_to_recommend_says_why_and_what_to_do(qtbot, window, monkeypatch,
-                                                                     tmp_path):
+def test_a_report_with_one_precision_answers_and_says_what_to_do(qtbot, window, monkeypatch,
+                                                                 tmp_path):
     rec = record(trial("fp32", 100.0, 8 * GiB, 3.0))
     rec.config = {"model": "tiny", "precisions": ["fp32"]}
     path = write_json(rec, tmp_path / "one.json")
     _open_with_the_file_menu(qtbot, window, monkeypatch, path)
     _tab(window, "Compare")
     text = window.compare_view.verdict_label.text()
-    assert text.startswith("No recommendation: only fp32 ran")
+    assert text.startswith("Train in fp32: the only precision in this run, so nothing was "
+                           "compared with it")
     assert "\nTo do: profile fp32 with bf16-amp" in text
 
 
