@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.core.config import RunConfig, default_precisions
+from gui import settings
 from gui.main_window import MainWindow
 from tests.gui.clicks import RUN_TIMEOUT_MS, click, fill_form
 
@@ -79,3 +80,12 @@ def test_a_run_that_fails_shows_its_verdict_and_the_next_run_hides_it(qtbot, win
     assert window.start_run(config.replace(model="tiny"))
     assert not window.verdict_banner.isVisible()  # the last run's verdict is not this one's
     qtbot.waitUntil(lambda: _ended(window), timeout=RUN_TIMEOUT_MS)
+
+
+def test_a_saved_pick_of_precisions_stands_when_the_probe_answers(qtbot):
+    settings.save_config_dict({"precisions": ["fp32"]})
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()  # returns once the device probe answered (conftest)
+    assert not win.config_panel.device_pending()
+    assert win.config_panel.checked_precisions() == ["fp32"]
