@@ -17,7 +17,8 @@ measured once, in an untimed warm-up run, and cached for all). For each it print
 
     python benchmarks/sweep_phases.py                                 # this checkout only
     python benchmarks/sweep_phases.py --baseline /work/wt/base --repeat 2
-    python benchmarks/sweep_phases.py --precisions fp32   # the window's default run (goal < 90 s)
+    python benchmarks/sweep_phases.py --precisions fp32,fp16-amp  # the window's default run
+        # on a CPU without bf16 units (engine.core.config.default_precisions; goal < 90 s)
     python benchmarks/sweep_phases.py --steps 2 --warmup 1 --precisions fp32,bf16  # smoke
     python benchmarks/sweep_phases.py --interleave off   # what the second rounds cost
 

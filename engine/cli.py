@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.core.config import (
+    DEFAULT_PRECISIONS,
     INTERLEAVE,
     OPTIMIZERS,
     PRECISIONS,
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     prof = sub.add_parser("profile", help="train each precision for timed steps and compare")
-    _add_model_args(prof, "fp32,bf16-amp,fp16-amp")
+    _add_model_args(prof, ",".join(DEFAULT_PRECISIONS))
     prof.add_argument("--batch-size", type=int, default=4)
     prof.add_argument("--seq-len", type=int, default=128)
     prof.add_argument("--steps", type=int, default=10, help="measured steps per precision")
@@ -129,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     num.epilog = f"--precision takes one precision here\n\n{num.epilog}"
 
     fit = sub.add_parser("fit", help="largest micro-batch per precision within a memory budget")
-    _add_model_args(fit, "fp32,bf16-amp,fp16-amp")
+    _add_model_args(fit, ",".join(DEFAULT_PRECISIONS))
     fit.add_argument("--seq-len", type=int, default=128)
     fit.add_argument("--memory-budget", help="e.g. 24GiB; on CUDA defaults to the GPU's "
                      "memory (a smaller one emulates a smaller card); required on the CPU")

@@ -5,7 +5,9 @@ config, and its ``ValueError`` message is shown inline in red while Run stays di
 Precisions the device cannot run are greyed out, with the engine's reason as tooltip,
 and those it would run emulated (engine/measure/gating.py) are marked "(emulated)" in italics,
 once the device probe (in a thread: it imports torch) has answered; until then the form
-says "probing device…" and Run waits.
+says "probing device…" and Run waits. Until the user (or their saved form) picks precisions,
+the ticked ones are ``default_precisions`` for the device the probe found: fp32 beside the
+autocast recipes it runs natively, so the first run has something to compare.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from engine.core.config import (
     STATE_OPTIMIZERS,
     STRATEGIES,
     RunConfig,
+    default_precisions,
     split_keep,
     split_label,
 )
@@ -182,10 +185,12 @@ class ConfigPanel(QWidget):
             item.setData(Qt.ItemDataRole.UserRole, name)
             item.setToolTip(describe(name))
             item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
-            item.setCheckState(
-                Qt.CheckState.Checked if name in defaults.precisions else Qt.CheckState.Unchecked
-            )
             self.precisions.addItem(item)
+        # ticked from default_precisions until the user (or their saved form) picks: again
+        # each time the probe answers, for the device it found
+        self._default_ticks = True
+        self._tick_defaults(default_precisions())
+        self.precisions.itemChanged.connect(self._precisions_picked)
         self.precisions.setMaximumHeight(self.precisions.sizeHintForRow(0) * 10)
         # the RECIPE+OPTIM axis: each ticked state runs beside every ticked recipe; the
         # first entry is the plain recipe, with the run's optimizer
@@ -423,6 +428,7 @@ class ConfigPanel(QWidget):
                 self.hub_id.setText(model)
         listed = values.get("precisions")
         if isinstance(listed, list) and all(isinstance(p, str) for p in listed):
+            self._default_ticks = False  # the saved pick stands, whatever the device
             wanted = {split_label(p)[0] for p in listed}
             states = {split_label(p)[1] or "" for p in listed}
             for i in range(self.optim_states.count()):
@@ -507,9 +513,22 @@ class ConfigPanel(QWidget):
         self._probing = None
         self.device_info = info
         self.device_error = error
+        if self._default_ticks and info is not None:
+            self._tick_defaults(default_precisions(info))
         self._grey_out_unsupported()
         self.device_changed.emit(self.device_info)
         self._on_edit()
+
+    def _tick_defaults(self, names: tuple[str, ...]) -> None:
+        blocked = self.precisions.blockSignals(True)  # not the user's pick
+        for i in range(self.precisions.count()):
+            item = self.precisions.item(i)
+            item.setCheckState(Qt.CheckState.Checked if item.data(Qt.ItemDataRole.UserRole)
+                               in names else Qt.CheckState.Unchecked)
+        self.precisions.blockSignals(blocked)
+
+    def _precisions_picked(self, *_args) -> None:
+        self._default_ticks = False
 
     def _describe_precision(self, item: QListWidgetItem | None, *_previous) -> None:
         if item is not None:

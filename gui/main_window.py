@@ -65,6 +65,7 @@ from gui.plain_text import as_html
 from gui.plan_view import PlanView
 from gui.run_origin import from_elsewhere, local_device, run_device, run_summary
 from gui.trial_table import TrialTable, trial_units
+from gui.verdict_banner import VerdictBanner, gist
 from gui.watch_actions import WatchActions
 from gui.worker import ENGINE_IMPORTS, LabWorker, RunWorker
 
@@ -177,9 +178,16 @@ class MainWindow(QMainWindow):
         right.setStretchFactor(0, 3)
         right.setStretchFactor(1, 1)
         right.setSizes([640, 220])
+        # the verdict of the run that ended, above the charts it was watched on
+        self.verdict_banner = VerdictBanner()
+        right_column = QWidget()
+        right_layout = QVBoxLayout(right_column)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.addWidget(self.verdict_banner)
+        right_layout.addWidget(right, 1)
         run_tab = QSplitter()
         run_tab.addWidget(left)
-        run_tab.addWidget(right)
+        run_tab.addWidget(right_column)
         run_tab.setStretchFactor(1, 1)
         run_tab.setCollapsible(0, False)
         self.run_tab = run_tab
@@ -208,6 +216,9 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.plan_view, "Plan")
         self._stale_views: set[QWidget] = set()  # views not yet showing self.record
         self.tabs.currentChanged.connect(self._tab_changed)
+        self.verdict_banner.details_requested.connect(
+            lambda: self.tabs.setCurrentWidget(self.compare_view))
+        self.record_shown.connect(self.verdict_banner.show_record)
         self.notice = NoticeBar()  # refusals and errors, whole, above the tabs
         central = QWidget()
         central_layout = QVBoxLayout(central)
@@ -593,7 +604,10 @@ class MainWindow(QMainWindow):
         if record.run_id:
             self.setWindowTitle(f"AmpScope — run {record.run_id}")
             self.keep_in_history(record)
-        self.record_shown.emit(record)
+        self.record_shown.emit(record)  # the verdict banner shows the run's verdict
+        said = self.statusBar().currentMessage()
+        verdict = f"Verdict: {gist(self.verdict_banner.headline.text())}"
+        self.statusBar().showMessage(f"{said}. {verdict}" if said else verdict)
 
     def keep_in_history(self, record: RunRecord) -> None:
         """Save a run; when the database refuses, say so and offer to export it instead."""
@@ -690,6 +704,7 @@ class MainWindow(QMainWindow):
     def reset_live(self, precisions: list[str], units: int) -> None:
         """Empty trial rows of ``units`` progress units each, and the run's progress at 0."""
         self.trial_table.reset(list(precisions), units)
+        self.verdict_banner.hide()  # the last run's: this one has none yet
         self.run_progress.setRange(0, units * len(precisions))
         self.run_progress.setValue(0)
         self.run_progress.setFormat("run %p%")  # a report on show said "report"

@@ -9,6 +9,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.measure.device import DeviceInfo
 
 # any step index or step count: the config's limit, which the journal reader also holds
 # events to (here, below the reader, so the two cannot import each other)
@@ -42,6 +46,9 @@ NOT_TRAINABLE: dict[str, str] = {
 # recipes whose matmuls run in bf16: emulated, and slow, on a CPU without bf16 units
 BF16_COMPUTE: tuple[str, ...] = ("bf16-amp", "bf16", "nf4")
 BF16_EMULATED = "emulated (no AVX512-BF16/AMX), slow"  # the device's bf16, said so
+# what a run compares when no precision is named: fp32 and the half-precision autocast
+# recipes (the CLI's --precision default; the window ticks those its device runs natively)
+DEFAULT_PRECISIONS: tuple[str, ...] = ("fp32", "bf16-amp", "fp16-amp")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adamw8bit")  # --optimizer: the whole run
 # the "+optim" suffix of a precision: its trial's optimiser (and state precision); torchao's
 # low-bit AdamWs (torchao.optim, 0.18) and AdamW with bf16 state and bf16 stochastic rounding,
@@ -77,6 +84,21 @@ def split_keep(name: str) -> tuple[str, str | None]:
 def recipe_name(label: str) -> str:
     """The table recipe a label builds on, every suffix dropped: "fp8:keep-ends+sgd" -> "fp8"."""
     return split_keep(split_label(label)[0])[0]
+
+
+def default_precisions(device: DeviceInfo | None = None) -> tuple[str, ...]:
+    """``DEFAULT_PRECISIONS``, less the autocast recipes ``device`` (None: not probed yet) does
+    not run natively: unsupported, emulated, or bf16 on a CPU without bf16 units (slower than
+    fp32 there, so never the answer on speed, and the default run should stay short)."""
+    if device is None:
+        return DEFAULT_PRECISIONS
+
+    def native(precision: str) -> bool:
+        verdict = device.verdict(precision)
+        return (verdict is not None and verdict.support == "native"
+                and not (precision in BF16_COMPUTE and device.bf16_hardware is False))
+
+    return ("fp32", *(p for p in DEFAULT_PRECISIONS[1:] if native(p)))
 
 
 def base_precision(label: str) -> str:

@@ -37,6 +37,8 @@ def test_a_cpu_run_hides_the_gpm_chart_and_keeps_why(qtbot, window):
     panel = window.config_panel
     choose(panel.preset, "tiny")
     tick(panel.precisions, "fp32", True)
+    for name in ("bf16-amp", "fp16-amp"):  # ticked by default beside fp32: one trial here
+        tick(panel.precisions, name, False)
     for name, value in (("batch_size", "1"), ("seq_len", "16"), ("steps", "2"), ("warmup", "1")):
         type_into(getattr(panel, name), value)
     choose(panel.isolation, "inline")

@@ -351,6 +351,7 @@ def test_settings_persist_between_windows(qtbot, tmp_path):
     first.config_panel.steps.setValue(7)
     first.config_panel.optimizer.setCurrentText("sgd")
     _precision_item(first, "bf16-amp").setCheckState(Qt.CheckState.Checked)
+    _precision_item(first, "fp16-amp").setCheckState(Qt.CheckState.Unchecked)  # a default
     first.close()
     assert list((tmp_path / "cfg").rglob("*.ini"))  # written to the test's folder
 
