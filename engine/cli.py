@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.core.config import (
+    DATA_DOCS,
     INTERLEAVE,
     OPTIMIZERS,
     PRECISIONS,
@@ -89,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "--compile, 5+ measured steps per round)")
     prof.add_argument("--rounds", type=int, default=2,
                       help="rounds per precision when interleaving (steps are split over them)")
+    prof.add_argument("--data", default=DATA_DOCS, metavar="docs|random|FILE",
+                      help="what the trials train and measure held-out loss on: docs (default: "
+                           "CPython's pydoc_data.topics, tokenised for the model), random "
+                           "(uniform random tokens) or FILE: UTF-8 text, nanoGPT's uint16 .bin "
+                           "or a 1-D integer .npy of token ids; the last 10%% is held out")
     prof.add_argument("--out", help="report file: .json, .csv or .html")
     prof.add_argument("--numerics", action="store_true",
                       help="after the trials, run the numerics lab on the first precision and "
@@ -212,7 +218,7 @@ def _profile(args) -> int:
         device=args.device, isolation=args.isolation, seed=args.seed,
         trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
         profile_step=not args.no_kernel_profile, trace_dir=_trace_dir(args),
-        quant_error=not args.no_quant_error,
+        quant_error=not args.no_quant_error, data=args.data,
         **distributed_config(args),
     )
     from engine.core.collector import imports_paused

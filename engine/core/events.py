@@ -87,11 +87,26 @@ def from_dict(cls, data: dict):
 
 
 @dataclass(frozen=True)
+class TrainingData:
+    """What the trials trained on and measured held-out loss on (DESIGN 24): the built-in
+    text, a user's file, or uniform random tokens. How many batches each trial drew from it
+    is the trial's own (``Summary.distinct_batches``, ``HeldOutLoss.batches``)."""
+
+    source: str  # "pydoc_data.topics (CPython docs)", a file's name and size, or random tokens
+    tokenisation: str | None  # "byte-level", the model's tokenizer, a file's id type; None: random
+    tokens: int | None  # tokens in the stream; None: random tokens, drawn afresh
+    train_part_tokens: int | None  # the stream's first part, where every training window lies
+    heldout_part_tokens: int | None  # its last part, where every held-out window lies
+    method: str  # how the batches are drawn from it
+
+
+@dataclass(frozen=True)
 class RunStarted:
     run_id: str
     config: dict
     environment: dict
     time_s: float
+    data: TrainingData | None = None  # None: a user's own loop, or an older AmpScope
 
 
 @dataclass(frozen=True)
