@@ -312,12 +312,16 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
     from engine.measure.matmul_peak import format_mfu
     from engine.measure.quant_error_text import format_quant_error
     from engine.record.compare import baseline_reason, comparison_rows, format_table, speed_verdict
+    from engine.record.data_text import data_line
     from engine.record.verdict import verdict as recommend
 
     _say(_verdict_text(recommend(record)))
     verdict = speed_verdict(record.trials)
     rows = comparison_rows(record, verdict)
     _say(format_table(rows, wide=wide))
+    data = data_line(record)
+    if data:
+        _say(data)
     mfu = format_mfu(record.trials)
     if mfu:
         _say(mfu)
