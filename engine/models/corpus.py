@@ -101,7 +101,7 @@ def _tokenise(text: str, source: ModelSource, vocab: int,
         ids = np.asarray(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"],
                          dtype=np.int64)
         if ids.size and ids.min() >= 0 and ids.max() < vocab:
-            return ids, f"{type(tokenizer).__name__} (the model's tokenizer)"
+            return ids, f"the model's tokenizer ({type(tokenizer).__name__})"
     ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
     if vocab < 256:  # a vocabulary smaller than a byte still sees every byte, folded
         return ids % vocab, f"byte-level (UTF-8 bytes mod {vocab})"
@@ -135,9 +135,9 @@ def _mapped(path: Path) -> np.ndarray:
 def _npy(path: Path) -> np.ndarray:
     try:
         ids = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise ValueError(f"data file {path} is not a NumPy array file ({exc}): save token "
-                         "ids with numpy.save, or rename a text file") from None
+    except (OSError, ValueError, EOFError):
+        raise ValueError(f"data file {path} is not a NumPy array file: save token ids with "
+                         "numpy.save, or give a text file another suffix") from None
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise ValueError(f"data file {path} holds a {ids.ndim}-D {ids.dtype} array: a .npy "
                          "must hold a 1-D integer array of token ids")
