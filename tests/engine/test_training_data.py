@@ -17,8 +17,14 @@ import torch
 import transformers as tf
 
 from engine.core.config import RunConfig
+from engine.core.events import TrainingData, from_dict
 from engine.models.load import load_model, make_batches
 from engine.models.training_data import describe, heldout_batches, training_batches
+from engine.record.data_text import data_line
+from engine.record.journal import read_run
+from engine.record.run_record import RunRecord
+from engine.record.validate import validate_report
+from tests.engine.sample_record import make_record
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--device", "cpu", "--precision", "fp32", "--isolation", "inline", "--quiet",
@@ -144,6 +150,18 @@ def test_the_cli_trains_on_a_file_and_the_report_names_it(tmp_path, kind):
     line = next(x for x in run.stdout.splitlines() if x.startswith("data: "))
     assert f"{data.name} ({size:,} bytes)" in line and "2 held-out batches (64 tokens)" in line
     assert report["trials"][0]["status"] == "ok"
+    # the journal the run wrote, and the report read back, name it alike
+    (journal,) = (tmp_path / "appdata").glob("runs/*.jsonl")
+    assert read_run(journal).data == read_run(out).data == from_dict(TrainingData,
+                                                                     report["data"])
+
+
+def test_a_report_without_data_reads_as_not_recorded():
+    older = json.loads(json.dumps(make_record().to_dict()))
+    older.pop("data")
+    validate_report(older)
+    assert RunRecord.from_dict(older).data is None
+    assert data_line(RunRecord.from_dict(older)) is None
 
 
 @pytest.mark.parametrize(("name", "content", "says"), [
