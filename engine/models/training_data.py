@@ -37,8 +37,10 @@ def windows(ids: np.ndarray, start: int, end: int, count: int, batch_size: int,
     ``ids[start:end]``, at offsets drawn by ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     offsets = torch.randint(start, end - seq_len + 1, (count, batch_size), generator=gen)
-    return [torch.from_numpy(np.stack([np.asarray(ids[o:o + seq_len], dtype=np.int64)
-                                       for o in row]))
+    # copied into torch's allocator, as randint's ids are: not a view of numpy's memory,
+    # which the allocator-watching memory figures would not see
+    return [torch.tensor(np.stack([np.asarray(ids[o:o + seq_len], dtype=np.int64)
+                                   for o in row]))
             for row in offsets.tolist()]
 
 

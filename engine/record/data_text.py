@@ -1,7 +1,7 @@
 """What a run's trials trained on, in one line: the CLI's summary and the HTML report.
 
 The source and its split are the run's (``RunRecord.data``); how many batches the trials
-drew from it is theirs (``Summary.distinct_batches``, ``HeldOutLoss``), as they ran.
+drew from it is theirs (``TrialSummary.distinct_batches``, ``HeldOutLoss``), as they ran.
 """
 
 from __future__ import annotations
