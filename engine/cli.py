@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -311,7 +312,13 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
     """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
     from engine.measure.matmul_peak import format_mfu
     from engine.measure.quant_error_text import format_quant_error
-    from engine.record.compare import baseline_reason, comparison_rows, format_table, speed_verdict
+    from engine.record.compare import (
+        TABLE_WIDTH,
+        baseline_reason,
+        comparison_rows,
+        format_table,
+        speed_verdict,
+    )
     from engine.record.data_text import data_line
     from engine.record.verdict import verdict as recommend
 
@@ -321,7 +328,8 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
     _say(format_table(rows, wide=wide))
     data = data_line(record)
     if data:
-        _say(data)
+        _say("\n".join(textwrap.wrap(data, TABLE_WIDTH, subsequent_indent="  ",
+                                      break_on_hyphens=False)))
     mfu = format_mfu(record.trials)
     if mfu:
         _say(mfu)

@@ -147,8 +147,11 @@ def test_the_cli_trains_on_a_file_and_the_report_names_it(tmp_path, kind):
     assert report["data"]["source"] == f"{data.name} ({size:,} bytes)"
     assert report["data"]["tokenisation"] == how
     assert report["config"]["data"] == str(data.resolve())
-    line = next(x for x in run.stdout.splitlines() if x.startswith("data: "))
-    assert f"{data.name} ({size:,} bytes)" in line and "2 held-out batches (64 tokens)" in line
+    lines = run.stdout.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("data: "))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("  "))
+    said = " ".join(x.strip() for x in lines[start:end])  # wrapped at 120 columns
+    assert f"{data.name} ({size:,} bytes)" in said and "2 held-out batches (64 tokens)" in said
     assert report["trials"][0]["status"] == "ok"
     # the journal the run wrote, and the report read back, name it alike
     (journal,) = (tmp_path / "appdata").glob("runs/*.jsonl")
