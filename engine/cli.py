@@ -12,10 +12,12 @@ import json
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 from engine.core.config import (
+    DATA_DOCS,
     DEFAULT_PRECISIONS,
     INTERLEAVE,
     OPTIMIZERS,
@@ -90,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "--compile, 5+ measured steps per round)")
     prof.add_argument("--rounds", type=int, default=2,
                       help="rounds per precision when interleaving (steps are split over them)")
+    prof.add_argument("--data", default=DATA_DOCS, metavar="docs|random|FILE",
+                      help="what the trials train and measure held-out loss on: docs (default: "
+                           "CPython's pydoc_data.topics, tokenised for the model), random "
+                           "(uniform random tokens) or FILE: UTF-8 text, nanoGPT's uint16 .bin "
+                           "or a 1-D integer .npy of token ids; the last 10%% is held out")
     prof.add_argument("--out", help="report file: .json, .csv or .html")
     prof.add_argument("--numerics", action="store_true",
                       help="after the trials, run the numerics lab on the first precision and "
@@ -213,7 +220,7 @@ def _profile(args) -> int:
         device=args.device, isolation=args.isolation, seed=args.seed,
         trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
         profile_step=not args.no_kernel_profile, trace_dir=_trace_dir(args),
-        quant_error=not args.no_quant_error,
+        quant_error=not args.no_quant_error, data=args.data,
         **distributed_config(args),
     )
     from engine.core.collector import imports_paused
@@ -306,13 +313,24 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
     """Table, report, and the exit code: 0 only when every trial is ok or unsupported."""
     from engine.measure.matmul_peak import format_mfu
     from engine.measure.quant_error_text import format_quant_error
-    from engine.record.compare import baseline_reason, comparison_rows, format_table, speed_verdict
+    from engine.record.compare import (
+        TABLE_WIDTH,
+        baseline_reason,
+        comparison_rows,
+        format_table,
+        speed_verdict,
+    )
+    from engine.record.data_text import data_line
     from engine.record.verdict import verdict as recommend
 
     _say(_verdict_text(recommend(record)))
     verdict = speed_verdict(record.trials)
     rows = comparison_rows(record, verdict)
     _say(format_table(rows, wide=wide))
+    data = data_line(record)
+    if data:
+        _say("\n".join(textwrap.wrap(data, TABLE_WIDTH, subsequent_indent="  ",
+                                      break_on_hyphens=False)))
     mfu = format_mfu(record.trials)
     if mfu:
         _say(mfu)

@@ -37,6 +37,8 @@ from PySide6.QtWidgets import (
 )
 
 from engine.core.config import (
+    DATA_DOCS,
+    DATA_RANDOM,
     ISOLATIONS,
     OPTIMIZERS,
     PRECISIONS,
@@ -76,6 +78,7 @@ FIELD_OF_FLAG = {
     "--strategy": "Strategy", "--nproc-per-node": "Ranks per node",
     "--reduce-dtype": "Reduce gradients in", "--isolation": "Isolation",
     "--compile": "torch.compile", "--grad-checkpointing": "Gradient checkpointing",
+    "--data": "Training data",
 }
 _FLAG = re.compile(r"--[a-z0-9-]+")
 _FLAG_WITH_VALUE = re.compile(r"set (--[a-z0-9-]+) (\S+)")
@@ -89,6 +92,10 @@ def in_form_words(message: str) -> str:
                      message)
 
 
+DATA_TIP = (f"What the trials train and measure held-out loss on. Empty or {DATA_DOCS}: "
+            "CPython's pydoc_data.topics, tokenised for the model. A file: UTF-8 text, "
+            f"nanoGPT's uint16 .bin or a 1-D integer .npy of token ids. {DATA_RANDOM}: uniform "
+            "random tokens, whose loss cannot fall below ln(vocab). The last 10% is held out.")
 MAX_INT = 2**31 - 1  # the largest a QSpinBox holds
 DEVICES = ("auto", "cpu", "cuda")
 RUN_WHILE_PROBING = ("auto", "cpu")
@@ -176,6 +183,17 @@ class ConfigPanel(QWidget):
         for page in (self.preset, folder_row, self.hub_id):
             self.model_stack.addWidget(page)
         self.source.currentIndexChanged.connect(self.model_stack.setCurrentIndex)
+        # what the trials train on: empty is the built-in text (RunConfig's default)
+        self.data = QLineEdit()
+        self.data.setPlaceholderText(f"{DATA_DOCS}: CPython's docs (or a file, or {DATA_RANDOM})")
+        self.data.setToolTip(DATA_TIP)
+        self.browse_data = QPushButton("Browse…")
+        self.browse_data.clicked.connect(self._browse_data)
+        data_row = QWidget()
+        data_layout = QHBoxLayout(data_row)
+        data_layout.setContentsMargins(0, 0, 0, 0)
+        data_layout.addWidget(self.data)
+        data_layout.addWidget(self.browse_data)
         self.trust_remote_code = QCheckBox("Trust remote code")
         self.trust_remote_code.setToolTip("Run Python code shipped with a hub or folder model")
 
@@ -292,6 +310,7 @@ class ConfigPanel(QWidget):
         precision_layout.addWidget(self.precision_help)
         train_box = QGroupBox("Training")
         form = QFormLayout(train_box)
+        form.addRow("Training data", data_row)
         form.addRow("Batch size", self.batch_size)
         form.addRow("Sequence length", self.seq_len)
         form.addRow("Steps", self.steps)
@@ -324,6 +343,7 @@ class ConfigPanel(QWidget):
             self.folder.textChanged,
             self.hub_id.textChanged,
             self.trust_remote_code.toggled,
+            self.data.textChanged,
             self.precisions.itemChanged,
             self.optim_states.itemChanged,
             self.batch_size.valueChanged,
@@ -393,6 +413,7 @@ class ConfigPanel(QWidget):
             "interleave": "auto" if self.interleave.isChecked() else "off",
             "profile_step": self.profile_step.isChecked(),
             "quant_error": self.quant_error.isChecked(),
+            "data": self.data.text().strip() or DATA_DOCS,
         }
 
     def config(self) -> RunConfig:
@@ -468,6 +489,8 @@ class ConfigPanel(QWidget):
                          ("quant_error", self.quant_error)):
             if isinstance(values.get(key), bool):
                 box.setChecked(values[key])
+        if isinstance(values.get("data"), str):
+            self.data.setText("" if values["data"] == DATA_DOCS else values["data"])
         if values.get("interleave") in ("auto", "on", "off"):
             self.interleave.setChecked(values["interleave"] != "off")
         for key, combo in (("optimizer", self.optimizer), ("isolation", self.isolation),
@@ -485,6 +508,12 @@ class ConfigPanel(QWidget):
         folder = QFileDialog.getExistingDirectory(self, "Model folder", self.folder.text())
         if folder:
             self.folder.setText(folder)
+
+    def _browse_data(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Training data", self.data.text(),
+                                              "Text or token ids (*.txt *.bin *.npy);;All (*)")
+        if path:
+            self.data.setText(path)
 
     def paintEvent(self, event) -> None:
         super().paintEvent(event)

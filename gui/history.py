@@ -258,6 +258,11 @@ def comparison_note(picks: list[tuple[RunRecord, str]]) -> str:
     if len(models) > 1:
         note += (f" Warning: these trials trained different models ({', '.join(models)}): "
                  "their speed and memory are not comparable as ratios.")
+    data = dict.fromkeys(record.data.source if record.data else "not recorded (older run)"
+                         for record, _ in picks)
+    if len(data) > 1:  # random tokens' loss cannot fall; a text's can: losses do not compare
+        note += (f" Warning: these trials trained on different data ({', '.join(data)}): "
+                 "their losses are not comparable.")
     settings = {_shape(record) for record, _ in picks}
     if len(models) == 1 and len(settings) > 1:
         note += " Warning: their batch size or sequence length differ."

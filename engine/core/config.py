@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -66,6 +68,10 @@ INTERLEAVE: tuple[str, ...] = ("auto", "on", "off")  # see engine/run/rounds.py
 # are converted (torchao's module filter); the recipes whose conversion takes that filter
 KEEP_HIGH: tuple[str, ...] = ("keep-ends", "keep-attn")
 PER_LAYER_RECIPES: tuple[str, ...] = ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp")
+# --data: the built-in text (engine/models/corpus.py), uniform random tokens, or a file's path
+DATA_DOCS, DATA_RANDOM = "docs", "random"
+DATA_HINT = ("pass a UTF-8 text file, token ids as a .bin (nanoGPT's uint16) or a 1-D integer "
+             f".npy, {DATA_DOCS} (the built-in text) or {DATA_RANDOM}")
 
 
 def split_label(label: str) -> tuple[str, str | None, str]:
@@ -141,6 +147,25 @@ def _positive_int(name: str, value: int, flag: str) -> None:
         raise ValueError(f"{name} must be a whole number of 1 or more (got {value!r}): set {flag}")
 
 
+def _data_source(value) -> str:
+    """``--data`` as the run keeps it: a keyword, or a readable, non-empty file's absolute
+    path (trials may run elsewhere in the tree: torchrun's ranks, a server's children)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"no training data given (--data): {DATA_HINT}")
+    text = value.strip()
+    if text in (DATA_DOCS, DATA_RANDOM):
+        return text
+    path = Path(text).expanduser()
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise ValueError(f"data file {text} {what}: {DATA_HINT}")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"data file {text} cannot be read (permission denied): {DATA_HINT}")
+    if path.stat().st_size == 0:
+        raise ValueError(f"data file {text} is empty: {DATA_HINT}")
+    return str(path.resolve())
+
+
 def _step_count(name: str, value: int, flag: str, least: int) -> None:
     """A number of steps a report can hold: a run is refused up front, not its report after
     hours of training."""
@@ -206,6 +231,8 @@ class RunConfig:
     # whether this trial is its precision's last round (engine/run/rounds.py): only that
     # round's memory step, held-out loss and lost updates are kept, so earlier rounds skip them
     last_round: bool = True
+    # what the trials train and measure held-out loss on: DATA_DOCS, DATA_RANDOM or a file
+    data: str = DATA_DOCS
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -218,6 +245,7 @@ class RunConfig:
         _positive_int("growth interval", self.growth_interval, "--growth-interval")
         _positive_int("LoRA rank", self.lora_r, "--lora-r")
         _step_count("warm-up", self.warmup, "--warmup", 0)
+        object.__setattr__(self, "data", _data_source(self.data))
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(
                 f"unknown optimizer '{self.optimizer}': choose from {', '.join(OPTIMIZERS)}"

@@ -87,11 +87,26 @@ def from_dict(cls, data: dict):
 
 
 @dataclass(frozen=True)
+class TrainingData:
+    """What the trials trained on and measured held-out loss on (DESIGN 24): the built-in
+    text, a user's file, or uniform random tokens. How many batches each trial drew from it
+    is the trial's own (``TrialSummary.distinct_batches``, ``HeldOutLoss.batches``)."""
+
+    source: str  # "pydoc_data.topics (CPython docs)", a file's name and size, or random tokens
+    tokenisation: str | None  # "byte-level", the model's tokenizer, a file's id type; None: random
+    tokens: int | None  # tokens in the stream; None: random tokens, drawn afresh
+    train_part_tokens: int | None  # the stream's first part, where every training window lies
+    heldout_part_tokens: int | None  # its last part, where every held-out window lies
+    method: str  # how the batches are drawn from it
+
+
+@dataclass(frozen=True)
 class RunStarted:
     run_id: str
     config: dict
     environment: dict
     time_s: float
+    data: TrainingData | None = None  # None: a user's own loop, or an older AmpScope
 
 
 @dataclass(frozen=True)
@@ -478,7 +493,7 @@ class TrialSummary:
     energy_per_token_j: float | None = None
     energy_method: str = ""  # how the energy was measured, or why it is n/a
     spread: StepTimeSpread | None = None
-    distinct_batches: int | None = None  # synthetic batches cycled through the steps
+    distinct_batches: int | None = None  # batches of the run's data cycled through the steps
     hardware_tflops: float | None = None  # hardware FLOPs / median step time
     hfu: float | None = None
     # the same model FLOPs against the measured matmul peak of this machine (the datasheet

@@ -38,9 +38,10 @@ from engine.measure.trackers import (
     ScalarReadback,
     StepTimer,
 )
-from engine.models.load import dims, load_model, make_batches
+from engine.models.load import dims, load_model
 from engine.models.memory_model import predict_memory
 from engine.models.memory_model import shape_of as memory_shape
+from engine.models.training_data import training_batches
 from engine.run.trial import BATCH_POOL, adam_eps, fp32_norm, make_optimizer
 
 
@@ -360,9 +361,9 @@ def _train(config: RunConfig, rec: DistRecipe, device: torch.device, rank: int, 
     total = config.warmup + config.steps
     batches = [{k: v[rank * config.batch_size:(rank + 1) * config.batch_size].to(device)
                 for k, v in b.items()}
-               for b in make_batches(loaded.config, loaded.task, config.batch_size * world,
-                                     config.seq_len, min(BATCH_POOL, total * config.grad_accum),
-                                     config.seed, "cpu")]
+               for b in training_batches(loaded, config,
+                                         min(BATCH_POOL, total * config.grad_accum), "cpu",
+                                         config.batch_size * world)]
     tracker = NvmlTracker(nvml_handle_of(device.index)) if device.type == "cuda" else HostTracker()
     samples: list[MonitorSample] = []
     monitor = Monitor(tracker, samples.append, config.monitor_hz)

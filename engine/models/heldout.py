@@ -8,20 +8,28 @@ from __future__ import annotations
 
 import torch
 
+from engine.core.config import DATA_RANDOM
 from engine.core.events import HeldOutLoss
 from engine.core.recipes import Recipe, autocast_for
-from engine.models.load import make_batches
+from engine.models import training_data
 
 BATCHES = 2
 SEED_OFFSET = 1_000_003  # a seed the training pool (config.seed) never draws from
-METHOD = (f"mean loss over {BATCHES} held-out batches (seed + {SEED_OFFSET}: tokens no step "
-          "trained on), forward only under the recipe's autocast, in eval mode; before the "
-          "first step and after the trial's last")
+_EVALUATED = ("forward only under the recipe's autocast, in eval mode; before the first step "
+              "and after the trial's last")
 
 
-def batches(model_config, task: str, config, device: torch.device) -> list[dict]:
-    return make_batches(model_config, task, config.batch_size, config.seq_len, BATCHES,
-                        config.seed + SEED_OFFSET, device)
+def method(data: str) -> str:
+    """How the held-out loss of a run on ``data`` (``RunConfig.data``) is measured."""
+    where = (f"seed + {SEED_OFFSET}: random tokens no step trained on" if data == DATA_RANDOM
+             else "windows from the held-out end of the token stream, where no training "
+                  "window lies")
+    return f"mean loss over {BATCHES} held-out batches ({where}), {_EVALUATED}"
+
+
+def batches(loaded, config, device: torch.device) -> list[dict]:
+    return training_data.heldout_batches(loaded, config, BATCHES, config.seed + SEED_OFFSET,
+                                         device)
 
 
 def loss(model, rec: Recipe, held: list[dict], device: torch.device) -> float:
@@ -36,6 +44,6 @@ def loss(model, rec: Recipe, held: list[dict], device: torch.device) -> float:
     return float(total) / len(held)
 
 
-def result(before: float, after: float, held: list[dict], steps: int) -> HeldOutLoss:
+def result(before: float, after: float, held: list[dict], steps: int, data: str) -> HeldOutLoss:
     tokens = sum(int(b["input_ids"].numel()) for b in held)
-    return HeldOutLoss(METHOD, len(held), tokens, before, after, steps)
+    return HeldOutLoss(method(data), len(held), tokens, before, after, steps)

@@ -517,18 +517,21 @@ def load_model(
 
 def make_batches(
     config, task: str, batch_size: int, seq_len: int, count: int, seed: int,
-    device: torch.device | str,
+    device: torch.device | str, windows: list[torch.Tensor] | None = None,
 ) -> list[dict]:
-    """``count`` synthetic token batches, the same for every precision and device.
+    """``count`` token batches in the task's layout, the same for every precision and device.
 
-    Drawn on the CPU with a seeded generator, then moved, so a trial on the GPU sees
-    exactly the tokens a trial on the CPU sees.
+    ``windows``: the ``count`` (batch_size, seq_len) id tensors to lay out (text, from
+    engine.models.training_data); None: uniform random ids. Drawn on the CPU with a seeded
+    generator, then moved, so a trial on the GPU sees exactly the tokens a trial on the CPU
+    sees.
     """
     gen = torch.Generator().manual_seed(seed)
     vocab = vocab_size(config)
     batches = []
-    for _ in range(count):
-        ids = torch.randint(0, vocab, (batch_size, seq_len), generator=gen)
+    for i in range(count):
+        ids = (torch.randint(0, vocab, (batch_size, seq_len), generator=gen) if windows is None
+               else windows[i])
         if task == "masked-lm":
             masked = torch.rand((batch_size, seq_len), generator=gen) < 0.15
             masked[:, 0] = True  # at least one target per row, so the loss is defined

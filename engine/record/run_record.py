@@ -19,6 +19,7 @@ from engine.core.events import (
     RunStarted,
     ScalarLog,
     StepSample,
+    TrainingData,
     TrialFinished,
     TrialResult,
     TrialStarted,
@@ -47,6 +48,7 @@ class RunRecord:
     monitor_sampling: str | None = None
     # not written: what a reader read as n/a in a damaged file, said once (nonfinite.py)
     repaired: str | None = None
+    data: TrainingData | None = None  # what the trials trained on; None in older reports
 
     def apply(self, event) -> None:
         """Fold one engine event into the record."""
@@ -55,6 +57,7 @@ class RunRecord:
             self.config = event.config
             self.environment = event.environment
             self.started_s = event.time_s
+            self.data = event.data
         elif isinstance(event, TrialStarted):
             if event.round == 0:  # later rounds of interleaved precisions add to the first's
                 self.live_steps[event.precision] = []
@@ -104,6 +107,7 @@ class RunRecord:
             "finished_s": self.finished_s,
             "environment": self.environment,
             "config": self.config,
+            "data": to_dict(self.data) if self.data is not None else None,
             "trials": [to_dict(t) for t in self.trials],
             # a sample's None fields are left out: the reader puts them back
             "monitor_samples": [{k: v for k, v in to_dict(m).items() if v is not None}
@@ -140,4 +144,5 @@ class RunRecord:
             started_s=data.get("started_s", 0.0),
             finished_s=data.get("finished_s"),
             monitor_sampling=data.get("monitor_sampling"),
+            data=from_dict(TrainingData, data["data"]) if data.get("data") else None,
         )

@@ -37,6 +37,7 @@ from engine.record.compare import (
     speed_verdict,
     trained_text,
 )
+from engine.record.data_text import data_line
 from engine.record.run_record import SCHEMA_VERSION, RunRecord
 from engine.record.verdict import Verdict, figure_text, verdict
 from engine.report.charts import Chart, report_charts
@@ -155,10 +156,12 @@ def _header(record: RunRecord) -> str:
         _device(record), _e(_date(record.started_s)), f"run {_status(record.status)}",
         _e(duration), f"run id {_e(record.run_id) if record.run_id else NA}",
     ])
+    data = data_line(record)
     return (
         f"<h1>AmpScope report: {_e(model)}</h1>"
         f'<p class="meta">{facts}. "n/a" marks a value this run could not measure; the '
         "reason is given next to it.</p>"
+        + (f'<p class="meta">{_e(data[:1].upper() + data[1:])}.</p>' if data else "")
     )
 
 
@@ -195,9 +198,11 @@ def _speed_note(record: RunRecord, verdict) -> str:
     batches = {t.summary.distinct_batches for t in record.trials
                if t.summary is not None and t.summary.distinct_batches}
     seed = record.config.get("seed", "n/a")
-    pool = (f"Steps cycle through {', '.join(map(str, sorted(batches)))} distinct synthetic "
-            f"batches (random token ids, seed {_e(seed)}), so a step's loss is on one of "
-            "those batches, not on new data." if batches else
+    text = record.data is not None and record.data.tokens is not None
+    what = (f"batches of {_e(record.data.source)} (windows drawn by seed {_e(seed)})" if text
+            else f"synthetic batches (random token ids, seed {_e(seed)})")
+    pool = (f"Steps cycle through {', '.join(map(str, sorted(batches)))} distinct {what}, so "
+            "a step's loss is on one of those batches, not on new data." if batches else
             "The number of distinct batches was not recorded by the AmpScope that ran this.")
     return (f"<p{style}>Speed: {_e(verdict.text)}.{suggestion}</p>"
             "<details><summary>How the spread and the ranking are computed</summary>"

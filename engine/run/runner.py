@@ -39,7 +39,7 @@ from engine.measure.contention import cpu_count, summarise
 from engine.measure.device import DeviceInfo
 from engine.measure.environment import collect
 from engine.measure.monitor import Monitor
-from engine.models import initial_weights
+from engine.models import initial_weights, training_data
 from engine.models.model_health import preflight
 from engine.record.journal import JournalWriter, journal_path, runs_dir, summary_from_steps
 from engine.record.run_record import RunRecord
@@ -159,6 +159,7 @@ class Runner:
             start_server(self.config.device)
         try:
             info = preflight(self.config)
+            data = training_data.describe(self.config)  # a bad file: before any trial
         except ValueError as exc:
             self._emit(ErrorEvent(str(exc), None, time.time()))
             raise
@@ -167,7 +168,7 @@ class Runner:
         run_id = uuid.uuid4().hex[:12]
         if self._use_journal:
             self.journal = JournalWriter(journal_path(run_id), self._journal_failed)
-        self._emit(RunStarted(run_id, self.config.to_dict(), collect(info), time.time()))
+        self._emit(RunStarted(run_id, self.config.to_dict(), collect(info), time.time(), data))
         if info.fallback_reason:  # e.g. a driver too old for this torch: say why not the GPU
             self._emit(LogEvent("warning", info.fallback_reason, None, time.time()))
         emulated = [p for p in self.config.precisions if recipe_name(p) in BF16_COMPUTE]

@@ -70,18 +70,18 @@ from engine.models.load import (
     float8_scaling,
     load_config,
     load_model,
-    make_batches,
     mx_scaling,
     resolve_source,
 )
 from engine.models.memory_model import predict_memory, with_errors
 from engine.models.memory_model import shape_of as memory_shape
+from engine.models.training_data import training_batches
 from engine.record.bounded import traceback_text
 from engine.record.summary import summarise
 from engine.run.step_undo import StepUndo
 from engine.run.timed_memory import timed_peak
 
-BATCH_POOL = 8  # distinct synthetic batches cycled through the steps
+BATCH_POOL = 8  # distinct batches cycled through the steps
 # why a round before an interleaved precision's last has no held-out loss or lost updates:
 # only seen where the run was stopped between its rounds
 LATER_ROUND = ("not measured: the precision's last round measures it, and the run was stopped "
@@ -453,8 +453,8 @@ def _measure(state: _State, emit, cancelled) -> bool:
     total = warmup_steps(config.warmup) + config.steps
     if config.warmup < warmup_steps(config.warmup):
         state.notes.append(WARMUP_RAISED_NOTE)
-    batches = make_batches(loaded.config, loaded.task, config.batch_size, config.seq_len,
-                           min(BATCH_POOL, total * config.grad_accum), config.seed, device)
+    batches = training_batches(loaded, config, min(BATCH_POOL, total * config.grad_accum),
+                               device)
     state.distinct_batches = len(batches)
 
     verdict = info.verdict(rec.precision)
@@ -473,7 +473,7 @@ def _measure(state: _State, emit, cancelled) -> bool:
     _quant_error(state, model, batches[0], device)
     held = None
     if config.last_round:  # the held-out loss an earlier round measured would be replaced
-        held = held_out.batches(loaded.config, loaded.task, config, device)
+        held = held_out.batches(loaded, config, device)
         with untouched(model, device):
             state.heldout_before = held_out.loss(model, rec, held, device)
     if state.flops is not None:
@@ -561,7 +561,8 @@ def _untimed_tail(state: _State, model, params, optimizer, scaler, batch, held) 
         # step, a memory snapshot's, and its schedule's), failed or not
         steps = (warmup_steps(config.warmup) + config.steps + 1
                  + state.profiled_steps_run)
-        state.heldout = held_out.result(state.heldout_before, after, held, steps)
+        state.heldout = held_out.result(state.heldout_before, after, held, steps,
+                                         config.data)
     except Exception as exc:
         state.heldout_reason = f"the held-out forward failed: {type(exc).__name__}: {exc}"
     try:

@@ -161,14 +161,13 @@ def test_a_trial_trains_as_a_plain_loop(family, precision, folders, tmp_path, mo
     assert result.heldout_loss is not None, result.heldout_loss_reason
     assert result.lost_updates is not None or result.lost_updates_reason, "not measured"
     # the batches each step trained on, as the trial drew them
-    from engine.models.load import make_batches
+    from engine.models.training_data import training_batches
 
     a, kw = seen.load_args
     loaded = trial_mod.load_model(*a, **kw)
     samples = [e for e in events if isinstance(e, StepSample)]
     n = len(samples)
-    pool = make_batches(loaded.config, loaded.task, config.batch_size, config.seq_len,
-                        min(trial_mod.BATCH_POOL, n), config.seed, "cpu")
+    pool = training_batches(loaded, config, min(trial_mod.BATCH_POOL, n), "cpu")
     # warm-up and measured steps, the memory step (first batch), the profiled step
     order = [i % len(pool) for i in range(n)] + [0] + [n % len(pool)] * \
         result_profiled_steps(result)

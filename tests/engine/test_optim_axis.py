@@ -175,11 +175,11 @@ def test_torchao_state_is_filed_as_optimizer_state_by_its_storage(tmp_path, monk
         return real_profile(step, device, live_bytes, *args)
 
     real, real_batches, real_profile, real_load = (
-        trial_mod.make_optimizer, trial_mod.make_batches, trial_mod.profile_step,
+        trial_mod.make_optimizer, trial_mod.training_batches, trial_mod.profile_step,
         trial_mod.load_model)
     monkeypatch.setattr(trial_mod, "load_model", keep_model)
     monkeypatch.setattr(trial_mod, "make_optimizer", keep)
-    monkeypatch.setattr(trial_mod, "make_batches", keep_batches)
+    monkeypatch.setattr(trial_mod, "training_batches", keep_batches)
     monkeypatch.setattr(trial_mod, "profile_step", profiled)
     model = "tiny"
     if family != "tiny":

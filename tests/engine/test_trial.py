@@ -323,7 +323,7 @@ def test_profiled_step_peak_counts_int8_row_scales(tmp_path, monkeypatch, family
     import bitsandbytes as bnb
 
     models, optimizers = _keep(monkeypatch, "load_model"), _keep(monkeypatch, "make_optimizer")
-    batches, live = _keep(monkeypatch, "make_batches"), []
+    batches, live = _keep(monkeypatch, "training_batches"), []
     real_profile = trial_mod.profile_step
 
     def profile(step, device, live_bytes, *args):

@@ -143,3 +143,29 @@ def Qt_horizontal():  # noqa: N802 (reads as the Qt enum it returns)
     from PySide6.QtCore import Qt
 
     return Qt.Orientation.Horizontal
+
+
+def test_trials_on_different_data_are_compared_with_a_warning(qtbot, two_runs):
+    import dataclasses
+
+    from engine.core.events import TrainingData
+
+    first, second = two_runs
+    assert first.data.source == "pydoc_data.topics (CPython docs)"  # the default
+    random = TrainingData("uniform random tokens", None, None, None, None, "by seed 0")
+    other = dataclasses.replace(second, run_id="otherdata", data=random)
+    store = HistoryStore()
+    for record in (first, other):
+        store.add(record)
+    window = MainWindow(history=store)
+    qtbot.addWidget(window)
+    window.show()
+    window.tabs.setCurrentWidget(window.history_view)
+    view = window.history_view
+    _tick_with_keyboard(view, first.run_id, "fp32")
+    _tick_with_keyboard(view, "otherdata", "fp32")
+    with qtbot.waitSignal(view.compare_requested):
+        _press(view, "Compare ticked trials")
+    note = window.compare_view.note.text()
+    assert "trained on different data (" in note and "not comparable" in note
+    assert "pydoc_data.topics (CPython docs)" in note and "uniform random tokens" in note
