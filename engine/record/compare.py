@@ -269,31 +269,23 @@ def _rank_speeds(trials: list[TrialResult]) -> SpeedVerdict:
                             "and profile again")
     few = [f"{t.precision} {len(_measured(t))}" for t in done
            if len(_measured(t)) < spread.MIN_STEPS]
-    problems = []
     if few:
-        problems.append(f"too few measured steps for a spread (need {spread.MIN_STEPS}): "
-                        + ", ".join(few))
-    unsteady = [t for t in done if (_round_cv(t) or 0.0) > CV_LIMIT]
-    problems += [f"{t.precision} step time varies {_round_cv(t):.0%} (CV above "
-                 f"{CV_LIMIT:.0%})" for t in unsteady]
-    if problems:
+        problem = (f"too few measured steps for a spread (need {spread.MIN_STEPS}): "
+                   + ", ".join(few))
         most = max(len(_measured(t)) for t in done)
-        advice = []
-        if few:
-            advice.append(f"run more steps (--steps {max(4 * spread.MIN_STEPS, 2 * most)})")
-        if unsteady:
-            interleaved = any(t.summary.spread and t.summary.spread.rounds > 1 for t in done)
-            advice.append("run on an idle machine (close other programs and runs: the step "
-                          "times moved while measuring) with more steps"
-                          + ("" if interleaved else " and interleaved rounds (--interleave on)"))
-        return SpeedVerdict("noisy", f"{NOISY_TEXT}: " + "; ".join(problems), tuple(problems),
-                            None, "; or ".join(advice))
+        return SpeedVerdict("noisy", f"{NOISY_TEXT}: {problem}", (problem,), None,
+                            f"run more steps (--steps {max(4 * spread.MIN_STEPS, 2 * most)})")
+    # unsteady steps widen each median's bootstrap CI: recipes far apart stay ranked, close
+    # ones tie (the issue #44 finding: one recipe's 17% CV silenced a 15x difference)
+    unsteady = [f"{t.precision} step time varies {_round_cv(t):.0%} (CV above {CV_LIMIT:.0%})"
+                for t in done if (_round_cv(t) or 0.0) > CV_LIMIT]
     drifted = [f"{t.precision}'s rounds differ by {d:.0%} in median step time" for t in done
                if (d := spread.round_drift(t.steps) or 0.0) > DRIFT_LIMIT]
     noted = (f" ({'; '.join(drifted)}: the CIs of their ratios are widened by that drift)"
              if drifted else "")
+    noted += f" ({'; '.join(unsteady)}: wide CIs)" if unsteady else ""
     # narrower CIs would tell closer recipes apart
-    steadier = "run on an idle machine with more steps" if drifted else None
+    steadier = "run on an idle machine with more steps" if drifted or unsteady else None
     groups = _groups(done)
     if len(groups) == 1:
         return SpeedVerdict(

@@ -47,12 +47,11 @@ def test_unrankable_speed_still_answers_on_memory_and_says_why():
     assert "--steps 20" in v.advice
     bf16 = {f.precision: f for f in v.figures}["bf16-amp"]
     assert (bf16.judgement, bf16.note) == ("recommended", "uses less memory (speed not ranked)")
-    # steps spread 40% within their round: speed is not ranked, the answer stands on memory
+    # steps spread 40% within their round widen the CI, which still excludes 1 at 2x
     v = verdict(record(trial("fp32", 100.0, 8 * GiB, 3.0, cv=0.4),
                        trial("bf16-amp", 50.0, 5 * GiB, 3.0, cv=0.4)))
     assert v.precision == "bf16-amp"
-    assert "; speed not ranked: fp32 step time varies" in v.headline
-    assert "(CV above 10%); and 1 more; run on an idle machine" in v.headline
+    assert v.headline.startswith("Train in bf16-amp: 2.12x fp32's speed [1.47-2.93]")
     assert "idle machine" in v.advice
 
 

@@ -87,12 +87,13 @@ def test_a_noisy_report_says_so_in_the_compare_view(qtbot, tmp_path, monkeypatch
     with qtbot.waitSignal(win.record_shown, timeout=60_000):  # read off the GUI thread
         _menu_action(win, "File", "Open report or journal…").trigger()
     note = win.compare_view.speed_note
-    assert note.text().startswith("Speed: noisy: speed-ups not significant")
-    assert "idle machine" in note.text() and "C00000" in note.styleSheet()
+    # the swing widens the CI (issue #44: a wide CV ties, it does not silence the ranking)
+    assert note.text().startswith("Speed: speed-ups not significant")
+    assert "(CV above 10%): wide CIs" in note.text() and "idle machine" in note.text()
     rows = win.compare_view.table_tsv().splitlines()
     header = rows[0].split("\t")
     bf16 = dict(zip(header, next(r for r in rows if r.startswith("bf16-amp")).split("\t")))
-    assert bf16["Speed-up verdict"] == "noisy: not significant"
+    assert bf16["Speed-up verdict"] == "not significant"
     cv = np.std(swinging, ddof=1) / np.mean(swinging)
     assert bf16["Step CV"] == f"{cv * 100:.1f}%"
     p10, p90 = np.percentile(swinging, [10, 90])
