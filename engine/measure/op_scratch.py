@@ -15,10 +15,6 @@ from bisect import bisect_left, bisect_right
 import torch
 
 PREFIX = "ampscope.op."
-# scratch below this is left out: optimizers' foreach ops hand out 12-byte scalars inside
-# themselves, which would move the peak's phase for a few bytes (a traced plan, on fake
-# tensors, cannot see them); what this module exists for is buffers of output size
-MIN_BYTES = 1024
 
 
 class OpScratch:
@@ -61,6 +57,6 @@ class OpScratch:
             for _, n in mem[bisect_left(times, e.start_ns()):bisect_right(times, e.end_ns())]:
                 net += n
                 top = max(top, net)
-            if top >= MIN_BYTES:
+            if top:
                 found[int(e.name()[len(PREFIX):])] = top
         return found
