@@ -22,11 +22,9 @@ phase and the module whose forward was running. A storage counts in the timeline
 the category it ends with, as it does at the peak, so the timeline's highest point is
 the peak with the same categories.
 
-Scratch memory an op allocates and frees inside itself (a CPU bf16 ``mm``'s fp32 buffer)
-is no storage an op returns: on the CPU the allocator's events give each op's own
-(engine.measure.op_scratch), a temporary from the op's end to the next op's start. On a
-GPU (cuBLAS workspaces, attention's tiles, the caching allocator's rounding beyond
-512-byte blocks) the allocator's own peak stands beside this figure instead.
+What it cannot see: scratch memory a kernel allocates and frees inside one op (cuBLAS
+workspaces, attention's tiles) and the caching allocator's rounding beyond 512-byte
+blocks; on a GPU the allocator's own peak stands beside this figure for that reason.
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 
 from engine.measure.memory_timeline import build_timeline
-from engine.measure.op_scratch import OpScratch
 
 CATEGORIES = ("params", "buffers", "quant_state", "optimizer", "inputs", "grads",
               "weight_copies", "activations", "temporaries")
@@ -165,10 +162,6 @@ class MemoryWatcher(TorchDispatchMode):
         self._module_index: dict[int, int] = {}  # id(module) -> index in _modules
         self._stack: list[int] = [0]  # the modules whose forward is running, innermost last
         self._entered = 0  # the log's length when the step began
-        # on the CPU, each op's own scratch from the allocator's events (op_scratch)
-        self._scratch: OpScratch | None = None
-        self._op_rows: list[tuple[int, str]] = []  # per op: its first log row, its phase
-        self._peak_at: Counter | None = None  # the categories at a peak inside an op
 
     @property
     def phase(self) -> str:
@@ -336,12 +329,7 @@ class MemoryWatcher(TorchDispatchMode):
         return weights
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self._scratch is None:
-            out = func(*args, **(kwargs or {}))
-        else:
-            self._op_rows.append((len(self._log), self._phase))
-            with OpScratch.around(len(self._op_rows) - 1):
-                out = func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
         self._ops += 1
         category = self._creator(func, args)
         for t in tree_leaves(out):
@@ -384,8 +372,6 @@ class MemoryWatcher(TorchDispatchMode):
         self._get_rng_state, torch.get_rng_state = torch.get_rng_state, self._rng_state
         self._entered = len(self._log)
         self.mark(self._phase)
-        if self.device.type == "cpu" and self._logging and OpScratch.available():
-            self._scratch = OpScratch().__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -393,46 +379,7 @@ class MemoryWatcher(TorchDispatchMode):
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
-        done = super().__exit__(*exc)
-        if self._scratch is not None:
-            self._scratch.__exit__(*exc)
-            self._add_scratch(self._scratch.highs())
-            self._scratch = None
-        return done
-
-    def _add_scratch(self, highs: dict[int, int]) -> None:
-        """Each op's scratch as a temporary storage, alive from its last row to the next op's
-        first: the allocator held the bytes live before the op plus its highest net
-        allocation, whatever the op kept. Where that beats the peak, it is the peak."""
-        ends = [row for row, _ in self._op_rows[1:]] + [len(self._log)]
-        held, inserts, replayed = Counter(), [], [0]
-
-        def replay(to: int) -> tuple[int, int]:  # the log's rows up to ``to``: live, highest
-            live = top = sum(held.values())
-            for _, index, nbytes, *_ in self._log[replayed[0]:to]:
-                if nbytes:
-                    held[self._all[index].category] += nbytes
-                    live += nbytes
-                    top = max(top, live)
-            replayed[0] = to
-            return live, top
-
-        for i, ((start, phase), end) in enumerate(zip(self._op_rows, ends)):
-            before, _ = replay(start)
-            live, seen = replay(end)
-            extra = before + highs.get(i, 0) - live
-            if before + highs.get(i, 0) <= seen:  # the op's outputs were all it held
-                continue
-            record = _Record(extra, "temporaries", len(self._all))
-            self._all.append(record)
-            inserts.append((end, record.index, extra))
-            if live + extra > self._peak:
-                self._peak, self._peak_phase = live + extra, phase
-                self._peak_at = held + Counter(temporaries=extra)
-        for end, index, extra in reversed(inserts):
-            ops, _, _, segment, module = self._log[end - 1]
-            self._log[end:end] = [(ops, index, extra, segment, module),
-                                  (ops, index, -extra, segment, module)]
+        return super().__exit__(*exc)
 
     def live(self) -> dict:
         """Bytes held now, by category."""
@@ -447,7 +394,6 @@ class MemoryWatcher(TorchDispatchMode):
             at_peak = Counter()
             for record in self._peak_records:
                 at_peak[record.category] += record.nbytes
-            at_peak = self._peak_at or at_peak
             categories = [CATEGORIES.index(r.category) for r in self._all]
             timeline = build_timeline(self._log, self._entered, categories, CATEGORIES,
                                       self._segments, self._modules, self._ops) \
