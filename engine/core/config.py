@@ -11,10 +11,6 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from engine.measure.device import DeviceInfo
 
 # any step index or step count: the config's limit, which the journal reader also holds
 # events to (here, below the reader, so the two cannot import each other)
@@ -92,8 +88,9 @@ def recipe_name(label: str) -> str:
     return split_keep(split_label(label)[0])[0]
 
 
-def default_precisions(device: DeviceInfo | None = None) -> tuple[str, ...]:
-    """``DEFAULT_PRECISIONS``, less the autocast recipes ``device`` (None: not probed yet) does
+def default_precisions(device=None) -> tuple[str, ...]:
+    """``DEFAULT_PRECISIONS``, less the autocast recipes ``device`` (an engine.measure.device
+    .DeviceInfo, not imported: core is below measure; None: not probed yet) does
     not run natively: unsupported, emulated, or bf16 on a CPU without bf16 units (slower than
     fp32 there, so never the answer on speed, and the default run should stay short)."""
     if device is None:

@@ -48,7 +48,10 @@ def test_every_recipe_loads_the_runs_fp32_draw_cast_to_its_dtype(source):
     assert not all(torch.equal(drawn_again[n], fresh[n]) for n in fresh)  # seed 1 differs
 
 
-@pytest.mark.parametrize(("precision", "bound"), [("int8", 0.05), ("nf4", 0.25)])
+# nf4 moves these tiny random models' logits by 13% (GPT-2) to 28% (Llama) on an AVX512 CPU
+# (bitsandbytes picks its CPU kernels by feature: 0.25 held on another CPU and not here); a
+# model drawn with another seed is 139-145% away
+@pytest.mark.parametrize(("precision", "bound"), [("int8", 0.05), ("nf4", 0.5)])
 def test_quantised_recipes_quantise_the_runs_weights_while_loading(source, precision, bound):
     model, weights, fresh = source
     net = load_model(model, precision, "cpu", seed=1, train=False,
@@ -65,6 +68,11 @@ def test_quantised_recipes_quantise_the_runs_weights_while_loading(source, preci
     reference = load_model(model, "fp32", "cpu", seed=0, train=False).model
     other = load_model(model, "fp32", "cpu", seed=1, train=False).model
     batch = make_batch(load_model(model, "fp32", "cpu", train=False), 2, 8)
+    # the same kernels on every CPU: no switch to bitsandbytes' AVX512-BF16 inference
+    # layout (tests/conftest.py refuses it); what is checked here is the weights
+    for layer in net.modules():
+        if hasattr(layer, "support_avx512bf16_for_cpu"):
+            layer.support_avx512bf16_for_cpu = False
     with torch.no_grad():
         want = reference(**batch).logits.float()
         got = net(**batch).logits.float()

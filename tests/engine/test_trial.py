@@ -315,7 +315,8 @@ def test_bf16_grad_norm_is_summed_in_fp32(tmp_path, monkeypatch, family):
     # the warm-up (--warmup 0 runs one), three timed steps, the watched one, and the
     # lost-update step at its two learning rates
     assert len(optimizers) == 1 and len(norms) == 7
-    assert [s.grad_norm for s in result.steps] == pytest.approx(norms[:4], rel=1e-5)
+    # fp32 sums in another order differ by a few 1e-5 (a bf16 sum would be off by 1e-2)
+    assert [s.grad_norm for s in result.steps] == pytest.approx(norms[:4], rel=1e-4)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama-gqa"])

@@ -27,7 +27,8 @@ def _charts_fit(view, plots) -> None:
     """Every plot lies inside its graphics view, at a readable size, and the view is not
     clipped by the window."""
     assert _fully_visible(view.viewport())
-    bounds = QRectF(view.viewport().rect())
+    # plots share a view's width in thirds of a pixel: half a pixel of float rounding
+    bounds = QRectF(view.viewport().rect()).adjusted(-0.5, -0.5, 0.5, 0.5)
     for key, plot in plots.items():
         if not plot.isVisible():  # a user run's charts, hidden for a profile run
             continue
