@@ -122,6 +122,13 @@ def test_trials_of_different_models_are_compared_with_a_warning(qtbot, two_runs)
     first, second = two_runs
     other = dataclasses.replace(second, run_id="othermodel",
                                 config={**second.config, "model": "gpt2"})
+    note = _compare_fp32_of(qtbot, first, other)
+    assert "trained different models (" in note and "tiny" in note and "gpt2" in note
+    assert "several fp32 trials are ticked" in note
+
+
+def _compare_fp32_of(qtbot, first, other) -> str:
+    """Both runs in History, their fp32 trials ticked and compared: the Compare tab's note."""
     store = HistoryStore()
     for record in (first, other):
         store.add(record)
@@ -131,12 +138,10 @@ def test_trials_of_different_models_are_compared_with_a_warning(qtbot, two_runs)
     window.tabs.setCurrentWidget(window.history_view)
     view = window.history_view
     _tick_with_keyboard(view, first.run_id, "fp32")
-    _tick_with_keyboard(view, "othermodel", "fp32")
+    _tick_with_keyboard(view, other.run_id, "fp32")
     with qtbot.waitSignal(view.compare_requested):
         _press(view, "Compare ticked trials")
-    note = window.compare_view.note.text()
-    assert "trained different models (" in note and "tiny" in note and "gpt2" in note
-    assert "several fp32 trials are ticked" in note
+    return window.compare_view.note.text()
 
 
 def Qt_horizontal():  # noqa: N802 (reads as the Qt enum it returns)
@@ -154,18 +159,6 @@ def test_trials_on_different_data_are_compared_with_a_warning(qtbot, two_runs):
     assert first.data.source == "pydoc_data.topics (CPython docs)"  # the default
     random = TrainingData("uniform random tokens", None, None, None, None, "by seed 0")
     other = dataclasses.replace(second, run_id="otherdata", data=random)
-    store = HistoryStore()
-    for record in (first, other):
-        store.add(record)
-    window = MainWindow(history=store)
-    qtbot.addWidget(window)
-    window.show()
-    window.tabs.setCurrentWidget(window.history_view)
-    view = window.history_view
-    _tick_with_keyboard(view, first.run_id, "fp32")
-    _tick_with_keyboard(view, "otherdata", "fp32")
-    with qtbot.waitSignal(view.compare_requested):
-        _press(view, "Compare ticked trials")
-    note = window.compare_view.note.text()
+    note = _compare_fp32_of(qtbot, first, other)
     assert "trained on different data (" in note and "not comparable" in note
     assert "pydoc_data.topics (CPython docs)" in note and "uniform random tokens" in note
