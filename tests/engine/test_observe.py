@@ -169,8 +169,8 @@ def test_a_trial_trains_as_a_plain_loop(family, precision, folders, tmp_path, mo
     n = len(samples)
     pool = training_batches(loaded, config, min(trial_mod.BATCH_POOL, n), "cpu")
     # warm-up and measured steps, the memory step (first batch), the profiled step
-    order = [i % len(pool) for i in range(n)] + [0] + [n % len(pool)] * \
-        result_profiled_steps(result)
+    profiled = 1 if result.profiled_step is not None else 0  # one step on the CPU
+    order = [i % len(pool) for i in range(n)] + [0] + [n % len(pool)] * profiled
     model, optimizer, scaler, losses = _plain_loop(seen, precision, order, pool)
     assert [s.loss for s in samples] == losses[:n]
     if precision.partition("+")[2] in TORCHAO_STEP:
@@ -189,7 +189,3 @@ def test_a_trial_trains_as_a_plain_loop(family, precision, folders, tmp_path, mo
     if scaler is not None:
         assert seen.scaler.get_scale() == scaler.get_scale()
     assert torch.equal(seen.rng_end, torch.get_rng_state())
-
-
-def result_profiled_steps(result) -> int:
-    return 1 if result.profiled_step is not None else 0
