@@ -52,6 +52,7 @@ SHAPES = ((2, 32), (4, 64))  # (batch, sequence)
 # skipped step makes no optimiser state: the peak would not be a training step's
 INIT_SCALE = 2.0**10
 SCORE_TERM_GAIN = 2.0  # percent of the saved bytes a second k-bit LoRA term must win
+FLOW_SCORE_GAIN = 1.0  # points of worst error a rerun's score term must win
 
 
 def measure(out: Path, precisions: tuple[str, ...], families: tuple[str, ...] = tuple(FAMILIES),
@@ -216,8 +217,11 @@ def fit_outer(rows: list[dict], shapes: dict) -> dict:
 
 
 def fit_flow(rows: list[dict], shapes: dict) -> dict:
-    """Per family and rerun kind (engine.models.memory_model._rerun_kind), the rerun term (bytes
-    per token per hidden unit) whose worst error over the checkpointed trials is least."""
+    """Per family and rerun kind (engine.models.memory_model._rerun_kind), the rerun term
+    (bytes per token per hidden unit) whose worst error over the checkpointed trials is
+    least; and a second term, per token per head x sequence (the attention's transient
+    score tensors in the rerun), kept where the pair's worst error is FLOW_SCORE_GAIN
+    points below the first term's alone."""
     flows = calibration().setdefault("rerun_flow", {})
     groups: dict = {}
     for r in rows:
@@ -225,14 +229,16 @@ def fit_flow(rows: list[dict], shapes: dict) -> dict:
             key = (shapes[r["family"], r["precision"]].model_type,
                    _rerun_kind(recipe(r["precision"])))
             groups.setdefault(key, []).append(r)
+
+    def worst(family, kind, value, group):
+        flows.setdefault(family, {})[kind] = value
+        return max(abs(_error(r, shapes)) for r in group)
+
     for (family, kind), group in groups.items():
-        best = None
-        for c in (i / 2 for i in range(241)):
-            flows.setdefault(family, {})[kind] = c
-            worst = max(abs(_error(r, shapes)) for r in group)
-            if best is None or worst < best[0]:
-                best = (worst, c)
-        flows[family][kind] = best[1]
+        alone = min((worst(family, kind, i / 2, group), i / 2) for i in range(241))
+        pair = min((worst(family, kind, [i / 2, j / 2], group), [i / 2, j / 2])
+                   for j in range(1, 61) for i in range(0, 241, 2))
+        flows[family][kind] = pair[1] if pair[0] <= alone[0] - FLOW_SCORE_GAIN else alone[1]
     return flows
 
 

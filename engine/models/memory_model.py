@@ -120,6 +120,9 @@ class ModelShape:
     # under fp16, T5's ``wo``; _keep_in_fp32_modules_strict under bf16 too), read from the
     # loaded model's dtypes: a model drawn with from_config keeps none
     fp32_kept_params: int = 0
+    # summed input width of those kept layers that are Linear: their forward casts its
+    # half input up to fp32 and saves that copy for backward (T5's ``wo``)
+    fp32_kept_in_features: int = 0
 
 
 def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
@@ -158,6 +161,7 @@ def shape_of(model: nn.Module, config, model_dims: dict) -> ModelShape:
                               if isinstance(m, nn.Linear)
                               and type(m.weight).__name__ == "Int8Params"),
         fp32_kept_params=_fp32_kept(model),
+        fp32_kept_in_features=_fp32_kept_in_features(model),
     )
 
 
@@ -167,6 +171,14 @@ def _fp32_kept(model: nn.Module) -> int:
     if not any(p.dtype in (torch.float16, torch.bfloat16) for p in params):
         return 0
     return sum(p.numel() for p in params if p.dtype == torch.float32)
+
+
+def _fp32_kept_in_features(model: nn.Module) -> int:
+    """Summed input width of the fp32 Linear layers of a model whose other weights are half."""
+    if not _fp32_kept(model):
+        return 0
+    return sum(m.in_features for m in model.modules()
+               if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32)
 
 
 def _outer_matmul_params(model: nn.Module, stacks: list[nn.Module]) -> int:
@@ -384,9 +396,19 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
         method += (f"; {recipe.quant} base with LoRA: {per_unit} B per token per adapted "
                    "input unit more" + (f", {per_score} B per token per head x sequence in "
                                         "each layer" if per_score else ""))
+    if shape.fp32_kept_in_features and recipe.weight_dtype.itemsize < FP32 \
+            and recipe.autocast_dtype is None and not recipe.quant:
+        # a layer the load kept in fp32 casts its half input up and saves that copy (the
+        # calibration's models kept none): 2 more bytes per token per kept input unit,
+        # shared evenly by the layers
+        kept = round((FP32 - act) * tokens * shape.fp32_kept_in_features / layers)
+        stacks = [(name, n, b + kept) for name, n, b in stacks]
+        method += (f"; layers kept in fp32 save their input in fp32: {kept:,} B more "
+                   "per layer")
     # (a checkpointed rerun's own bytes are fitted beside it, rerun_flow, without the
     # score term: the rerun of a T5 layer over a k-bit base was not seen to keep fewer)
-    one_layer = max(b for _, _, b in stacks) - (scores if per_score and lora_on else 0)
+    reruns = tuple(b - (scores if per_score and lora_on else 0) for _, _, b in stacks)
+    one_layer = max(reruns)
     # each checkpointed layer keeps its input, in the residual stream's dtype (the
     # weights': autocast's half outputs are added to it; fp32 over a k-bit base, whose
     # embeddings and norms peft upcasts), and on the CPU the generator's state
@@ -397,9 +419,10 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
     residual = FP32 if recipe.quant else recipe.weight_dtype.itemsize
     later = FP32 if shape.fp32_kept_params else residual
     layer_input = tokens * d["hidden"] * residual + rng
+    stack_inputs = tuple(layer_input + (n - 1) * (tokens * d["hidden"] * later + rng)
+                         for _, n, _ in stacks)
     if grad_checkpointing:
-        inputs = sum(layer_input + (n - 1) * (tokens * d["hidden"] * later + rng)
-                     for _, n, _ in stacks)
+        inputs = sum(stack_inputs)
         saved = inputs + outer
         formula = (f"checkpointed: {layers} layer inputs (b·s·h·{residual}"
                    + (f", b·s·h·{later} after each stack's first" if later != residual else "")
@@ -411,7 +434,10 @@ def _activations(shape: ModelShape, recipe: Recipe, batch: int, seq: int,
         saved = sum(n * b for _, n, b in stacks) + outer
         parts = " + ".join(f"{n}·{b:,} B per {name}" for name, n, b in stacks)
         formula = f"{parts} + outside the layers {outer:,} B = {saved:,} B"
-    return _Saved(saved, one_layer, layer_input, inputs, layers, formula, method)
+    rerun_stacks = tuple((name, n, b, i) for (name, n, _), b, i
+                         in zip(stacks, reruns, stack_inputs))
+    return _Saved(saved, one_layer, layer_input, inputs, layers, formula, method,
+                  rerun_stacks)
 
 
 def _lora_terms(model_type: str, recipe: Recipe, device_type: str) -> tuple[float, float]:
@@ -439,6 +465,9 @@ class _Saved:
     layers: int
     formula: str
     method: str
+    # per layer stack in forward order: (name, layers, one layer's rerun activations, the
+    # stack's saved layer inputs)
+    stacks: tuple = ()
 
 
 # a phase's term -> the MemoryBreakdown category it is held in
@@ -452,33 +481,48 @@ _TERM_CATEGORY = {
     "the rerun's weight copies": "weight_copies", "tied embedding gradients": "temporaries"}
 
 
-def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: list, tokens: int,
-            grad_bytes: int) -> dict:
-    """Live bytes while a checkpointed layer reruns in backward, for the first rerun (the
-    last layer: every layer input still held, only the head's gradients yet) and the last
-    (the first layer: one input left, every layer's gradients but the embeddings').
+def _reruns(shape: ModelShape, recipe: Recipe, act: _Saved, held: list, batch: int,
+            seq: int, grad_bytes: int) -> dict:
+    """Live bytes while a checkpointed layer reruns in backward, for each stack's first
+    rerun (its last layer: the inputs of its layers and of the stacks before it still held)
+    and its last (its first layer: one of its inputs left). Backward reruns the stacks
+    from the last (an encoder-decoder's decoder first), and the gradients made so far
+    grow by one layer's with each rerun. A single stack has two phases, "first layer
+    rerun" and "last layer rerun"; an encoder-decoder two per stack.
 
     Beside the rerun's activations: the gradient flowing back through the stack, and the
     rerun's own autocast weight copies."""
-    d = shape.dims
+    d, tokens = shape.dims, batch * seq
     layer_grads = shape.layer_trainable_params * grad_bytes
     early_grads = (shape.trainable_params - shape.layer_trainable_params
                    - shape.late_grad_params) * grad_bytes
     per_layer_grads = layer_grads / act.layers
-    flow = round(_rerun_flow(shape.model_type, _rerun_kind(recipe)) * tokens * d["hidden"]
-                 * _act_bytes(recipe))
+    per_hidden, per_score = _rerun_flow(shape.model_type, _rerun_kind(recipe))
+    # the score tensors' bytes do not follow the activation dtype (T5's softmax is fp32)
+    flow = round((per_hidden * d["hidden"] * _act_bytes(recipe) + per_score * d["n_heads"]
+                  * seq) * tokens)
     copies = 0
     if recipe.autocast_dtype is not None and (recipe.weight_dtype.itemsize == FP32
                                               or recipe.quant):
         copies = 2 * max(0, shape.matmul_params - shape.quantized_params
                          - _outer_matmul(shape)) // act.layers
-    late = round((act.layers - 1) * per_layer_grads)
-    rerun_terms = [("the rerun's activations", act.one_layer), ("gradient flow", flow),
-                   ("the rerun's weight copies", copies)]
-    return {"first layer rerun": [*held, ("layer inputs", act.inputs),
-                                  ("gradients so far", early_grads), *rerun_terms],
-            "last layer rerun": [*held, ("one layer input", act.layer_input),
-                                 ("gradients so far", early_grads + late), *rerun_terms]}
+    phases, done = {}, 0  # done: layers already rerun
+    for index in reversed(range(len(act.stacks))):
+        name, n, rerun, inputs = act.stacks[index]
+        before = sum(i for _, _, _, i in act.stacks[:index])  # earlier stacks' inputs
+        terms = [("the rerun's activations", rerun), ("gradient flow", flow),
+                 ("the rerun's weight copies", copies)]
+        last_input = ("one layer input", act.layer_input) if not before \
+            else ("layer inputs", before + act.layer_input)
+        phases[f"first {name} rerun"] = [
+            *held, ("layer inputs", before + inputs),
+            ("gradients so far", early_grads + round(done * per_layer_grads)), *terms]
+        phases[f"last {name} rerun"] = [
+            *held, last_input,
+            ("gradients so far", early_grads + round((done + n - 1) * per_layer_grads)),
+            *terms]
+        done += n
+    return phases
 
 
 def _outer_matmul(shape: ModelShape) -> int:
@@ -487,16 +531,21 @@ def _outer_matmul(shape: ModelShape) -> int:
     return shape.outer_matmul_params or shape.dims["vocab"] * shape.dims["hidden"]
 
 
-def _rerun_flow(model_type: str, kind: str) -> float:
+def _rerun_flow(model_type: str, kind: str) -> tuple[float, float]:
     """A checkpointed rerun's bytes beyond its saved activations (the gradient flowing
-    back, backward's intermediates), per token per hidden unit in the activation dtype:
-    fitted per family and rerun kind by scripts/memory_error_table.py; for a family not
-    fitted, the median of the fitted families'."""
+    back, backward's intermediates, the attention's transient score tensors), per token
+    per hidden unit and per token per head x sequence, in the activation dtype: fitted
+    per family and rerun kind by scripts/memory_error_table.py (a single number is the
+    first term alone); for a family not fitted, the median of the fitted families' first
+    terms alone."""
     fitted = calibration().get("rerun_flow", {})
+    def terms(value) -> tuple[float, float]:
+        return (float(value), 0.0) if isinstance(value, int | float) else tuple(value)
+
     if kind in fitted.get(model_type, {}):
-        return fitted[model_type][kind]
-    values = sorted(by[kind] for by in fitted.values() if kind in by)
-    return values[len(values) // 2] if values else 0.0
+        return terms(fitted[model_type][kind])
+    values = sorted(terms(by[kind])[0] for by in fitted.values() if kind in by)
+    return (values[len(values) // 2] if values else 0.0), 0.0
 
 
 def _rerun_kind(recipe: Recipe) -> str:
@@ -581,8 +630,8 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
     terms = {"backward start": [*held, ("weight copies", copies), ("activations", saved),
                                 ("logits and log-softmax gradients", logits_grad)]}
     if grad_checkpointing:
-        terms.update(_reruns(shape, recipe, act, [*held, ("weight copies", copies)], tokens,
-                             trainable_weight))
+        terms.update(_reruns(shape, recipe, act, [*held, ("weight copies", copies)],
+                             batch_size, seq_len, trainable_weight))
     largest = max(shape.trainable_sizes, default=0) * trainable_weight
     # torch's AdamW on the CPU: one tensor's scratch at a time (two of the largest); on a
     # GPU trials run it fused (engine.run.trial.make_optimizer), one kernel that makes none;
