@@ -267,7 +267,10 @@ def conv1d_to_linear(model: nn.Module) -> int:
     swaps = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, Conv1D)]
     for name, conv in swaps:
         in_f, out_f = conv.weight.shape
-        linear = nn.Linear(in_f, out_f, device=conv.weight.device, dtype=conv.weight.dtype)
+        # skip_init: no initial draw from torch's global RNG, which would shift the dropout
+        # masks of a converted trial away from the unconverted trials'
+        linear = torch.nn.utils.skip_init(nn.Linear, in_f, out_f, device=conv.weight.device,
+                                          dtype=conv.weight.dtype)
         with torch.no_grad():
             linear.weight.copy_(conv.weight.t())
             linear.bias.copy_(conv.bias)
@@ -394,7 +397,8 @@ def mx_scaling(model: nn.Module) -> str | None:
                 "torchao 0.18's NVFP4Tensor quantiser): e2m1 in 1x16 blocks with e4m3 scales "
                 "and an fp32 tensor scale, weights in 16x16 blocks, a random Hadamard "
                 "transform on the weight-gradient GEMM's inputs, gradients stochastically "
-                "rounded; GEMMs multiply the dequantised operands in fp32")
+                "rounded; GEMMs multiply the dequantised operands in fp32. "
+                + _nvfp4_copies(layers))
     if type(first).__name__ == "NVFP4Linear":
         return (f"NVFP4 training of {len(layers)} Linear layers (torchao NVFP4Linear, "
                 f"kernel preference {first.kernel_preference.value})")
@@ -403,6 +407,16 @@ def mx_scaling(model: nn.Module) -> str | None:
             f"{first.scale_calculation_mode.value.upper()}, kernel preference "
             f"{first.kernel_preference.value}, weight gradient "
             f"{'in high precision' if first.wgrad_with_hp else 'in MXFP8'}")
+
+
+def _nvfp4_copies(layers: list[nn.Module]) -> str:
+    """The weight copies the emulation keeps for backward beside the ones a card would."""
+    n = sum(m.weight.numel() for m in layers)
+    emulated, card = 4 * n, n // 2 + n // 16  # fp32 vs e2m1 + one e4m3 scale per 16
+    return (f"Memory is the emulation's: its dequantised weight copies hold "
+            f"{emulated / 2**20:.2f} MiB (fp32) where a card's NVFP4 copies would hold "
+            f"{card / 2**20:.2f} MiB (4-bit elements, an e4m3 scale per 16; computed, "
+            "not measured)")
 
 
 # Float8LinearConfig cast configs by the GEMM that uses them, as torchao names the fields

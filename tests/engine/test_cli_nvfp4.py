@@ -56,7 +56,11 @@ def test_profile_runs_nvfp4_emulated_with_its_numerics(tmp_path, family):
     assert nv["support_reason"].startswith("the CPU has no FP4 matrix unit")
     assert "speed is not representative (emulated GEMMs run in higher precision)" in \
         nv["support_reason"]
-    assert any("Transformer Engine" in n and "EmulatedNVFP4Linear" in n for n in nv["notes"])
+    (note,) = [n for n in nv["notes"] if "EmulatedNVFP4Linear" in n]
+    assert "Transformer Engine" in note and f"NVFP4 training of {converted_layers} " in note
+    # what the emulation keeps for backward (fp32) beside a card's 4.5 bits per element
+    assert f"hold {converted_weights * 4 / 2**20:.2f} MiB (fp32)" in note
+    assert f"would hold {converted_weights * 9 / 16 / 2**20:.2f} MiB (4-bit" in note
     losses = [s["loss"] for s in nv["steps"]]
     assert len(losses) == 3 and all(isinstance(v, float) for v in losses)
     # the emulation keeps fp32 master weights, as the native recipe does: no update is lost

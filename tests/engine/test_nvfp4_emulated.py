@@ -161,6 +161,36 @@ def test_flops_are_filed_under_nvfp4_and_the_global_rng_is_left_alone():
     assert recipe("nvfp4").peak_dtype == "nvfp4"
 
 
+def test_a_step_draws_from_the_global_rng_what_a_bf16_amp_step_draws():
+    """Stochastic rounding has its own generator: a GPT-2 step with dropout on leaves torch's
+    global RNG where the same bf16-amp step leaves it, so the data order and dropout masks of
+    an nvfp4 trial are the other trials' and only the format differs (the Conv1D to Linear
+    swap draws nothing either)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=128, n_positions=32,
+                     resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    ids = torch.randint(0, 128, (2, 16))
+    states = []
+    for emulate in (False, True):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(cfg).train()
+        if emulate:
+            from engine.models.load import conv1d_to_linear
+
+            conv1d_to_linear(model)
+            assert nvfp4_linear.convert(model, lambda m, n: isinstance(m, nn.Linear)
+                                        and "lm_head" not in n, seed=0) == 4
+        if not emulate:
+            start = torch.get_rng_state()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        states.append(torch.get_rng_state())
+    assert not torch.equal(states[0], start)  # dropout drew
+    assert torch.equal(states[0], states[1])  # from the same seed, through the same draws
+
+
 H200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=141 * 10**9,
                        multi_processor_count=132, uuid="GPU-h200", pci_domain_id=0,
                        pci_bus_id=0x19, pci_device_id=0)
