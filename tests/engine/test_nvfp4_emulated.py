@@ -191,6 +191,19 @@ def test_a_step_draws_from_the_global_rng_what_a_bf16_amp_step_draws():
     assert torch.equal(states[0], states[1])  # from the same seed, through the same draws
 
 
+def test_an_untimed_measurement_puts_the_rounding_generator_back():
+    from engine.measure.untouched import untouched
+
+    model = nn.Sequential(nn.Linear(32, 32))
+    nvfp4_linear.convert(model, lambda m, n: isinstance(m, nn.Linear), seed=0)
+    x = torch.randn(16, 32)
+    before = model[0].generator.get_state()
+    with untouched(model, torch.device("cpu")):
+        model(x).sum().backward()  # a measurement's backward draws from it
+        assert not torch.equal(model[0].generator.get_state(), before)
+    assert torch.equal(model[0].generator.get_state(), before)
+
+
 H200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=141 * 10**9,
                        multi_processor_count=132, uuid="GPU-h200", pci_domain_id=0,
                        pci_bus_id=0x19, pci_device_id=0)
