@@ -267,13 +267,13 @@ def conv1d_to_linear(model: nn.Module) -> int:
     swaps = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, Conv1D)]
     for name, conv in swaps:
         in_f, out_f = conv.weight.shape
-        # skip_init: no initial draw from torch's global RNG, which would shift the dropout
-        # masks of a converted trial away from the unconverted trials'
-        linear = torch.nn.utils.skip_init(nn.Linear, in_f, out_f, device=conv.weight.device,
-                                          dtype=conv.weight.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(conv.weight.t())
-            linear.bias.copy_(conv.bias)
+        # built on the meta device, so no initial draw from torch's global RNG shifts the
+        # dropout masks of a converted trial away from the unconverted trials'
+        linear = nn.Linear(in_f, out_f, device="meta", dtype=conv.weight.dtype)
+        linear.weight = nn.Parameter(conv.weight.detach().t().contiguous(),
+                                     requires_grad=conv.weight.requires_grad)
+        linear.bias = nn.Parameter(conv.bias.detach().clone(),
+                                   requires_grad=conv.bias.requires_grad)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, linear)
     return len(swaps)
