@@ -77,7 +77,7 @@ _MEASURED = {
 
 
 # torchao's training layers: their forward casts the weight per call and saves the fp32 one
-CONVERTED_LAYERS = ("Float8Linear", "MXFP8Linear", "NVFP4Linear", "EmulatedNVFP4Linear")
+CONVERTED_LAYERS = ("Float8Linear", "MXFP8Linear", "NVFP4Linear")
 
 
 @dataclass(frozen=True)
