@@ -4,7 +4,8 @@ SQNR (dB) = 10 log10(sum x^2 / sum (x - q(x))^2), where q rounds x as the trial'
 does before its forward GEMM, through torchao's own casts: float8 tensorwise or rowwise
 scaling from the layer's ``Float8LinearConfig`` (``hp_tensor_to_float8_dynamic``), MXFP8
 32-element blocks with the layer's e8m0 scale mode (``MXTensor.to_mx``), NVFP4 16-element
-blocks with an fp32 tensor scale (``NVFP4Tensor.to_nvfp4``); autocast's cast to bf16/fp16
+blocks with an fp32 tensor scale (``NVFP4Tensor.to_nvfp4``; AmpScope's emulated NVFP4 layers
+by their own quantiser, weights in 16 x 16 blocks); autocast's cast to bf16/fp16
 for plain layers in an autocast region. The inputs come from forward pre-hooks on one
 uncounted forward of the trial's first batch (no gradients), before the timed steps.
 """
