@@ -191,6 +191,38 @@ def test_a_step_draws_from_the_global_rng_what_a_bf16_amp_step_draws():
     assert torch.equal(states[0], states[1])  # from the same seed, through the same draws
 
 
+def test_per_layer_sqnr_is_the_spec_s_rounding_of_weight_and_input():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.measure import quant_error
+
+    torch.manual_seed(6)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=1, num_attention_heads=4,
+                                         num_key_value_heads=2, vocab_size=128))
+    nvfp4_linear.convert(model, lambda m, n: isinstance(m, nn.Linear) and "lm_head" not in n,
+                         seed=0)
+    inputs = {}
+
+    def keep_input(name):
+        def hook(_module, args):
+            inputs[name] = args[0].detach().reshape(-1, args[0].shape[-1])
+        return hook
+
+    for name, m in model.named_modules():
+        if isinstance(m, nvfp4_linear.EmulatedNVFP4Linear):
+            m.register_forward_pre_hook(keep_input(name))
+    batch = {"input_ids": torch.randint(0, 128, (2, 16))}
+    measured = quant_error.measure(model, recipe("nvfp4"), batch, torch.device("cpu"))
+    rows = {r.name: r for r in measured.layers}
+    assert set(inputs) <= set(rows) and len(inputs) == 7
+    for name, x in inputs.items():
+        w = model.get_submodule(name).weight.detach()
+        assert rows[name].weight_db == pytest.approx(sqnr_db(w, spec_quant(w, 16)), abs=1e-4)
+        assert rows[name].input_db == pytest.approx(sqnr_db(x, spec_quant(x)), abs=1e-4)
+        assert 18.5 < rows[name].weight_db < 20.5
+
+
 def test_an_untimed_measurement_puts_the_rounding_generator_back():
     from engine.measure.untouched import untouched
 
