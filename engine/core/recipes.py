@@ -100,10 +100,13 @@ RECIPES: dict[str, Recipe] = {
                "in 32-element blocks with RCEIL e8m0 scales, dequantised and multiplied in "
                "fp32; bf16 autocast elsewhere", mx="mxfp8"),
         Recipe("nvfp4", _F32, _BF16, False, None, False, False, False, "nvfp4", True,
-               "torchao NVFP4 training of Linear layers (NVFP4TrainingConfig): e2m1 elements "
-               "in 16-element blocks with an e4m3 scale each and one fp32 scale per tensor, "
-               "random Hadamard transform and stochastic rounding of gradients, Triton "
-               "kernels; bf16 autocast elsewhere", mx="nvfp4"),
+               "NVFP4 training of Linear layers: e2m1 elements in 16-element blocks with an "
+               "e4m3 scale each and one fp32 scale per tensor, random Hadamard transform and "
+               "stochastic rounding of gradients; torchao's NVFP4TrainingConfig (Triton "
+               "kernels, fp4 GEMMs) on compute capability 10.x, elsewhere AmpScope's "
+               "emulation of Transformer Engine's reference recipe (16x16 weight blocks, "
+               "GEMMs on the dequantised operands in fp32); bf16 autocast elsewhere",
+               mx="nvfp4"),
         Recipe("fp8-fsdp-ag", _F32, _BF16, False, None, False, True, False, "fp8", True,
                "fp8 (tensorwise) under FSDP2 with torchao's float8 all-gather: each float8 "
                "Linear weight is cast to float8 on its shard before the all-gather, so it "

@@ -47,7 +47,8 @@ MODEL_FLOPS_CONVENTION = (
 )
 HARDWARE_FLOPS_CONVENTION = (
     "hardware FLOPs: counted by torch FlopCounterMode over one step, recomputation "
-    "included, bitsandbytes' quantised matmuls by registered formulas"
+    "included, bitsandbytes' quantised matmuls and emulated block-scaled GEMMs by registered "
+    "formulas"
 )
 
 
@@ -115,6 +116,10 @@ BNB_FLOPS = {
     "int8_scaled_mm": _int8_mm_flop,  # int8 matmul + dequant, no outliers
     "int8_linear_matmul": _int8_mm_flop,  # the raw int8 GEMM (and its .out overload)
 }
+def _emulated_mm_flop(a_shape, b_shape, *args, **kwargs) -> int:
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+
 # the dtype each bitsandbytes op multiplies in (4-bit weights are dequantised to A's dtype)
 _BNB_DTYPE = {"int8_mixed_scaled_mm": "int8", "int8_scaled_mm": "int8",
               "int8_linear_matmul": "int8"}
@@ -142,6 +147,8 @@ def flop_formulas() -> dict:
     if "bitsandbytes" in sys.modules:
         ops = torch.ops.bitsandbytes
         formulas.update({getattr(ops, name): shape_wrapper(f) for name, f in BNB_FLOPS.items()})
+    if "engine.numerics.nvfp4_linear" in sys.modules:  # emulated block-scaled GEMMs
+        formulas[torch.ops.ampscope.emulated_mm] = shape_wrapper(_emulated_mm_flop)
     return formulas
 
 
@@ -177,6 +184,8 @@ def peak_key(op, args: tuple, tf32: bool = False) -> str:
     namespace, _, name = str(getattr(op, "_qualified_op_name", "")).partition("::")
     if namespace == "bitsandbytes" and name in _BNB_DTYPE:
         return _BNB_DTYPE[name]
+    if namespace == "ampscope":  # an emulated GEMM: the format the card would run it in
+        return str(args[2])
     leaves = torch.utils._pytree.tree_leaves(args)
     block = next((b for t in leaves if isinstance(t, torch.Tensor)
                   for b in [_block_scaled(t)] if b), None)

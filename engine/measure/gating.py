@@ -78,17 +78,21 @@ class Verdict:
             raise ValueError(f"support '{self.support}' is not one of {', '.join(SUPPORT)}")
 
 
-# torchao 0.18 moe_training/nvfp4_training: NVFP4TrainingConfig accepts only the TRITON
-# kernel preference, and its GEMMs are torch._scaled_mm on float4_e2m1fn_x2 (sm_100 only);
-# the QAT path (prototype/qat/nvfp4.py) calls the same _scaled_mm, which the CPU lacks
-_NVFP4_NO_PATH = ("torchao 0.18's NVFP4 training runs Triton kernels and fp4 GEMMs "
-                  "(torch._scaled_mm on float4_e2m1fn_x2) that only compute capability 10.x "
-                  "(B200, GB200, B300) has; it has no emulated path")
+# torchao 0.18's NVFP4 training runs Triton kernels and fp4 GEMMs (torch._scaled_mm on
+# float4_e2m1fn_x2) that only compute capability 10.x has; elsewhere AmpScope's own emulation
+# (engine/numerics/nvfp4_linear.py) runs Transformer Engine's reference recipe
+_NVFP4_EMULATED = ("AmpScope emulates NVFP4 training (Transformer Engine's reference recipe: "
+                   "e2m1 in 1x16 blocks with e4m3 scales and an fp32 tensor scale, 16x16 "
+                   "weight blocks, a random Hadamard transform on the weight-gradient GEMM's "
+                   "inputs, stochastic rounding of gradients): each GEMM's operands are "
+                   "quantised and dequantised as the native recipe does and multiplied in "
+                   "fp32, so loss, gradients and SQNR are NVFP4's but the speed is not "
+                   "representative (emulated GEMMs run in higher precision)")
 
 
 def _mx(precision: str, dev: DeviceDescription) -> Verdict:
     """MXFP8: native on 10.x, torchao's emulated kernel preference anywhere else; NVFP4:
-    10.x only."""
+    native on 10.x, AmpScope's emulation anywhere else."""
     rec = recipe(precision)
     where = dev.describe()
     native = dev.kind == "cuda" and (dev.compute_capability or (0, 0))[0] == _MX_NATIVE_MAJOR
@@ -96,8 +100,10 @@ def _mx(precision: str, dev: DeviceDescription) -> Verdict:
         if native:
             return Verdict("native", f"{where} has block-scaled fp4 Tensor Cores; torchao "
                            "runs NVFP4 GEMMs on them (its NVFP4 training is a prototype)")
-        return Verdict("unsupported", f"n/a on {where}: {_NVFP4_NO_PATH}: choose mxfp8 "
-                       "(emulated here) or fp8")
+        why = ("the CPU has no FP4 matrix unit" if dev.kind == "cpu" else
+               f"{where} has no FP4 Tensor Cores torchao can use (its NVFP4 kernels are built "
+               "for compute capability 10.x only)")
+        return Verdict("emulated", f"{why}: {_NVFP4_EMULATED}")
     if native:
         return Verdict("native", f"{where} has block-scaled fp8 Tensor Cores; torch._scaled_mm "
                        "runs MXFP8 GEMMs with e8m0 block scales on them")

@@ -4,7 +4,8 @@ SQNR (dB) = 10 log10(sum x^2 / sum (x - q(x))^2), where q rounds x as the trial'
 does before its forward GEMM, through torchao's own casts: float8 tensorwise or rowwise
 scaling from the layer's ``Float8LinearConfig`` (``hp_tensor_to_float8_dynamic``), MXFP8
 32-element blocks with the layer's e8m0 scale mode (``MXTensor.to_mx``), NVFP4 16-element
-blocks with an fp32 tensor scale (``NVFP4Tensor.to_nvfp4``); autocast's cast to bf16/fp16
+blocks with an fp32 tensor scale (``NVFP4Tensor.to_nvfp4``; AmpScope's emulated NVFP4 layers
+by their own quantiser, weights in 16 x 16 blocks); autocast's cast to bf16/fp16
 for plain layers in an autocast region. The inputs come from forward pre-hooks on one
 uncounted forward of the trial's first batch (no gradients), before the timed steps.
 """
@@ -112,6 +113,19 @@ def _nvfp4(x: torch.Tensor) -> torch.Tensor:
     return q.dequantize(torch.float32).reshape(x.shape)
 
 
+def _nvfp4_emulated_weight(w: torch.Tensor) -> torch.Tensor:
+    from engine.numerics.nvfp4_linear import WEIGHT_ROWS
+    from engine.numerics.nvfp4_quant import fake_quantize
+
+    return fake_quantize(w, WEIGHT_ROWS)
+
+
+def _nvfp4_emulated_input(x: torch.Tensor) -> torch.Tensor:
+    from engine.numerics.nvfp4_quant import fake_quantize
+
+    return fake_quantize(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+
+
 def _unrounded(x: torch.Tensor) -> torch.Tensor:
     return x
 
@@ -129,6 +143,9 @@ def _layer(module: nn.Module, autocast: torch.dtype | None):
                 lambda w: _mxfp8(module, w), lambda x: _mxfp8(module, x))
     if kind == "NVFP4Linear":
         return "nvfp4 e2m1, e4m3 scale per 16, fp32 tensor scale", _nvfp4, _nvfp4
+    if kind == "EmulatedNVFP4Linear":
+        return ("nvfp4 e2m1, e4m3 scale per 16 (weights per 16x16), fp32 tensor scale, "
+                "emulated", _nvfp4_emulated_weight, _nvfp4_emulated_input)
     if type(module) is nn.Linear or kind == "Conv1D":  # Conv1D: GPT-2's (in, out) layers
         if autocast is not None:
             name = f"{_HALF[autocast]} cast (autocast)"

@@ -267,10 +267,13 @@ def conv1d_to_linear(model: nn.Module) -> int:
     swaps = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, Conv1D)]
     for name, conv in swaps:
         in_f, out_f = conv.weight.shape
-        linear = nn.Linear(in_f, out_f, device=conv.weight.device, dtype=conv.weight.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(conv.weight.t())
-            linear.bias.copy_(conv.bias)
+        # built on the meta device, so no initial draw from torch's global RNG shifts the
+        # dropout masks of a converted trial away from the unconverted trials'
+        linear = nn.Linear(in_f, out_f, device="meta", dtype=conv.weight.dtype)
+        linear.weight = nn.Parameter(conv.weight.detach().t().contiguous(),
+                                     requires_grad=conv.weight.requires_grad)
+        linear.bias = nn.Parameter(conv.bias.detach().clone(),
+                                   requires_grad=conv.bias.requires_grad)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, linear)
     return len(swaps)
@@ -335,15 +338,21 @@ def _mx_output_dtype(module: nn.Module, args, output):
     return None
 
 
-def convert_mx(model: nn.Module, recipe: Recipe, device: torch.device) -> int:
+def convert_mx(model: nn.Module, recipe: Recipe, device: torch.device, seed: int = 0) -> int:
     """Swap Linear layers for torchao's block-scaled training layers; returns how many.
 
     MXFP8 takes its fields from ``MXFP8TrainingOpConfig.from_recipe`` and builds
     ``MXFP8Linear`` layers: the config's own weight-wrapper path (quantize_) drops
     F.linear's bias in torchao 0.18 (MXFP8TrainingWeightWrapperTensor's linear override
-    returns the product alone), and GPT-2's layers have biases.
+    returns the product alone), and GPT-2's layers have biases. NVFP4 off compute capability
+    10.x is AmpScope's emulation (its stochastic rounding seeded with ``seed``), which needs
+    only 16-element blocks, not torchao's Triton kernels' multiples of 128.
     """
     conv1d_to_linear(model)
+    if recipe.mx == "nvfp4" and not _mx_native(device):
+        from engine.numerics import nvfp4_linear
+
+        return nvfp4_linear.convert(model, _mx_filter(nvfp4_linear.BLOCK), seed)
     keep = _mx_filter(MX_MULTIPLE[recipe.mx])
     swaps = [(n, m) for n, m in model.named_modules() if keep(m, n)]
     if recipe.mx == "nvfp4":
@@ -377,10 +386,19 @@ def convert_mx(model: nn.Module, recipe: Recipe, device: torch.device) -> int:
 
 def mx_scaling(model: nn.Module) -> str | None:
     """What the block-scaled layers ran, read from the layers (``None``: none converted)."""
-    layers = [m for m in model.modules() if type(m).__name__ in ("MXFP8Linear", "NVFP4Linear")]
+    layers = [m for m in model.modules() if type(m).__name__ in ("MXFP8Linear", "NVFP4Linear",
+                                                                 "EmulatedNVFP4Linear")]
     if not layers:
         return None
     first = layers[0]
+    if type(first).__name__ == "EmulatedNVFP4Linear":
+        return (f"NVFP4 training of {len(layers)} Linear layers, emulated (AmpScope's "
+                "EmulatedNVFP4Linear after Transformer Engine 2.20's reference NVFP4 recipe, "
+                "torchao 0.18's NVFP4Tensor quantiser): e2m1 in 1x16 blocks with e4m3 scales "
+                "and an fp32 tensor scale, weights in 16x16 blocks, a random Hadamard "
+                "transform on the weight-gradient GEMM's inputs, gradients stochastically "
+                "rounded; GEMMs multiply the dequantised operands in fp32. "
+                + _nvfp4_copies(layers))
     if type(first).__name__ == "NVFP4Linear":
         return (f"NVFP4 training of {len(layers)} Linear layers (torchao NVFP4Linear, "
                 f"kernel preference {first.kernel_preference.value})")
@@ -389,6 +407,16 @@ def mx_scaling(model: nn.Module) -> str | None:
             f"{first.scale_calculation_mode.value.upper()}, kernel preference "
             f"{first.kernel_preference.value}, weight gradient "
             f"{'in high precision' if first.wgrad_with_hp else 'in MXFP8'}")
+
+
+def _nvfp4_copies(layers: list[nn.Module]) -> str:
+    """The weight copies the emulation keeps for backward beside the ones a card would."""
+    n = sum(m.weight.numel() for m in layers)
+    emulated, card = 4 * n, n // 2 + n // 16  # fp32 vs e2m1 + one e4m3 scale per 16
+    return (f"Memory is the emulation's: its dequantised weight copies hold "
+            f"{emulated / 2**20:.2f} MiB (fp32) where a card's NVFP4 copies would hold "
+            f"{card / 2**20:.2f} MiB (4-bit elements, an e4m3 scale per 16; computed, "
+            "not measured)")
 
 
 # Float8LinearConfig cast configs by the GEMM that uses them, as torchao names the fields
@@ -505,7 +533,7 @@ def load_model(
         if device.type != "cuda":
             _cast_float8_inputs_under_cpu_autocast(net)
     if recipe.mx:
-        convert_mx(net, recipe, device)
+        convert_mx(net, recipe, device, seed)
     lora = None
     if recipe.lora:
         net, lora = _add_lora(net, recipe, lora_r, grad_checkpointing)

@@ -278,6 +278,8 @@ def verdict(record: RunRecord) -> Verdict:
             if emulated and group is not None and base_group is not None:
                 group = max(group, base_group)  # never faster on emulated bf16
             groups[row.precision] = group
+            # an emulated format's step time is the emulation's: only memory and loss judged
+            why = " (emulated: speed not judged)" if trial.support == "emulated" else unranked
             faster = group is not None and base_group is not None and group < base_group
             slower = group is not None and base_group is not None and group > base_group
             smaller = (row.memory_saving_vs_fp32 or 0.0) >= MEMORY_MIN_SAVING
@@ -285,12 +287,12 @@ def verdict(record: RunRecord) -> Verdict:
                 judgement, note = "slower", f"{_speed_text(row, ref)}, {_memory_text(row, base)}"
             elif faster or smaller:
                 judgement = "qualifies"
-                note = ("faster" if faster else "uses less memory") + unranked
+                note = ("faster" if faster else "uses less memory") + why
                 good.append(row)
             else:
                 judgement, note = "not better", (
                     f"neither significantly faster nor {MEMORY_MIN_SAVING:.0%} smaller"
-                    if not unranked else f"not {MEMORY_MIN_SAVING:.0%} smaller{unranked}")
+                    if not why else f"not {MEMORY_MIN_SAVING:.0%} smaller{why}")
         changed = (vn.changed_optimizer(trial, (record.config or {}).get("optimizer") or "adamw")
                    if row.status == "ok" else None)
         figures[row.precision] = _figure(row, base, judgement,

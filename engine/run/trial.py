@@ -348,7 +348,7 @@ def run_trial(
                    step_offset=len(prior_steps), flops=prior_flops)
     reason = (device_info.unsupported_reason(base_precision(precision))
               or optimizer_reason(state.optimizer, device_info.kind)
-              or _shape_reason(config, rec))
+              or _shape_reason(config, rec, device_info.verdict(precision)))
     if reason:
         return state.result("unsupported", reason)
     # before this trial touches the GPU: the fallback when NVML shows no pid of ours
@@ -385,9 +385,12 @@ def failure(exc: Exception) -> tuple[str, str]:
     return "error", f"{type(exc).__name__}: {text}"
 
 
-def _shape_reason(config: RunConfig, rec: Recipe) -> str | None:
-    """Shapes float8 or block-scaled training cannot run, found before anything loads."""
-    if not (rec.fp8 or rec.mx):
+def _shape_reason(config: RunConfig, rec: Recipe, verdict) -> str | None:
+    """Shapes float8 or block-scaled training cannot run, found before anything loads.
+    Emulated NVFP4 takes any shape: it pads the tokens and leaves in bf16 the layers that
+    are not whole 16-blocks (the trial's notes count the converted ones)."""
+    emulated_nvfp4 = rec.mx == "nvfp4" and verdict is not None and verdict.support == "emulated"
+    if not (rec.fp8 or rec.mx) or emulated_nvfp4:
         return None
     try:
         model_config, _ = load_config(resolve_source(config.model), config.trust_remote_code)

@@ -1,6 +1,7 @@
 """The real ``python3 main.py profile`` process with the block-scaled recipes beside bf16:
-every trial ends ok or n/a with its reason, the emulated one says so and is not ranked,
-FLOPs come by dtype and the loss against fp32; MXFP4 is refused before torch loads."""
+every trial ends ok, the emulated ones say so and are not ranked, FLOPs come by dtype and
+the loss against fp32; MXFP4 is refused before torch loads. NVFP4's own CLI runs are in
+tests/engine/test_cli_nvfp4.py."""
 
 import json
 import os
@@ -23,7 +24,7 @@ def lines_between(text: str, first: str, last: str | tuple[str, ...]) -> list[st
     return lines[start:next(i for i, line in enumerate(lines) if line.startswith(last))]
 
 
-def test_profile_runs_mxfp8_emulated_and_nvfp4_as_n_a(tmp_path):
+def test_profile_runs_mxfp8_and_nvfp4_emulated(tmp_path):
     out = tmp_path / "r.json"
     run = _cli(tmp_path, "profile", "--model", "tiny", "--precision",
                "fp32,bf16-amp,mxfp8,nvfp4", "--device", "cpu", "--isolation", "inline",
@@ -35,8 +36,7 @@ def test_profile_runs_mxfp8_emulated_and_nvfp4_as_n_a(tmp_path):
     assert trials["mxfp8"]["status"] == "ok"
     assert trials["mxfp8"]["support"] == "emulated"
     assert any(n.startswith("emulated:") for n in trials["mxfp8"]["notes"])
-    assert trials["nvfp4"]["status"] == "unsupported"
-    assert trials["nvfp4"]["reason"].startswith("n/a on the CPU")
+    assert (trials["nvfp4"]["status"], trials["nvfp4"]["support"]) == ("ok", "emulated")
     # FLOPs by the dtype that ran: the block projections in mxfp8, the tied head in bf16
     by_dtype = trials["mxfp8"]["flops"]["by_peak_dtype"]
     assert set(by_dtype) == {"mxfp8", "bf16"}
@@ -44,6 +44,7 @@ def test_profile_runs_mxfp8_emulated_and_nvfp4_as_n_a(tmp_path):
     assert trials["mxfp8"]["memory"]["params_bytes"] == trials["fp32"]["memory"]["params_bytes"]
     rows = {r["precision"]: r for r in report["comparison"]["rows"]}
     assert rows["mxfp8"]["speed_verdict"] == "emulated: not representative"
+    assert rows["nvfp4"]["speed_verdict"] == "emulated: not representative"
     base = trials["fp32"]["steps"][-1]["loss"]
     assert abs(rows["mxfp8"]["final_loss_diff_vs_fp32"]
                - (trials["mxfp8"]["steps"][-1]["loss"] - base)) < 1e-9
@@ -51,7 +52,8 @@ def test_profile_runs_mxfp8_emulated_and_nvfp4_as_n_a(tmp_path):
     assert max(len(line) for line in table) <= 120, "\n".join(table)
     (row,) = [line for line in table if line.startswith("mxfp8 ")]
     assert " emulated " in row
-    assert any(line.startswith("  emulated: not representative: mxfp8 ") for line in table)
+    assert any(line.startswith("  emulated: not representative: mxfp8, nvfp4 ")
+               for line in table)
     # the FLOPs-by-dtype lines say the same mix as the report, and which trial was emulated
     said = {line.split()[0]: line for line in
             lines_between(run.stdout, "Hardware FLOPs per step", "Time in one")[1:]}
@@ -60,7 +62,7 @@ def test_profile_runs_mxfp8_emulated_and_nvfp4_as_n_a(tmp_path):
     for dtype, flops in by_dtype.items():
         assert f"{dtype} {100 * flops / total:.1f}%" in said["mxfp8"]
     assert "bf16 100.0%" in said["bf16-amp"] and "fp32 100.0%" in said["fp32"]
-    assert "n/a: unsupported" in said["nvfp4"]
+    assert said["nvfp4"].startswith("  nvfp4 (emulated)") and "nvfp4 " in said["nvfp4"]
 
 
 def test_mxfp4_is_refused_with_its_n_a_reason(tmp_path):

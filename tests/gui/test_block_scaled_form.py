@@ -1,5 +1,5 @@
-"""The Run form on the CPU: mxfp8 marked emulated (and tickable), nvfp4 greyed with its
-n/a reason, as the gating verdicts say."""
+"""The Run form on the CPU: mxfp8 and nvfp4 marked emulated (and tickable), as the gating
+verdicts say."""
 
 from PySide6.QtCore import Qt
 
@@ -20,6 +20,8 @@ def test_block_scaled_recipes_are_marked_from_their_gating_verdicts(qtbot):
     tick(panel.precisions, "mxfp8")
     assert "mxfp8" in panel.config().precisions
     nv = list_item(panel.precisions, "nvfp4")
-    assert not nv.flags() & Qt.ItemFlag.ItemIsEnabled
-    assert nv.checkState() == Qt.CheckState.Unchecked
-    assert "nvfp4 cannot run here: n/a on the CPU" in nv.toolTip()
+    assert nv.text() == "nvfp4 (emulated)" and nv.font().italic()
+    assert nv.flags() & Qt.ItemFlag.ItemIsEnabled
+    assert gating.verdict("nvfp4", gating.CPU).reason in nv.toolTip()
+    tick(panel.precisions, "nvfp4")
+    assert {"mxfp8", "nvfp4"} <= set(panel.config().precisions)
