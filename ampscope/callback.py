@@ -253,7 +253,7 @@ class AmpScopeCallback(TrainerCallback):
         if self.recorder is not None and not self.recorder._finished:
             rec = self.recorder
             rec.asked_notes = trainer_asked.notes(self._args, rec.precision,
-                                                  rec.describe_recipe())
+                                                  rec.describe_recipe(), rec.device.type)
         trainer, self._trainer = self._trainer, None
         for name in self._wrapped:  # the instance attributes go: the class's methods return
             trainer.__dict__.pop(name, None)

@@ -54,13 +54,13 @@ def settings(args, model) -> str:
     return ", ".join(parts)
 
 
-def notes(args, ran: str, recipe: str) -> list[str]:
+def notes(args, ran: str, recipe: str, device_type: str) -> list[str]:
     """A note for each precision the arguments asked for that is not what ran."""
     out = []
+    why = " (it keeps fp16 AMP off on a CPU)" if device_type == "cpu" else ""
     for flag, (precision, words) in _ASKED.items():
         if getattr(args, flag, False) and ran != precision:
             out.append(f"TrainingArguments({flag}=True) asked for {precision} ({words}), but "
                        f"{ran} ran ({recipe.split(', optimizer')[0]}): accelerate did not "
-                       "enable it here (on a CPU it turns fp16 AMP off); the figures are "
-                       f"those of {ran}")
+                       f"enable it here{why}; the figures are those of {ran}")
     return out

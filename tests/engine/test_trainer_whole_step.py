@@ -152,3 +152,27 @@ def test_every_micro_batchs_fetch_is_data_under_gradient_accumulation(tmp_path):
     assert statistics.median(s.data_ms for s in steps) >= 2 * 0.75 * SLEEP_S * 1e3
     for s in steps:
         assert s.forward_ms > 0 and s.backward_ms > 0
+
+
+@pytest.mark.parametrize("asked", ["fp16", "bf16"])
+def test_the_precision_is_what_ran_and_the_notes_say_what_was_asked(tmp_path, asked):
+    """dora_finetuning.py ships fp16=True: on a CPU accelerate keeps native AMP off and
+    makes no GradScaler, so fp32 ran; bf16=True runs bf16 autocast on a CPU."""
+    trainer, _, record = train(tmp_path, gpt2, **{asked: True})
+    (trial,) = record.trials
+    accelerator = trainer.accelerator
+    ran_amp = accelerator.native_amp  # what accelerate did, read here
+    assert getattr(accelerator, "scaler", None) is None
+    by_dtype = trial.flops.by_peak_dtype  # the counting step's FLOPs by dtype
+    top = max(by_dtype, key=by_dtype.get)
+    if asked == "fp16":
+        assert not ran_amp and top == "fp32"
+        assert trial.precision == "fp32"
+        assert "no autocast, no loss scaling" in trial.recipe
+        (note,) = [n for n in trial.notes if n.startswith("TrainingArguments(fp16=True)")]
+        assert "asked for fp16-amp" in note and "but fp32 ran" in note
+    else:
+        assert ran_amp and top == "bf16"
+        assert trial.precision == "bf16-amp"
+        assert "autocast bfloat16, no loss scaling" in trial.recipe
+        assert not any(n.startswith("TrainingArguments(") for n in trial.notes)
