@@ -12,8 +12,13 @@ How each figure reaches a callback that never sees a batch or a loss:
 - gradient norm: the Trainer's own (pre-clipping) norm, from its log of that step
   (``logging_steps=1`` gives every step one); otherwise the result of the
   ``clip_grad_norm_`` the Trainer calls, kept by the Recorder (the same number);
-- learning rate: read between the optimiser step and the scheduler step
-  (``on_optimizer_step``), the one the Trainer logs;
+- learning rate: every parameter group's, read between the optimiser step and the
+  scheduler step (``on_optimizer_step``); group 0's is the one the Trainer logs;
+- precision: what the steps ran (the Recorder reads autocast inside the first training
+  forward, accelerate's GradScaler, the weights' dtype); a note where ``TrainingArguments``
+  asked for another (ampscope/trainer_asked.py);
+- time: a step runs from its batch fetch to the end of the log, evaluation and save after
+  it (see ``WRAPPED``);
 - loss scale and skipped steps: the GradScaler accelerate keeps on the optimizer;
 - evaluation metrics (``eval_loss`` and the rest ``on_evaluate`` gets): journaled as
   scalars at the step the evaluation followed.
@@ -27,8 +32,7 @@ exiting with the run still open ends it too. The journal gets its end line and t
 is written; the monitor thread stops; FLOPs are counted inside each training step of the
 counting step only, so no dispatch mode is left pushed.
 
-A step is written when the next one ends (its log is in by then), as the Recorder reads
-every step one step late.
+A step is written when the next one ends, as the Recorder reads every step one step late.
 """
 
 from __future__ import annotations

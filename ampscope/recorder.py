@@ -6,9 +6,11 @@
             rec.step(loss=loss)
 
 Conventions (docs/report-schema.md, "User runs"):
-- a step's time runs from the previous ``step()`` call (or from the start) to this one,
-  so it includes the loop's data loading; ``with rec.step_timer() as s:`` times only
-  the block instead (set ``s.loss`` inside it);
+- a step's time runs from the previous ``step()`` call (or from the start: the ``with``,
+  ``start()``, or, for a Recorder made without them, its making, the recording itself
+  starting at the model's first forward) to this one, so it includes the loop's data
+  loading; ``with rec.step_timer() as s:`` times only the block instead (set ``s.loss``
+  inside it);
 - step 0 is a warm-up step (``torch.compile`` compiles there); step 1 is the counting
   step: hardware FLOPs are counted over it with FlopCounterMode (the counter watches the
   ops, it changes no value; a compiled model runs eagerly under it, so nothing compiles
@@ -21,12 +23,15 @@ Conventions (docs/report-schema.md, "User runs"):
   engine/measure/flops.py over those tokens at the batch's sequence length; a model without a
   transformers config has none (n/a, with the reason);
 - a skipped step is one where the GradScaler's scale went down;
-- lr: the one the optimizer step used (an optimizer step pre-hook, before a scheduler
-  moves it); grad norm: the one passed, else ``clip_grad_norm_``'s result on the model's
+- lr: every group's, as the optimizer step used it (an optimizer step pre-hook, before a
+  scheduler moves it; preferred to ``lr=``, which is one step late after the scheduler's
+  step); grad norm: the one passed, else ``clip_grad_norm_``'s result on the model's
   parameters, else measured on the device just before the optimizer step (notes say which);
 - evaluation forwards (``model.eval()`` or ``no_grad``) count neither tokens nor FLOPs;
-- a step's time is split at the model's training forwards and the optimizer step into
-  data, forward, backward and optimizer milliseconds (CUDA events on a GPU);
+- a step's time is split at the model's training forwards, its backwards and the
+  optimizer step into data, forward, backward, optimizer (and eval, save) milliseconds
+  (CUDA events on a GPU; ampscope/phases.py);
+- ``rec.log()`` before the step's first training forward is at the step it followed;
 - memory: step 1 (untimed by the summary) is also watched by engine.measure.memtrack, as a profile
   trial's memory step is: every storage from allocation to release, so the report has the
   real peak of a step and what held it (parameters, gradients, optimizer state,

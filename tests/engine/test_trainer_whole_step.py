@@ -65,13 +65,13 @@ def train(tmp_path, build, accumulation=1, **overrides):
     optimizer = torch.optim.AdamW([{"params": params[:half]},
                                    {"params": params[half:], "lr": BASE_LR / 2}], lr=BASE_LR)
     collator = SlowCollator()
+    settings = dict(eval_strategy="steps", eval_steps=4, save_strategy="steps", save_steps=4)
     args = TrainingArguments(
         output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=1,
         gradient_accumulation_steps=accumulation, max_steps=STEPS, logging_steps=1,
-        eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=2,
-        save_strategy="steps", save_steps=4, report_to=[], use_cpu=True,
+        per_device_eval_batch_size=2, report_to=[], use_cpu=True,
         remove_unused_columns=False, dataloader_num_workers=0, seed=0, disable_tqdm=True,
-        lr_scheduler_type="linear", **overrides)
+        lr_scheduler_type="linear", **{**settings, **overrides})
     journal = tmp_path / "run.jsonl"
     trainer = Trainer(model=model, args=args, train_dataset=dataset() * 2,
                       eval_dataset=dataset()[:4], data_collator=collator,
@@ -129,6 +129,22 @@ def test_data_evaluation_and_saves_are_inside_the_step(tmp_path, build):
     eval_losses = [(x.step, x.value) for x in record.scalars if x.name == "eval_loss"]
     assert eval_losses == pytest.approx([(h["step"] - 1, h["eval_loss"]) for h in evals])
     assert "checkpoint saves (in 2 steps)" in " ".join(trial.notes)
+
+
+def test_an_evaluation_at_the_epochs_end_is_in_the_last_step_it_followed(tmp_path):
+    """eval_strategy="epoch": the Trainer evaluates after on_epoch_end, once the last
+    step's own log is done: its time is added to that step, its metrics journaled there."""
+    trainer, _, record = train(tmp_path, gpt2, eval_strategy="epoch", save_strategy="no")
+    steps = record.trials[0].steps
+    (evaluation,) = [h for h in trainer.state.log_history if "eval_runtime" in h]
+    assert evaluation["step"] == STEPS
+    assert [s.step for s in steps if s.eval_ms] == [STEPS - 1]
+    assert steps[-1].eval_ms >= 0.5 * evaluation["eval_runtime"] * 1e3
+    last = steps[-1]
+    assert sum([last.data_ms, last.forward_ms, last.backward_ms, last.optimizer_ms,
+                last.eval_ms]) == pytest.approx(last.step_ms, rel=1e-6)
+    assert [(x.step, x.value) for x in record.scalars if x.name == "eval_loss"] == \
+        pytest.approx([(STEPS - 1, evaluation["eval_loss"])])
 
 
 @pytest.mark.parametrize("build", [gpt2, llama])
