@@ -48,7 +48,6 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
-import inspect
 import math
 import numbers
 import os
@@ -68,6 +67,7 @@ import torch
 
 from ampscope import phases as phases_mod
 from ampscope import what_ran
+from ampscope.clip_norm import ClipNormKeeper
 from ampscope.step_args import learning_rates, lr_differs, token_count
 from engine.core.config import PRECISIONS
 from engine.core.events import (
@@ -404,7 +404,7 @@ class Recorder:
         base = _base_optimizer(self.optimizer)
         if base is not None:
             self._hooks.append(base.register_step_pre_hook(self._before_optimizer_step))
-        self._patch_clip()
+        self._clip_patch = ClipNormKeeper(self.model, self._clip_norm)
         self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
                                                                 with_kwargs=True))
         self._hooks.append(self.model.register_forward_hook(self._after_forward))
@@ -466,50 +466,14 @@ class Recorder:
                 self._step_norm = (torch.nn.utils.get_total_norm(grads).detach(), "measured")
         return None
 
-    def _patch_clip(self) -> None:
-        """Keep ``clip_grad_norm_``'s pre-clipping norm (which nanoGPT's train.py computes
-        and drops) for the model's own parameters. Where torch's ``clip_grad_norm_`` hands
-        its norm to the module's ``_clip_grads_with_norm_`` (looked up in its module at each
-        call), that is where it is kept: a ``clip_grad_norm_`` imported by name before the
-        Recorder started is seen too. Otherwise the public name is wrapped (a name bound
-        earlier is then not seen, and the norm AmpScope measures is the clipped one)."""
-        module = torch.nn.utils.clip_grad
-        mine = {id(p) for p in self.model.parameters()}
-        body = inspect.unwrap(getattr(module, "clip_grad_norm_", None))
-        inner = getattr(module, "_clip_grads_with_norm_", None)
-        if inner is not None and "_clip_grads_with_norm_" in getattr(
-                getattr(body, "__code__", None), "co_names", ()):
-
-            def _clip_grads_with_norm_(parameters, max_norm, total_norm, *args, **kwargs):
-                if isinstance(parameters, torch.Tensor):
-                    parameters = [parameters]
-                parameters = list(parameters)
-                if self._measure_norm and any(id(p) in mine for p in parameters):
-                    self._step_norm = (total_norm.detach(), "clip")
-                return inner(parameters, max_norm, total_norm, *args, **kwargs)
-
-            module._clip_grads_with_norm_ = _clip_grads_with_norm_
-            self._clip_patch = (module, "_clip_grads_with_norm_", inner, _clip_grads_with_norm_)
-            return
-        real = torch.nn.utils.clip_grad_norm_
-
-        def clip_grad_norm_(parameters, *args, **kwargs):
-            if isinstance(parameters, torch.Tensor):
-                parameters = [parameters]
-            parameters = list(parameters)
-            norm = real(parameters, *args, **kwargs)
-            if self._measure_norm and any(id(p) in mine for p in parameters):
-                self._step_norm = (norm.detach(), "clip")
-            return norm
-
-        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-        self._clip_patch = (torch.nn.utils, "clip_grad_norm_", real, clip_grad_norm_)
+    def _clip_norm(self, norm) -> None:
+        """clip_grad_norm_'s pre-clipping norm of this step (ampscope/clip_norm.py)."""
+        if self._measure_norm:
+            self._step_norm = (norm, "clip")
 
     def _unpatch_clip(self) -> None:
         if self._clip_patch is not None:
-            module, name, real, ours = self._clip_patch
-            if getattr(module, name) is ours:  # a later patch stays
-                setattr(module, name, real)
+            self._clip_patch.remove()
             self._clip_patch = None
 
     @property
