@@ -27,31 +27,48 @@ def parts(s):
             s.save_ms or 0.0]
 
 
-def nanogpt_loop(model, opt, rec):
+def nanogpt_loop(model, opt, sched, rec, seen):
     """nanoGPT's train.py, condensed: the next batch is fetched after each micro-step's
-    forward, before its backward; the norm clipped, then the optimizer step."""
+    forward, before its backward; the norm clipped, the lr set, the optimizer step."""
     batch = fetch(0)
     for it in range(STEPS):
+        for g in opt.param_groups:
+            g["lr"] = 1e-2 * (it + 1) / STEPS  # nanoGPT's get_lr(), set by hand
+        tokens = 0
         for micro in range(MICRO):
+            tokens += int(batch["attention_mask"].sum())
             loss = model(**batch).loss / MICRO
             batch = fetch(it * MICRO + micro + 1)
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        seen["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
+        seen["lr"].append(opt.param_groups[0]["lr"])
         opt.step()
         opt.zero_grad(set_to_none=True)
+        seen["loss"].append(float(loss.detach()) * MICRO)
+        seen["tokens"].append(tokens)
         rec.step(loss=loss * MICRO)
 
 
-def accelerate_loop(model, opt, rec):
-    """run_clm_no_trainer.py's shape: each micro-batch fetched at the top of the loop."""
+def accelerate_loop(model, opt, sched, rec, seen):
+    """run_clm_no_trainer.py's shape: each micro-batch fetched at the top of the loop,
+    the scheduler stepped before the Recorder (its get_last_lr() is the next step's)."""
     for it in range(STEPS):
+        tokens, total = 0, 0.0
         for micro in range(MICRO):
             batch = fetch(it * MICRO + micro)
+            tokens += int(batch["attention_mask"].sum())
             loss = model(**batch).loss
+            total += float(loss.detach()) / MICRO
             (loss / MICRO).backward()
+        seen["grad_norm"].append(float(torch.linalg.vector_norm(torch.stack(
+            [p.grad.norm() for p in model.parameters() if p.grad is not None]))))
+        seen["lr"].append(opt.param_groups[0]["lr"])
         opt.step()
+        sched.step()
         opt.zero_grad()
-        rec.step(loss=loss)
+        seen["loss"].append(total)
+        seen["tokens"].append(tokens)
+        rec.step(loss=total, lr=sched.get_last_lr())
 
 
 @pytest.mark.parametrize("loop", [nanogpt_loop, accelerate_loop])
@@ -59,10 +76,17 @@ def accelerate_loop(model, opt, rec):
 def test_every_micro_batchs_fetch_is_data(tmp_path, build, loop):
     model = build()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    seen = {"grad_norm": [], "lr": [], "loss": [], "tokens": []}
     with ampscope.Recorder(model, opt, journal=tmp_path / "ga.jsonl") as rec:
-        loop(model, opt, rec)
+        loop(model, opt, sched, rec, seen)
     steps = read_journal(tmp_path / "ga.jsonl").trials[0].steps
     assert len(steps) == STEPS
+    # every figure as the loop itself saw it (the micro-batches' tokens summed)
+    assert [s.loss for s in steps] == pytest.approx(seen["loss"], rel=1e-6)
+    assert [s.learning_rate for s in steps] == pytest.approx(seen["lr"])
+    assert [s.grad_norm for s in steps] == pytest.approx(seen["grad_norm"], rel=1e-4)
+    assert [s.tokens for s in steps] == seen["tokens"]
     for s in steps[1:]:  # nanoGPT's step 0 fetched its first batch before the Recorder
         assert s.data_ms >= MICRO * SLEEP_S * 1e3  # every micro-batch's sleep, no less
         assert s.backward_ms > 0 and s.forward_ms > 0
