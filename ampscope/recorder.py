@@ -66,7 +66,7 @@ from pathlib import Path
 import torch
 
 from ampscope import phases as phases_mod
-from ampscope import what_ran
+from ampscope import run_notes, what_ran
 from ampscope.clip_norm import ClipNormKeeper
 from ampscope.step_args import learning_rates, lr_differs, token_count
 from engine.core.config import PRECISIONS
@@ -179,7 +179,7 @@ class _Pending:
     allocated: int | None
     reserved: int | None
     time_s: float
-    phases: list  # (phase, time mark) in order: "forward", "forward_end", "optimizer"
+    phases: list  # (kind, time mark) in order: see ampscope/phases.py
 
 
 def _never_raises(method):
@@ -1143,41 +1143,8 @@ class Recorder:
         )
 
     def _notes(self) -> list[str]:
-        how = {"given": "passed by the loop (rec.step(grad_norm=...))",
-               "clip": "torch.nn.utils.clip_grad_norm_'s own result (before clipping)",
-               "measured": "measured by AmpScope at the optimizer step: the 2-norm of the "
-                           "gradients it used (unscaled, after any clipping), on the device"}
-        if not self._norm_methods:
-            notes = ["grad_norm: n/a (no optimizer step was seen and none was passed)"]
-        else:
-            parts = [f"{how[m]} for {n} step{'s' * (n != 1)}"
-                     for m, n in self._norm_methods.items()]
-            notes = ["grad_norm: " + "; ".join(parts)]
-        split = [s for s in self.steps if not s.warmup and s.data_ms is not None]
-        total = sum(s.step_ms for s in split)
-        if split and total > 0:
-            shares = {name: 100 * sum(getattr(s, f"{name}_ms") or 0.0 for s in split) / total
-                      for name in phases_mod.PHASES}
-            evaluated = sum(1 for s in split if s.eval_ms)
-            saved = sum(1 for s in split if s.save_ms)
-            notes.append(
-                f"where the step time went over the {len(split)} measured steps: "
-                f"{shares['data']:.0f}% waiting for data (a step's start to its first "
-                f"forward, and the loop's work between micro-batches), "
-                f"{shares['forward']:.0f}% forward, {shares['backward']:.0f}% "
-                f"backward (to the optimizer step), {shares['optimizer']:.0f}% optimizer"
-                + (f", {shares['eval']:.0f}% evaluation inside the loop (model.eval() or "
-                   f"no_grad forwards, in {evaluated} step{'s' * (evaluated != 1)})"
-                   if evaluated else "")
-                + (f", {shares['save']:.0f}% checkpoint saves (in {saved} "
-                   f"step{'s' * (saved != 1)})" if saved else ""))
-        if self._lr_differed:
-            notes.append(f"lr: the lr each optimizer step used (read at the step); the lr= "
-                         f"passed differed on {self._lr_differed} step"
-                         f"{'s' * (self._lr_differed != 1)} (sched.get_last_lr() after "
-                         "sched.step() is the next step's lr)")
-        notes.extend(self.asked_notes)
-        return notes
+        return [*run_notes.notes(self._norm_methods, self.steps, self._lr_differed),
+                *self.asked_notes]
 
     def _memory(self) -> MemoryBreakdown:
         params_bytes = inventory.unique_param_bytes(self.model) + sum(
