@@ -12,8 +12,13 @@ How each figure reaches a callback that never sees a batch or a loss:
 - gradient norm: the Trainer's own (pre-clipping) norm, from its log of that step
   (``logging_steps=1`` gives every step one); otherwise the result of the
   ``clip_grad_norm_`` the Trainer calls, kept by the Recorder (the same number);
-- learning rate: read between the optimiser step and the scheduler step
-  (``on_optimizer_step``), the one the Trainer logs;
+- learning rate: every parameter group's, read between the optimiser step and the
+  scheduler step (``on_optimizer_step``); group 0's is the one the Trainer logs;
+- precision: what the steps ran (the Recorder reads autocast inside the first training
+  forward, accelerate's GradScaler, the weights' dtype); a note where ``TrainingArguments``
+  asked for another (ampscope/trainer_asked.py);
+- time: a step runs from its batch fetch to the end of the log, evaluation and save after
+  it (see ``WRAPPED``);
 - loss scale and skipped steps: the GradScaler accelerate keeps on the optimizer;
 - evaluation metrics (``eval_loss`` and the rest ``on_evaluate`` gets): journaled as
   scalars at the step the evaluation followed.
@@ -27,8 +32,7 @@ exiting with the run still open ends it too. The journal gets its end line and t
 is written; the monitor thread stops; FLOPs are counted inside each training step of the
 counting step only, so no dispatch mode is left pushed.
 
-A step is written when the next one ends (its log is in by then), as the Recorder reads
-every step one step late.
+A step is written when the next one ends, as the Recorder reads every step one step late.
 """
 
 from __future__ import annotations
@@ -41,67 +45,8 @@ import sys
 import torch
 from transformers import TrainerCallback
 
+from ampscope import trainer_asked
 from ampscope.recorder import SOURCE_TRAINER, Recorder
-
-
-def _quantisation(model) -> str | None:
-    """'nf4' or 'int8' when the model was loaded quantised by bitsandbytes."""
-    config = getattr(getattr(model, "config", None), "quantization_config", None)
-    if config is None:
-        return None
-    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
-    if get("load_in_4bit"):
-        return "nf4"
-    if get("load_in_8bit"):
-        return "int8"
-    return str(get("quant_method", "quantised"))
-
-
-def _lora(model) -> str | None:
-    peft = getattr(model, "peft_config", None)
-    if not peft:
-        return None
-    parts = []
-    for name, cfg in peft.items():
-        targets = getattr(cfg, "target_modules", None)
-        shown = ",".join(sorted(targets)) if isinstance(targets, (set, list, tuple)) else targets
-        parts.append(f"{name}: {getattr(cfg, 'peft_type', 'adapter')} r={getattr(cfg, 'r', '?')}"
-                     f" on {shown}")
-    return "; ".join(parts)
-
-
-def trainer_recipe(args, model) -> tuple[str, str]:
-    """(AmpScope precision name, a description) of what ``TrainingArguments`` ask for."""
-    param = next(iter(model.parameters()), None)
-    weights = param.dtype if param is not None else torch.float32
-    quant = _quantisation(model)
-    tf32 = bool(getattr(args, "tf32", None))
-    if quant in ("nf4", "int8"):
-        precision = quant
-    elif weights == torch.float16:
-        precision = "fp16"
-    elif weights == torch.bfloat16:
-        precision = "bf16"
-    elif args.fp16:
-        precision = "fp16-amp"
-    elif args.bf16:
-        precision = "bf16-amp"
-    elif tf32:
-        precision = "tf32"
-    else:
-        precision = "fp32"
-    amp = ("fp16 autocast + GradScaler" if args.fp16 else
-           "bf16 autocast" if args.bf16 else "no autocast")
-    optim = getattr(args.optim, "value", args.optim)
-    parts = [f"Trainer: {str(weights).removeprefix('torch.')} weights", amp,
-             f"tf32 {'on' if tf32 else 'off'}",
-             f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}",
-             f"optimizer {optim}",
-             f"quantisation {quant}" if quant else "no quantisation",
-             f"LoRA {_lora(model)}" if _lora(model) else "no adapters"]
-    if args.gradient_accumulation_steps > 1:
-        parts.append(f"gradient accumulation {args.gradient_accumulation_steps}")
-    return precision, ", ".join(parts)
 
 
 def _calling_trainer():
@@ -136,6 +81,11 @@ class AmpScopeCallback(TrainerCallback):
         self._trainer = None
         self._wrapped: list[str] = []
         self._patched: list[tuple] = []  # (object, method name, its own attribute before)
+        self._spans = False  # the step is timed from the batch fetch to its log/eval/save
+        self._open = False  # between the batch fetch and the step's end
+        self._done = None  # (loss, lrs) of the step on_step_end closed, not yet recorded
+        self._norm = None  # the Trainer's logged norm of that step: (step, {"grad_norm"})
+        self._args = None
 
     # --- Trainer events ------------------------------------------------------------------
 
@@ -160,12 +110,17 @@ class AmpScopeCallback(TrainerCallback):
         return wrapper
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        precision, recipe = trainer_recipe(args, model)
+        # the precision is what the steps ran (the Recorder reads it), except quantised
+        # weights, which the model's config names
+        quant = trainer_asked.quantisation(model)
+        precision = quant if quant in ("nf4", "int8") else None
         scaler = getattr(optimizer, "scaler", None)  # accelerate's AcceleratedOptimizer
-        name = self.name or f"{type(model).__name__} ({precision}, Trainer)"
+        name = self.name or f"{type(model).__name__} (Trainer)"
         self.recorder = Recorder(model, optimizer, scaler, self.out, name, precision=precision,
                                  journal=self.journal, monitor_hz=self.monitor_hz,
-                                 source=SOURCE_TRAINER, recipe=recipe)
+                                 source=SOURCE_TRAINER)
+        self.recorder.recipe_details = trainer_asked.settings(args, model)
+        self._args = args
         self._hook = model.register_forward_hook(self._on_output, with_kwargs=True)
         self.recorder.scoped_counting = True
         self._trainer = _calling_trainer()
@@ -177,28 +132,53 @@ class AmpScopeCallback(TrainerCallback):
             real = getattr(owner, name, None)
             if real is not None:  # an instance's own (an lr scheduler's wrapper) comes back
                 self._patched.append((owner, name, vars(owner).get(name)))
-                setattr(owner, name, self._ending_on_failure(real, False))
+                setattr(owner, name, self._ending_on_failure(real, name))
         atexit.register(self._at_exit)
         self.recorder.start()
 
-    # the Trainer's methods a step's time is spent in; the counting step's FLOPs are
-    # counted inside training_step
-    WRAPPED = ("training_step", "get_batch_samples", "_maybe_log_save_evaluate")
+    # The Trainer's methods a step's time is spent in, wrapped on this Trainer instance only
+    # (removed when the run ends). No callback event marks where the user's wait for a step
+    # begins and ends: transformers fetches the step's batches (every micro-batch of an
+    # accumulated step, in get_batch_samples) before on_step_begin, and logs, evaluates
+    # and saves (_maybe_log_save_evaluate) after on_step_end. So the step begins as the
+    # fetch begins and ends as the log/evaluate/save that follows on_step_end returns;
+    # _evaluate and _save_checkpoint are timed whole as the step's eval and save phases.
+    # The counting step's FLOPs are counted inside training_step.
+    WRAPPED = ("training_step", "get_batch_samples", "_maybe_log_save_evaluate", "_evaluate",
+               "_save_checkpoint")
 
     def _wrap(self, trainer) -> None:
         for name in self.WRAPPED:
             real = getattr(trainer, name, None)
             if real is not None:
-                setattr(trainer, name, self._ending_on_failure(real, name == "training_step"))
+                setattr(trainer, name, self._ending_on_failure(real, name))
                 self._wrapped.append(name)
+        self._spans = {"get_batch_samples", "_maybe_log_save_evaluate"} <= set(self._wrapped)
 
-    def _ending_on_failure(self, real, counted: bool):
+    def _ending_on_failure(self, real, name: str):
         @functools.wraps(real)
         def wrapper(*args, **kwargs):
             try:
-                if counted and self.recorder is not None:
-                    with self.recorder.counting():
+                rec = self.recorder
+                if rec is None or rec._finished:
+                    return real(*args, **kwargs)
+                if name == "training_step":
+                    with rec.counting():
                         return real(*args, **kwargs)
+                if name == "get_batch_samples":
+                    self._open = True
+                    rec.begin_step()  # the user waits for the batches from here
+                    return real(*args, **kwargs)
+                if name in ("_evaluate", "_save_checkpoint"):
+                    kind = "eval" if name == "_evaluate" else "save"
+                    # an epoch's evaluation comes after its last step ended: it is added
+                    # to that step
+                    with rec.block(kind) if self._open else rec.late_block(kind):
+                        return real(*args, **kwargs)
+                if name == "_maybe_log_save_evaluate":
+                    result = real(*args, **kwargs)
+                    self._end_step()
+                    return result
                 return real(*args, **kwargs)
             except BaseException as exc:
                 self._end(exc)
@@ -221,24 +201,42 @@ class AmpScopeCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._losses = []
-        self.recorder.begin_step()
+        if not self._spans:  # the Trainer was not found: the step starts here
+            self.recorder.begin_step()
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        # every group's lr, as the optimizer step used it (a step the GradScaler skipped
+        # runs no optimizer step for the Recorder's own hook to read)
         groups = getattr(optimizer, "param_groups", None)
-        self._lr = float(groups[0]["lr"]) if groups else None
+        self._lr = [float(g["lr"]) for g in groups] if groups else None
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.recorder.end_step(self._step_loss(), lr=self._lr)
+        self._done = (self._step_loss(), self._lr)
+        if not self._spans:
+            self._end_step()
+
+    def _end_step(self) -> None:
+        """Record the step on_step_end closed (the log, evaluation and save after it done)."""
+        done, self._done, self._open = self._done, None, False
+        if done is None or self.recorder is None or self.recorder._finished:
+            return
+        self.recorder.end_step(done[0], lr=done[1])
+        norm, self._norm = self._norm, None
+        if norm is not None:
+            self.recorder.patch_pending(norm[0], **norm[1])
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        rec = self.recorder
-        if rec is None or not logs or "loss" not in logs:
+        if self.recorder is None or not logs or "loss" not in logs:
             return
         index = state.global_step - 1
         previous = [h.get("step") for h in state.log_history[:-1] if "loss" in h]
         covers_one_step = (previous[-1] if previous else 0) == state.global_step - 1
         if covers_one_step and "grad_norm" in logs:  # the Trainer's norm of exactly this step
-            rec.patch_pending(index, grad_norm=logs["grad_norm"])
+            norm = (index, {"grad_norm": logs["grad_norm"]})
+            if self._done is not None:  # the step is still open: kept for its end
+                self._norm = norm
+            else:
+                self.recorder.patch_pending(norm[0], **norm[1])
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         """The evaluation metrics the Trainer logs (eval_loss...), journaled at the step
@@ -255,6 +253,11 @@ class AmpScopeCallback(TrainerCallback):
 
     def _end(self, exc) -> None:
         atexit.unregister(self._at_exit)
+        self._end_step()  # a step whose evaluation or save was cut short is kept
+        if self.recorder is not None and not self.recorder._finished:
+            rec = self.recorder
+            rec.asked_notes = trainer_asked.notes(self._args, rec.precision,
+                                                  rec.describe_recipe(), rec.device.type)
         trainer, self._trainer = self._trainer, None
         for name in self._wrapped:  # the instance attributes go: the class's methods return
             trainer.__dict__.pop(name, None)

@@ -6,9 +6,11 @@
             rec.step(loss=loss)
 
 Conventions (docs/report-schema.md, "User runs"):
-- a step's time runs from the previous ``step()`` call (or from the start) to this one,
-  so it includes the loop's data loading; ``with rec.step_timer() as s:`` times only
-  the block instead (set ``s.loss`` inside it);
+- a step's time runs from the previous ``step()`` call (or from the start: the ``with``,
+  ``start()``, or, for a Recorder made without them, its making, the recording itself
+  starting at the model's first forward) to this one, so it includes the loop's data
+  loading; ``with rec.step_timer() as s:`` times only the block instead (set ``s.loss``
+  inside it);
 - step 0 is a warm-up step (``torch.compile`` compiles there); step 1 is the counting
   step: hardware FLOPs are counted over it with FlopCounterMode (the counter watches the
   ops, it changes no value; a compiled model runs eagerly under it, so nothing compiles
@@ -21,12 +23,15 @@ Conventions (docs/report-schema.md, "User runs"):
   engine/measure/flops.py over those tokens at the batch's sequence length; a model without a
   transformers config has none (n/a, with the reason);
 - a skipped step is one where the GradScaler's scale went down;
-- lr: the one the optimizer step used (an optimizer step pre-hook, before a scheduler
-  moves it); grad norm: the one passed, else ``clip_grad_norm_``'s result on the model's
+- lr: every group's, as the optimizer step used it (an optimizer step pre-hook, before a
+  scheduler moves it; preferred to ``lr=``, which is one step late after the scheduler's
+  step); grad norm: the one passed, else ``clip_grad_norm_``'s result on the model's
   parameters, else measured on the device just before the optimizer step (notes say which);
 - evaluation forwards (``model.eval()`` or ``no_grad``) count neither tokens nor FLOPs;
-- a step's time is split at the model's training forwards and the optimizer step into
-  data, forward, backward and optimizer milliseconds (CUDA events on a GPU);
+- a step's time is split at the model's training forwards, its backwards and the
+  optimizer step into data, forward, backward, optimizer (and eval, save) milliseconds
+  (CUDA events on a GPU; ampscope/phases.py);
+- ``rec.log()`` before the step's first training forward is at the step it followed;
 - memory: step 1 (untimed by the summary) is also watched by engine.measure.memtrack, as a profile
   trial's memory step is: every storage from allocation to release, so the report has the
   real peak of a step and what held it (parameters, gradients, optimizer state,
@@ -43,7 +48,6 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
-import inspect
 import math
 import numbers
 import os
@@ -61,7 +65,10 @@ from pathlib import Path
 
 import torch
 
-from ampscope.step_args import learning_rates, token_count
+from ampscope import phases as phases_mod
+from ampscope import run_notes, what_ran
+from ampscope.clip_norm import ClipNormKeeper
+from ampscope.step_args import learning_rates, lr_differs, token_count
 from engine.core.config import PRECISIONS
 from engine.core.events import (
     ErrorEvent,
@@ -172,7 +179,7 @@ class _Pending:
     allocated: int | None
     reserved: int | None
     time_s: float
-    phases: list  # (phase, time mark) in order: "forward", "forward_end", "optimizer"
+    phases: list  # (kind, time mark) in order: see ampscope/phases.py
 
 
 def _never_raises(method):
@@ -220,31 +227,6 @@ def _host_tokens(tokens) -> int | None:
         return int(tokens) if tokens is not None else None
     counts = [t for t in tokens if not isinstance(t, torch.Tensor)]
     return sum(counts) if counts else None
-
-
-def _ms(a, b) -> float:
-    """Milliseconds between two time marks (CUDA events: the later one has completed)."""
-    return a.elapsed_time(b) if isinstance(a, torch.cuda.Event) else (b - a) * 1e3
-
-
-def _breakdown(mark, phases: list) -> tuple[float | None, ...]:
-    """(data, forward, backward, optimizer, eval) milliseconds of one step from its time
-    marks: every span between two marks goes to the phase that began it, so they add up;
-    an evaluation (forwards with the model in eval mode or under no_grad, and what runs
-    between them) is its own phase, after which the phase it interrupted goes on."""
-    if not any(kind == "forward" for kind, _ in phases):
-        return None, None, None, None, None
-    totals = {"data": 0.0, "forward": 0.0, "forward_end": 0.0, "optimizer": None, "eval": None}
-    marks = [("data", mark.start), *phases, ("end", mark.end)]
-    interrupted = "data"
-    for (kind, t), (_, following) in zip(marks, marks[1:]):
-        if kind == "eval_end":
-            kind = interrupted
-        else:
-            interrupted = kind if kind != "eval" else interrupted
-        totals[kind] = (totals[kind] or 0.0) + _ms(t, following)
-    return (totals["data"], totals["forward"], totals["forward_end"], totals["optimizer"],
-            totals["eval"])
 
 
 def _base_optimizer(optimizer):
@@ -360,7 +342,8 @@ class Recorder:
         self._forward_tokens: list = []
         self._seq_len: int | None = None
         self._autocast: torch.dtype | None = None
-        self._autocast_seen = False
+        self._autocast_probe: what_ran.AutocastProbe | None = None
+        self.recipe_details: str | None = None  # the Trainer's settings, after what ran
         self._monitor: Monitor | None = None
         self._prev_scale = None
         self._started_s = time.time()
@@ -378,6 +361,15 @@ class Recorder:
         self._phases: list = []  # this step's time marks (see _Pending.phases)
         self._in_forward = False
         self._in_eval = False  # inside an evaluation forward (model.eval() or no_grad)
+        self._in_block = False  # inside block(): an evaluation or save timed as a whole
+        self._backward_end: phases_mod.BackwardEnd | None = None
+        self.asked_notes: list[str] = []  # where what was asked for is not what ran
+        self._lr_differed = 0  # steps whose lr= was not the lr their optimizer step used
+        # made without `with` or start(): step 0 starts here, as the with form's does, and
+        # the recording starts at the model's first forward (its hooks, in time for step 0)
+        self._made = (time.time(), self._timer.now())
+        self._autostart = model.register_forward_pre_hook(self._start_at_first_forward,
+                                                          with_kwargs=True)
         # rec.log() and the lrs of groups past the first, not yet written: (step, name, a
         # LateScalars read of the value, time)
         self._logged: list[tuple[int, str, Callable[[], float | None], float]] = []
@@ -405,16 +397,19 @@ class Recorder:
             return
         self._started = True
         self._started_s = time.time()
+        self._autostart.remove()
         self._journal = self._open_journal()
         print(f"ampscope: recording run {self.run_id} to {self.journal_file} "
               f"(follow it with: python3 main.py watch {self.journal_file})", file=sys.stderr)
         base = _base_optimizer(self.optimizer)
         if base is not None:
             self._hooks.append(base.register_step_pre_hook(self._before_optimizer_step))
-        self._patch_clip()
+        self._clip_patch = ClipNormKeeper(self.model, self._clip_norm)
         self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
                                                                 with_kwargs=True))
         self._hooks.append(self.model.register_forward_hook(self._after_forward))
+        self._backward_end = phases_mod.BackwardEnd(self.model,
+                                                    lambda: self._mark("backward_end"))
         self._dims = self._model_dims()
         self._matmul = flops_mod.matmul_param_counts(self.model)
         self._monitor = Monitor.for_device(self.device_info, self._emit, self._monitor_hz)
@@ -422,6 +417,16 @@ class Recorder:
         atexit.register(self._at_exit)  # a script that dies without finish() still ends
         self._timer.start()
         self._alloc.start()
+
+    def _start_at_first_forward(self, module, args, kwargs):
+        """The constructor form's start: at the model's first forward, timed from when the
+        Recorder was made (the forward's own hooks are added now, so it is called here)."""
+        if self._started or self._finished:
+            return None
+        self._guarded(self.start)
+        self._started_s = self._made[0]
+        self._timer.start(at=self._made[1])
+        return self._on_forward(module, args, kwargs)
 
     def _at_exit(self) -> None:
         # the interpreter keeps an unhandled exception here before it runs atexit
@@ -461,50 +466,14 @@ class Recorder:
                 self._step_norm = (torch.nn.utils.get_total_norm(grads).detach(), "measured")
         return None
 
-    def _patch_clip(self) -> None:
-        """Keep ``clip_grad_norm_``'s pre-clipping norm (which nanoGPT's train.py computes
-        and drops) for the model's own parameters. Where torch's ``clip_grad_norm_`` hands
-        its norm to the module's ``_clip_grads_with_norm_`` (looked up in its module at each
-        call), that is where it is kept: a ``clip_grad_norm_`` imported by name before the
-        Recorder started is seen too. Otherwise the public name is wrapped (a name bound
-        earlier is then not seen, and the norm AmpScope measures is the clipped one)."""
-        module = torch.nn.utils.clip_grad
-        mine = {id(p) for p in self.model.parameters()}
-        body = inspect.unwrap(getattr(module, "clip_grad_norm_", None))
-        inner = getattr(module, "_clip_grads_with_norm_", None)
-        if inner is not None and "_clip_grads_with_norm_" in getattr(
-                getattr(body, "__code__", None), "co_names", ()):
-
-            def _clip_grads_with_norm_(parameters, max_norm, total_norm, *args, **kwargs):
-                if isinstance(parameters, torch.Tensor):
-                    parameters = [parameters]
-                parameters = list(parameters)
-                if self._measure_norm and any(id(p) in mine for p in parameters):
-                    self._step_norm = (total_norm.detach(), "clip")
-                return inner(parameters, max_norm, total_norm, *args, **kwargs)
-
-            module._clip_grads_with_norm_ = _clip_grads_with_norm_
-            self._clip_patch = (module, "_clip_grads_with_norm_", inner, _clip_grads_with_norm_)
-            return
-        real = torch.nn.utils.clip_grad_norm_
-
-        def clip_grad_norm_(parameters, *args, **kwargs):
-            if isinstance(parameters, torch.Tensor):
-                parameters = [parameters]
-            parameters = list(parameters)
-            norm = real(parameters, *args, **kwargs)
-            if self._measure_norm and any(id(p) in mine for p in parameters):
-                self._step_norm = (norm.detach(), "clip")
-            return norm
-
-        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-        self._clip_patch = (torch.nn.utils, "clip_grad_norm_", real, clip_grad_norm_)
+    def _clip_norm(self, norm) -> None:
+        """clip_grad_norm_'s pre-clipping norm of this step (ampscope/clip_norm.py)."""
+        if self._measure_norm:
+            self._step_norm = (norm, "clip")
 
     def _unpatch_clip(self) -> None:
         if self._clip_patch is not None:
-            module, name, real, ours = self._clip_patch
-            if getattr(module, name) is ours:  # a later patch stays
-                setattr(module, name, real)
+            self._clip_patch.remove()
             self._clip_patch = None
 
     @property
@@ -592,15 +561,60 @@ class Recorder:
             return event
         return time.perf_counter()
 
+    def _mark(self, kind: str) -> None:
+        """A time mark of this step (see ampscope/phases.py); a repeated backward_end (one
+        per parameter in the first step) moves the last one."""
+        if kind == "backward_end" and self._phases and self._phases[-1][0] == kind:
+            self._phases[-1] = (kind, self._now())
+        else:
+            self._phases.append((kind, self._now()))
+
+    def _backward_began(self, grad) -> None:
+        self._mark("backward")
+
+    @contextmanager
+    def block(self, kind: str):
+        """A block of the step the caller knows the kind of ("eval", "save": the Trainer's
+        evaluation and checkpoint saves), timed as that phase as a whole; forwards inside
+        it mark nothing more."""
+        self._phases.append((kind, self._now()))
+        self._in_block = True
+        try:
+            yield
+        finally:
+            self._in_block = False
+            self._phases.append((f"{kind}_end", self._now()))
+
+    @contextmanager
+    def late_block(self, kind: str):
+        """A block after the last recorded step ended (the Trainer's evaluation or save at
+        an epoch's end, after its last step): added to that step, whose time now runs to
+        the block's end; none when that step was already written."""
+        last = self._pending[-1] if self._pending and self._index == self._pending[-1].index + 1 \
+            else None
+        if last is None:
+            yield
+            return
+        last.phases.append((kind, self._now()))
+        try:
+            yield
+        finally:
+            last.mark.end = self._now()
+            last.phases.append((f"{kind}_end", last.mark.end))
+
     @_never_raises
     def _after_forward(self, module, args, output):
         if self._in_eval:
             self._in_eval = False
-            self._phases.append(("eval_end", self._now()))
+            if not self._in_block:
+                self._phases.append(("eval_end", self._now()))
         if self._in_forward:
             self._in_forward = False
             self._phases.append(("forward_end", self._now()))
             self._watch_phase("backward")
+            loss = phases_mod.loss_of(output)
+            if loss is not None:  # its gradient is a backward's first: the backward begins
+                loss.register_hook(self._backward_began)
         mark, self._eval_mark = self._eval_mark, None
         if mark is not None and self._counter is not None:
             # an evaluation forward inside the counting step: its FLOPs are not training's
@@ -616,7 +630,9 @@ class Recorder:
             # its FLOPs
             if self._counter is not None:
                 self._eval_mark = self._tallies()
-            if self._phases and self._phases[-1][0] == "eval_end":
+            if self._in_block:
+                pass  # inside a block timed as a whole
+            elif self._phases and self._phases[-1][0] == "eval_end":
                 self._phases.pop()  # the evaluation goes on: between its forwards too
             else:
                 self._phases.append(("eval", self._now()))
@@ -625,11 +641,9 @@ class Recorder:
         self._in_forward = True
         self._phases.append(("forward", self._now()))
         self._watch_phase("forward")
-        if not self._autocast_seen:
-            self._autocast_seen = True
-            kind = self.device.type
-            if torch.is_autocast_enabled(kind):
-                self._autocast = torch.get_autocast_dtype(kind)
+        if self._autocast_probe is None:  # autocast as the first training forward runs it
+            self._autocast_probe = what_ran.AutocastProbe(
+                self.model, self.device.type, functools.partial(setattr, self, "_autocast"))
         mask = kwargs.get("attention_mask")
         ids = kwargs.get("input_ids")
         if ids is None and args and isinstance(args[0], torch.Tensor):
@@ -653,8 +667,10 @@ class Recorder:
                             f"({self.run_id}): steps after the end are not recorded; make a "
                             "new ampscope.Recorder for a new run")
             return
-        if not self._started:
+        if not self._started:  # the constructor form, no forward seen: from construction
             self.start()
+            self._started_s = self._made[0]
+            self._timer.start(at=self._made[1])
         mark = self._timer.stop()
         try:
             self._record(mark, loss, tokens, grad_norm, lr)
@@ -665,7 +681,10 @@ class Recorder:
 
     @_never_raises
     def log(self, **scalars) -> None:
-        """Journal scalars at the current step: ``rec.log(eval_loss=..., accuracy=...)``.
+        """Journal scalars: ``rec.log(eval_loss=..., accuracy=...)``. Before the step's first
+        training forward (an evaluation at the top of an iteration, or after the loop's last
+        step) they are journaled at the step they followed; after it, at the step in
+        progress (step 0 has none before it).
 
         A tensor is read with its step's other values, one step late (no host sync)."""
         if self._finished:
@@ -684,9 +703,12 @@ class Recorder:
             else:
                 kept[name] = value
         late = LateScalars(list(kept.values()))  # tensors read one step late, as group 0's lr
+        step = self._log_step
+        if step is None:
+            trained = any(kind == "forward" for kind, _ in self._phases)
+            step = self._index if trained else max(self._index - 1, 0)
         for i, name in enumerate(kept):
-            self._logged.append((self._index if self._log_step is None else self._log_step,
-                                 name, functools.partial(late.value, i), now))
+            self._logged.append((step, name, functools.partial(late.value, i), now))
 
     def log_at(self, step: int, **scalars) -> None:
         """``log`` at an optimizer step already taken (the Trainer evaluates after its
@@ -750,11 +772,18 @@ class Recorder:
         before, after = self._scales()
         step_lr, self._step_lr = self._step_lr, None
         step_norm, self._step_norm = self._step_norm, None
+        if self._index == 0 and self._backward_end is not None:
+            self._backward_end.keep_last()  # the parameter whose gradient completes last
         if lr is not None:
             groups = _base_optimizer(self.optimizer)
             lr = self._accepted("lr", learning_rates(
                 lr, len(groups.param_groups) if groups is not None else None),
                 "the lr the optimizer step used is recorded instead")
+        if lr is not None and step_lr is not None:
+            # what the optimizer step used is exact whatever order the loop calls its
+            # scheduler in (sched.get_last_lr() after sched.step() is the next step's lr)
+            self._lr_differed += lr_differs(lr, step_lr)
+            lr = None
         lrs = lr if lr is not None else step_lr
         lr = lrs[0] if lrs else None
         others = LateScalars(lrs[1:]) if lrs and len(lrs) > 1 else None  # read as group 0's
@@ -860,7 +889,7 @@ class Recorder:
         mfu = mfu_of(tflops * 1e12, self._peak) if tflops is not None else None
         counted = self._counted.total if self._counted is not None else None
         hfu = mfu_of(counted / seconds, self._peak) if counted and seconds > 0 else None
-        data, forward, backward, optimizer, evaluation = _breakdown(p.mark, p.phases)
+        split = phases_mod.breakdown(p.mark.start, p.mark.end, p.phases) or {}
         scale, before = got["scale_after"], got["scale_before"]
         skipped = scale is not None and before is not None and scale < before
         norm = None if skipped else got["grad_norm"]
@@ -882,11 +911,12 @@ class Recorder:
             tokens=tokens,
             learning_rate=got["lr"],
             hfu=hfu,
-            data_ms=data,
-            forward_ms=forward,
-            backward_ms=backward,
-            optimizer_ms=optimizer,
-            eval_ms=evaluation,
+            data_ms=split.get("data"),
+            forward_ms=split.get("forward"),
+            backward_ms=split.get("backward"),
+            optimizer_ms=split.get("optimizer"),
+            eval_ms=split.get("eval"),
+            save_ms=split.get("save"),
         )
         self.steps.append(sample)
         self._emit(sample)
@@ -916,48 +946,28 @@ class Recorder:
             self._precision = self._infer_precision()
         return self._precision
 
-    def _infer_precision(self) -> str:
+    def _weights(self) -> torch.dtype | None:
         param = _first_param(self.model)
-        weights = param.dtype if param is not None else torch.float32
-        scaled = self.scaler is not None and self.scaler.is_enabled()
-        if weights == torch.float16:
-            return "fp16"
-        if weights == torch.bfloat16:
-            return "bf16"
-        autocast = self._autocast or self._matmul_dtype()
-        if autocast == torch.float16 or scaled:
-            return "fp16-amp"
-        if autocast == torch.bfloat16:
-            return "bf16-amp"
-        if self._tf32:
-            return "tf32"
-        return "fp32"
+        return param.dtype if param is not None else None
 
-    def _matmul_dtype(self) -> torch.dtype | None:
-        """Half precision that most counted matmul FLOPs ran in over fp32 weights: autocast
-        entered where the model's pre-hook cannot see it (accelerate enters it inside the
-        forward it wraps)."""
-        by_dtype = self._counted.by_peak_dtype if self._counted is not None else {}
-        if not by_dtype:
-            return None
-        top = max(by_dtype, key=by_dtype.get)
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(top)
+    def _infer_precision(self) -> str:
+        counted = self._counted.by_peak_dtype if self._counted is not None else {}
+        return what_ran.precision(self._weights() or torch.float32,
+                                  self._autocast or what_ran.matmul_dtype(counted),
+                                  self.scaler is not None and self.scaler.is_enabled(),
+                                  self._tf32)
 
     def describe_recipe(self) -> str:
         if self._recipe_text:
             return cut(self._recipe_text, MAX_NAME)
-        scaler = "GradScaler" if self.scaler is not None and self.scaler.is_enabled() else (
-            "no loss scaling")
-        seen = self._matmul_dtype() if self._autocast is None else None
-        autocast = (f"autocast {str(self._autocast).removeprefix('torch.')}"
-                    if self._autocast is not None else
-                    f"autocast {str(seen).removeprefix('torch.')} (found from the dtype of the "
-                    "matmuls counted: entered inside the model's forward)"
-                    if seen is not None else "no autocast")
-        param = _first_param(self.model)
-        weights = str(param.dtype).removeprefix("torch.") if param is not None else "no"
-        optimizer = type(self.optimizer).__name__ if self.optimizer is not None else "none"
-        return f"user loop: {weights} weights, {autocast}, {scaler}, optimizer {optimizer}"
+        counted = self._counted.by_peak_dtype if self._counted is not None else {}
+        base = _base_optimizer(self.optimizer)
+        return cut(what_ran.describe(
+            "Trainer" if self.source == SOURCE_TRAINER else "user loop", self._weights(),
+            self._autocast, what_ran.matmul_dtype(counted) if self._autocast is None else None,
+            self.scaler is not None and self.scaler.is_enabled(),
+            type(base or self.optimizer).__name__ if self.optimizer is not None else "none",
+            self.recipe_details), MAX_NAME)
 
     def _begin_run(self) -> None:
         if self._run_begun:
@@ -1062,6 +1072,11 @@ class Recorder:
             self._stop_counting(completed=False)
 
     def _remove_hooks(self) -> None:
+        self._autostart.remove()
+        if self._autocast_probe is not None:
+            self._autocast_probe.remove()
+        if self._backward_end is not None:
+            self._backward_end.remove()
         hooks, self._hooks = self._hooks, []
         for hook in hooks:
             hook.remove()
@@ -1128,31 +1143,8 @@ class Recorder:
         )
 
     def _notes(self) -> list[str]:
-        how = {"given": "passed by the loop (rec.step(grad_norm=...))",
-               "clip": "torch.nn.utils.clip_grad_norm_'s own result (before clipping)",
-               "measured": "measured by AmpScope at the optimizer step: the 2-norm of the "
-                           "gradients it used (unscaled, after any clipping), on the device"}
-        if not self._norm_methods:
-            notes = ["grad_norm: n/a (no optimizer step was seen and none was passed)"]
-        else:
-            parts = [f"{how[m]} for {n} step{'s' * (n != 1)}"
-                     for m, n in self._norm_methods.items()]
-            notes = ["grad_norm: " + "; ".join(parts)]
-        split = [s for s in self.steps if not s.warmup and s.data_ms is not None]
-        total = sum(s.step_ms for s in split)
-        if split and total > 0:
-            shares = {name: 100 * sum(getattr(s, f"{name}_ms") or 0.0 for s in split) / total
-                      for name in ("data", "forward", "backward", "optimizer", "eval")}
-            evaluated = sum(1 for s in split if s.eval_ms)
-            notes.append(
-                f"where the step time went over the {len(split)} measured steps: "
-                f"{shares['data']:.0f}% waiting for data (a step's start to its first "
-                f"forward), {shares['forward']:.0f}% forward, {shares['backward']:.0f}% "
-                f"backward (to the optimizer step), {shares['optimizer']:.0f}% optimizer"
-                + (f", {shares['eval']:.0f}% evaluation inside the loop (model.eval() or "
-                   f"no_grad forwards, in {evaluated} step{'s' * (evaluated != 1)})"
-                   if evaluated else ""))
-        return notes
+        return [*run_notes.notes(self._norm_methods, self.steps, self._lr_differed),
+                *self.asked_notes]
 
     def _memory(self) -> MemoryBreakdown:
         params_bytes = inventory.unique_param_bytes(self.model) + sum(

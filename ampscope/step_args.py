@@ -72,3 +72,11 @@ def learning_rates(value, groups: int | None) -> tuple[list | None, str | None]:
             return None, f"got {bad} at position {i}, not a learning rate"
         lrs.append(one)
     return lrs, None
+
+
+def lr_differs(given: list, used: list) -> bool:
+    """Whether the lrs passed differ from those the optimizer step used (values on the
+    host only: a tensor is not read here)."""
+    pairs = list(zip(given if len(given) == len(used) else given * len(used), used))
+    return any(isinstance(a, float) and isinstance(b, (int, float)) and not math.isclose(
+        a, float(b), rel_tol=1e-6, abs_tol=0.0) for a, b in pairs)

@@ -70,7 +70,8 @@ GPM_CURVES = {
 # stacked time breakdown, bottom layer first: (StepSample field, name, colour)
 BREAKDOWN = (("data_ms", "data", "#E69F00"), ("forward_ms", "forward", "#0072B2"),
              ("backward_ms", "backward", "#009E73"), ("optimizer_ms", "optimizer", "#CC79A7"),
-             ("eval_ms", "evaluation", "#56B4E9"))  # evaluation: 0 in a step without one
+             ("eval_ms", "evaluation", "#56B4E9"),  # evaluation and save: 0 in a step without
+             ("save_ms", "checkpoint save", "#D55E00"))
 # logged scalars take these in the order their names first appear
 SCALAR_COLORS = ("#333333", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
 # charts whose title names their curves in their colours (no precision legend applies)
@@ -132,7 +133,8 @@ def step_points(s: StepSample) -> Iterator[Point]:
     yield Point("memory", f"{p} reserved", x, _mib(s.reserved_bytes), color, dashed=True)
     yield Point("learning_rate", p, x, s.learning_rate, color)
     yield Point("grad_norm", p, x, s.grad_norm, color)
-    parts = [getattr(s, field) for field, _, _ in BREAKDOWN[:-1]] + [s.eval_ms or 0.0]
+    parts = [getattr(s, field) for field, _, _ in BREAKDOWN[:-2]] + [s.eval_ms or 0.0,
+                                                                      s.save_ms or 0.0]
     if None not in parts:  # each layer's top is the sum of the layers up to it, in seconds
         top = 0.0
         for layer, ((_, name, layer_color), ms) in enumerate(zip(BREAKDOWN, parts)):

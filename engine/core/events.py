@@ -159,16 +159,18 @@ class StepSample:
     hfu: float | None = None  # hardware FLOPs (counted, recompute included) / time / peak
     tokens: int | None = None  # tokens this step trained on (user runs: padding excluded)
     learning_rate: float | None = None  # user runs: the optimiser's lr at this step
-    # user runs: where the step's time went (with eval_ms they add up to step_ms; None: not seen)
-    data_ms: float | None = None  # step start to the first training forward
+    # user runs: where the step's time went (with eval_ms, save_ms they add up to step_ms)
+    data_ms: float | None = None  # step start to the first forward, and between micro-batches
     forward_ms: float | None = None  # inside the model's training forwards
-    backward_ms: float | None = None  # each forward's end to the next forward or optimizer step
+    backward_ms: float | None = None  # each backward (its gradients), to the optimizer step
     optimizer_ms: float | None = None  # the optimizer step's start to the step's end
     # tflops / the device's measured matmul peak (engine.measure.matmul_peak), blended alike
     mfu_measured: float | None = None
     # user runs: an evaluation inside the step (model.eval() or no_grad forwards and what
     # runs between them), a part of step_ms the other four leave out
     eval_ms: float | None = None
+    # user runs: the Trainer's checkpoint saves inside the step that triggered them
+    save_ms: float | None = None
 
 
 @dataclass(frozen=True)

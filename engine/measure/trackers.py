@@ -32,7 +32,8 @@ class StepTimer:
         self.device = device
         self._mark: _Mark | None = None
 
-    def _now(self):
+    def now(self):
+        """A time mark: a CUDA event recorded now, or ``perf_counter``."""
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             # the trial device's stream, named: the current device may be another GPU
@@ -40,13 +41,14 @@ class StepTimer:
             return event
         return time.perf_counter()
 
-    def start(self) -> None:
-        self._mark = _Mark(self._now())
+    def start(self, at=None) -> None:
+        """Start a step now, or at an earlier mark from ``now()``."""
+        self._mark = _Mark(self.now() if at is None else at)
 
     def stop(self) -> _Mark:
         """End the step; returns a handle to read later with ``sample``."""
         mark, self._mark = self._mark, None
-        mark.end = self._now()
+        mark.end = self.now()
         return mark
 
     def sample(self, mark: _Mark) -> float:

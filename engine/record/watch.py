@@ -78,6 +78,8 @@ def user_loop_text(step: StepSample) -> str:
         text += f"  ms: {split} [{_stacked_bar(parts)}]"
         if step.eval_ms:  # an evaluation inside the step: apart from the four above
             text += f" eval {step.eval_ms:.1f}"
+        if step.save_ms:  # a checkpoint save the Trainer made inside the step
+            text += f" save {step.save_ms:.1f}"
     return text
 
 

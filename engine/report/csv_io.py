@@ -38,6 +38,7 @@ STEP_COLUMNS = (
     "backward_ms",
     "optimizer_ms",
     "eval_ms",
+    "save_ms",
 )
 
 

@@ -30,29 +30,39 @@ def _two_group_optimizer(model):
                               {"params": params[2:], "lr": 3e-4}])
 
 
-def test_get_last_lr_list_records_every_parameter_groups_lr(tmp_path):
+@pytest.mark.parametrize("order", ["scheduler first", "rec.step first"])
+def test_get_last_lr_list_records_the_lr_every_group_used_in_either_order(tmp_path, order):
+    """sched.get_last_lr() after sched.step() is the next step's lr (as in
+    run_clm_no_trainer.py): the lr each group's optimizer step used is recorded anyway."""
     model = tiny_gpt2()
     opt = _two_group_optimizer(model)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, [lambda i: 0.5**i, lambda i: 0.9**i])
-    given = []
+    used = []
     with ampscope.Recorder(model, opt, out=tmp_path / "lr.json",
                            journal=tmp_path / "lr.jsonl") as rec:
         for i in range(STEPS):
             loss = model(**padded_batch(i)).loss
             loss.backward()
+            used.append([g["lr"] for g in opt.param_groups])
             opt.step()
+            if order == "rec.step first":
+                rec.step(loss=loss, lr=sched.get_last_lr())
             sched.step()
             opt.zero_grad()
-            given.append(sched.get_last_lr())
-            rec.step(loss=loss, lr=sched.get_last_lr())
+            if order == "scheduler first":
+                rec.step(loss=loss, lr=sched.get_last_lr())
     record = read_journal(tmp_path / "lr.jsonl")
     (trial,) = record.trials
     assert trial.status == "ok" and len(trial.steps) == STEPS
-    assert [s.learning_rate for s in trial.steps] == pytest.approx([g[0] for g in given])
+    assert [s.learning_rate for s in trial.steps] == pytest.approx([u[0] for u in used])
     group1 = [x for x in record.scalars if x.name == "lr_group1"]
     assert [x.step for x in group1] == list(range(STEPS))
-    assert [x.value for x in group1] == pytest.approx([g[1] for g in given])
-    assert given[0][0] != given[0][1]  # the groups' lrs differ: both are needed
+    assert [x.value for x in group1] == pytest.approx([u[1] for u in used])
+    assert used[0][0] != used[0][1]  # the groups' lrs differ: both are needed
+    late = [n for n in trial.notes if "the lr= passed differed" in n]
+    assert late == ([f"lr: the lr each optimizer step used (read at the step); the lr= passed "
+                     f"differed on {STEPS} steps (sched.get_last_lr() after sched.step() is "
+                     "the next step's lr)"] if order == "scheduler first" else [])
 
 
 def test_optimizer_lr_of_every_group_is_recorded_when_none_is_passed(tmp_path):

@@ -202,7 +202,9 @@ def test_recorder_without_optimizer_records_what_it_can(tmp_path):
     assert trial.memory.optimizer_bytes == 0
 
 
-def test_log_journals_scalars_at_the_current_step(tmp_path):
+def test_log_journals_an_evaluation_at_the_step_it_followed(tmp_path):
+    """nanoGPT evaluates at the top of iteration k, after step k-1 (iteration 0's has no
+    step before it: step 0); an evaluation after the last step is at the last step."""
     model = tiny_gpt2()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     evals = {}
@@ -223,11 +225,16 @@ def test_log_journals_scalars_at_the_current_step(tmp_path):
             rec.step()
         with pytest.warns(RuntimeWarning, match="pass a number"):
             rec.log(note="not a number")
+        rec.log(final_loss=1.5)  # after the loop's last step (step 4)
+    followed = {max(it - 1, 0): value for it, value in evals.items()}
     for record in (read_journal(tmp_path / "l.jsonl"), read_json(tmp_path / "l.json")):
         eval_losses = {s.step: s.value for s in record.scalars if s.name == "eval_loss"}
-        assert eval_losses == pytest.approx(evals)
+        assert eval_losses == pytest.approx(followed)
         seen = {s.step: s.value for s in record.scalars if s.name == "tokens_seen"}
-        assert seen == {it: it * 23 for it in evals}
+        assert seen == {max(it - 1, 0): it * 23 for it in evals}
+        assert [(s.step, s.value) for s in record.scalars if s.name == "final_loss"] == [
+            (4, 1.5)]
+        assert max(s.step for s in record.scalars) == len(record.trials[0].steps) - 1
         assert not any(s.name == "note" for s in record.scalars)
 
 

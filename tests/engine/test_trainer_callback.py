@@ -72,8 +72,8 @@ def test_trainer_steps_match_the_trainers_own_log(tmp_path, bf16):
         assert record.status == "ok" and trial.status == "ok"
         assert trial.source == "user-trainer"
         assert trial.precision == ("bf16-amp" if bf16 else "fp32")
-        assert ("bf16 autocast" if bf16 else "no autocast") in trial.recipe
-        assert "optimizer adamw_torch" in trial.recipe
+        assert ("autocast bfloat16" if bf16 else "no autocast") in trial.recipe
+        assert "optim=adamw_torch" in trial.recipe
         steps = trial.steps
         assert len(steps) == trainer.state.global_step == 4
         assert [s.step for s in steps] == [0, 1, 2, 3]

@@ -79,7 +79,7 @@ def _check_charts(win: MainWindow, seen: dict, journal: Path) -> None:
     top = np.zeros(STEPS)
     for field, name in (("data_ms", "data"), ("forward_ms", "forward"),
                         ("backward_ms", "backward"), ("optimizer_ms", "optimizer"),
-                        ("eval_ms", "evaluation")):  # an evaluation inside a step: its own
+                        ("eval_ms", "evaluation"), ("save_ms", "checkpoint save")):
         top += [(getattr(s, field) or 0.0) / 1000 for s in steps]
         x, y = charts.curve_data("step_breakdown", name)
         assert list(x) == list(range(STEPS)) and y == pytest.approx(top)
