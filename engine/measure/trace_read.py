@@ -120,6 +120,8 @@ class _Reader:
             self._char()
             try:
                 value, end = self._decoder.raw_decode(self._buf, self._pos)
+                if end - self._pos > MAX_EVENT_BYTES:
+                    raise self._too_large()
                 if end < len(self._buf) or self._eof:  # a number may go on in the next chunk
                     self._pos = end
                     return value
@@ -129,9 +131,7 @@ class _Reader:
             except RecursionError:
                 raise self._not_json() from None
             if len(self._buf) - self._pos > MAX_EVENT_BYTES:
-                raise ValueError(f"{self.path} holds a value over {MAX_EVENT_BYTES // 2**20} MiB "
-                                 f"of JSON (or damaged JSON): not a torch.profiler trace; "
-                                 f"{_RECORD}")
+                raise self._too_large()
             self._more()
 
     def _char(self) -> str:
@@ -156,6 +156,10 @@ class _Reader:
         self._buf = self._buf[self._pos:] + text
         self._pos = 0
         self._eof = not data
+
+    def _too_large(self) -> ValueError:
+        return ValueError(f"{self.path} holds a value over {MAX_EVENT_BYTES // 2**20} MiB of "
+                          f"JSON (or damaged JSON): not a torch.profiler trace; {_RECORD}")
 
     def _not_json(self) -> ValueError:
         return ValueError(f"{self.path} is not JSON: pick a Chrome trace written by "
