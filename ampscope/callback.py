@@ -42,6 +42,7 @@ import torch
 from transformers import TrainerCallback
 
 from ampscope.recorder import SOURCE_TRAINER, Recorder
+from ampscope.recorder_args import check_monitor_hz
 
 
 def _quantisation(model) -> str | None:
@@ -128,6 +129,7 @@ class AmpScopeCallback(TrainerCallback):
             from engine.report.writer import check_writable
 
             check_writable(out)  # a bad path fails now, not after hours of training
+        check_monitor_hz(monitor_hz)
         self.out, self.name, self.journal, self.monitor_hz = out, name, journal, monitor_hz
         self.recorder: Recorder | None = None
         self._losses: list[tuple[torch.Tensor, bool]] = []

@@ -133,6 +133,16 @@ def _number_checker(name: str, numerics: bool = False):
     return check
 
 
+def number_problem(name: str, value) -> str | None:
+    """Why the reader would refuse ``value`` in a field called ``name``; None if it reads it
+    (the Recorder drops such a value rather than write a run its reader refuses)."""
+    try:
+        _number_checker(name)(value)
+    except _Bad as exc:
+        return exc.problem
+    return None
+
+
 def _check_free(value, depth: int, name: str = "", numerics: bool = False) -> None:
     """A free-form JSON value (config, environment): plain types, bounded depth."""
     if depth > MAX_DEPTH:
