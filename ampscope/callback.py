@@ -47,6 +47,7 @@ from transformers import TrainerCallback
 
 from ampscope import trainer_asked
 from ampscope.recorder import SOURCE_TRAINER, Recorder
+from ampscope.recorder_args import check_monitor_hz
 
 
 def _calling_trainer():
@@ -73,6 +74,7 @@ class AmpScopeCallback(TrainerCallback):
             from engine.report.writer import check_writable
 
             check_writable(out)  # a bad path fails now, not after hours of training
+        check_monitor_hz(monitor_hz)
         self.out, self.name, self.journal, self.monitor_hz = out, name, journal, monitor_hz
         self.recorder: Recorder | None = None
         self._losses: list[tuple[torch.Tensor, bool]] = []

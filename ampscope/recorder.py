@@ -68,6 +68,7 @@ import torch
 from ampscope import phases as phases_mod
 from ampscope import run_notes, what_ran
 from ampscope.clip_norm import ClipNormKeeper
+from ampscope.recorder_args import check_arguments, readable_step
 from ampscope.step_args import learning_rates, lr_differs, token_count
 from engine.core.config import PRECISIONS
 from engine.core.events import (
@@ -268,8 +269,7 @@ class Recorder:
         if precision is not None and precision not in PRECISIONS:
             raise ValueError(f"unknown precision '{precision}': choose from "
                              f"{', '.join(PRECISIONS)}, or leave it out to infer it")
-        if not monitor_hz > 0:
-            raise ValueError(f"monitor_hz must be above 0 (got {monitor_hz})")
+        check_arguments(optimizer, _base_optimizer(optimizer), scaler, monitor_hz)
         self.out = None
         if out is not None:
             from engine.report.writer import check_writable
@@ -918,6 +918,7 @@ class Recorder:
             eval_ms=split.get("eval"),
             save_ms=split.get("save"),
         )
+        sample = readable_step(sample, self._warn_once)
         self.steps.append(sample)
         self._emit(sample)
 

@@ -12,7 +12,6 @@ last step alone (``engine.measure.trace_steps``).
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import math
 from pathlib import Path
@@ -36,27 +35,13 @@ def add_trace_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _load(path: Path):
-    """The parsed trace; every failure is one ValueError that says what to do."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"trace not found: {path}: check the path") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path} is a folder: pick a trace .json file inside it") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        if data[:2] == b"\x1f\x8b":  # tensorboard_trace_handler's .json.gz
-            data = gzip.decompress(data)
-        raw = json.loads(data.decode("utf-8"))
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise ValueError(f"{path} is not JSON: pick a Chrome trace written by torch.profiler "
-                         "(prof.export_chrome_trace('trace.json'))") from None
-    events = raw.get("traceEvents") if isinstance(raw, dict) else raw
-    if not isinstance(events, list) or not any(
-            isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "cpu_op"
-            for e in events):
+def _load(path: Path) -> dict:
+    """The trace's analysed events, streamed and checked (``engine.measure.trace_read``);
+    every failure is one ValueError that says what to do."""
+    from engine.measure.trace_read import read_trace
+
+    raw = read_trace(path)
+    if not any(e["cat"] == "cpu_op" for e in raw["traceEvents"]):
         raise ValueError(f"{path} is not a torch.profiler Chrome trace (no CPU op events): "
                          "record one with prof.export_chrome_trace('trace.json')")
     return raw

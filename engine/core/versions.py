@@ -5,12 +5,17 @@ torch; requirements.txt pins the newest end (what the README installs), and
 scripts/test_oldest.sh runs the engine's tests on the oldest end (by hand, not in CI). A
 version outside its range is said once, in one line, and the run goes on: features are
 detected where they are used (DESIGN.md 19), so this only tells the user where an n/a or a
-failure may come from. Read through package metadata, so nothing here imports torch.
+failure may come from. Read through package metadata, so nothing here imports torch; where
+a package that imports has no metadata (a PyInstaller bundle carries a package's modules, and
+its metadata only where the spec copies it), the module itself is asked: what the bundle
+says about itself is what it carries.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import importlib.util
 import platform
 import re
 from dataclasses import dataclass
@@ -31,6 +36,12 @@ TESTED: dict[str, tuple[str, str, str]] = {
     "PySide6-Essentials": ("6.11", "6.11", "the window"),
     "pyqtgraph": ("0.14", "0.14", "the window's charts"),
 }
+# the module each package is imported as, where metadata is missing
+MODULES = {"torch": "torch", "transformers": "transformers", "torchao": "torchao",
+           "bitsandbytes": "bitsandbytes", "peft": "peft", "accelerate": "accelerate",
+           "safetensors": "safetensors", "nvidia-ml-py": "pynvml",
+           "PySide6-Essentials": "PySide6", "pyqtgraph": "pyqtgraph"}
+NO_VERSION = "(version not recorded)"  # imports, but says no version: not flagged
 # only the window needs these: a headless install (CLI, a GPU server) may lack them
 WINDOW_ONLY = frozenset({"PySide6-Essentials", "pyqtgraph"})
 
@@ -47,6 +58,8 @@ class VersionCheck:
     def in_range(self) -> bool:
         if self.version is None:
             return False
+        if self.version == NO_VERSION:
+            return True
         have = _release(self.version)
         return (_release(self.lowest) <= have[:len(_release(self.lowest))]
                 and have[:len(_release(self.highest))] <= _release(self.highest))
@@ -72,7 +85,20 @@ def installed(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
+        return _carried(MODULES.get(name))
+
+
+def _carried(module: str | None) -> str | None:
+    """The version of a package present without its metadata, from its module; None where
+    it does not import."""
+    if module is None or importlib.util.find_spec(module) is None:
         return None
+    try:
+        loaded = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 (present but broken: as good as missing here)
+        return None
+    version = str(getattr(loaded, "__version__", "") or "")
+    return version if re.match(r"\d", version) else NO_VERSION  # torchao says "unknown"
 
 
 def checks(window: bool = True) -> list[VersionCheck]:

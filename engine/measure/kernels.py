@@ -476,7 +476,8 @@ def _attributed(device: list, owners: set[int], calls: list[OpCall]) -> list[boo
     duration (a match up to which of two identical kernels it was, so every time is the
     same)."""
     if all(hasattr(e, "linked_correlation_id") for e in device):
-        return [e.linked_correlation_id in owners - {0} for e in device]
+        linked = owners - {0}  # once: built per kernel, it made a long trace quadratic
+        return [e.linked_correlation_id in linked for e in device]
     held = Counter((name, round(us, 3)) for c in calls for name, us in c.kernels)
     found = []
     for e in device:

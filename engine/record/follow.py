@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from engine.core.events import LogEvent, RunFinished, StepSample, TrialStarted
+from engine.core.file_kind import refuse_special
 from engine.record import nonfinite
 from engine.record.journal import JOURNAL_VERSION, checked_event, writer_alive
 from engine.record.validate import validate_lab
@@ -27,6 +28,7 @@ class JournalFollower:
         self.path = Path(path)
         if self.path.is_dir():
             raise ValueError(f"{self.path} is a folder: pick a run journal (.jsonl) inside it")
+        refuse_special(self.path, "a run journal (.jsonl)")
         if not self.path.is_file():
             raise ValueError(f"journal not found: {self.path}: check the path")
         self._offset = 0

@@ -41,6 +41,7 @@ from engine.core.events import (
     from_dict,
     to_dict,
 )
+from engine.core.file_kind import refuse_special
 from engine.record import json_report, nonfinite
 from engine.record.columns import Columns, line_keys
 from engine.record.run_record import RunRecord
@@ -271,8 +272,7 @@ def _read_lines(path: Path):
     """``(line number, object)`` for each line after the header, read one line at a time
     (a journal can be far larger than what its events need in memory)."""
     try:
-        if path.exists() and not path.is_dir() and not path.is_file():
-            raise ValueError(f"{path} is not a regular file: pick a run journal (.jsonl)")
+        refuse_special(path, "a run journal (.jsonl)")
         fh = open(path, "rb")  # noqa: SIM115 (closed below, after the generator's last line)
     except FileNotFoundError:
         raise ValueError(f"journal not found: {path}: check the path") from None

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from engine.core.events import LogEvent
+from engine.core.file_kind import refuse_special
 from engine.record import nonfinite
 from engine.record.run_record import RunRecord
 from engine.record.validate import validate_report
@@ -24,8 +25,7 @@ def read_json(path: str | os.PathLike) -> RunRecord:
     """Read a report; every failure is a ValueError that names the file and the fix."""
     path = Path(path)
     try:
-        if path.exists() and not path.is_dir() and not path.is_file():
-            raise ValueError(f"{path} is not a regular file: pick an AmpScope .json report")
+        refuse_special(path, "an AmpScope .json report")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ValueError(f"report not found: {path}: check the path") from None

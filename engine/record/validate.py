@@ -19,7 +19,7 @@ import typing
 from functools import cache
 
 from engine.core.config import MAX_STEPS  # any step index or step count
-from engine.core.events import MemoryTimeline, _hints
+from engine.core.events import LostUpdateGroup, LostUpdates, MemoryTimeline, _hints
 from engine.record.lab_results import (
     ActivationStats,
     Advice,
@@ -131,6 +131,16 @@ def _number_checker(name: str, numerics: bool = False):
             raise _Bad(f"{_describe(value)} is too large")
 
     return check
+
+
+def number_problem(name: str, value) -> str | None:
+    """Why the reader would refuse ``value`` in a field called ``name``; None if it reads it
+    (the Recorder drops such a value rather than write a run its reader refuses)."""
+    try:
+        _number_checker(name)(value)
+    except _Bad as exc:
+        return exc.problem
+    return None
 
 
 def _check_free(value, depth: int, name: str = "", numerics: bool = False) -> None:
@@ -287,15 +297,25 @@ def _dataclass_checker(cls, numerics: bool, skip: frozenset = frozenset()):
 
 
 MAX_TIMELINE_POINTS = 20_000  # engine.measure.memory_timeline keeps a few hundred
+# engine.measure.memtrack has 9 categories, DDP 10; a chart draws one curve per category
+# at every point, so both are capped: 20,000 points x 60 categories took a minute to open
+MAX_TIMELINE_CATEGORIES = 16
+MAX_TIMELINE_VALUES = 200_000  # points x categories
 
 
 def _check_timeline(value: dict) -> None:
     """A memory timeline a chart can draw: one byte count per category at each point,
     none negative, in op order, its peak point holding ``peak_bytes``."""
     points, width = value["points"], len(value["categories"])
-    if len(points) > MAX_TIMELINE_POINTS:
-        raise _at(_Bad(f"{len(points):,} points are more than a report keeps "
-                       f"({MAX_TIMELINE_POINTS:,})"), "points")
+    if not points:
+        raise _at(_Bad("is empty: a timeline holds at least its peak"), "points")
+    if not 0 < width <= MAX_TIMELINE_CATEGORIES:
+        raise _at(_Bad(f"{width} categories: a timeline has 1 to {MAX_TIMELINE_CATEGORIES}"),
+                  "categories")
+    if len(points) > MAX_TIMELINE_POINTS or len(points) * width > MAX_TIMELINE_VALUES:
+        raise _at(_Bad(f"{len(points):,} points of {width} categories are more than a report "
+                       f"keeps ({MAX_TIMELINE_POINTS:,} points, {MAX_TIMELINE_VALUES:,} "
+                       "values)"), "points")
     last = 0
     for i, point in enumerate(points):
         sizes = point["category_bytes"]
@@ -306,12 +326,25 @@ def _check_timeline(value: dict) -> None:
             raise _at(_at(_at(_Bad("op indices go backwards"), "op_index"), i), "points")
         last = point["op_index"]
     index = value["peak_index"]
-    if points and not (0 <= index < len(points)
+    if not (0 <= index < len(points)
                        and sum(points[index]["category_bytes"]) == value["peak_bytes"]):
         raise _at(_Bad("is not the point holding peak_bytes"), "peak_index")
 
 
-_SHAPE_CHECKS = {MemoryTimeline: _check_timeline}
+def _check_lost(value: dict) -> None:
+    """Lost updates as the verdict and the table read them: shares of elements and of the
+    update's norm between 0 and 1, learning rates above 0."""
+    for key in ("lr", "min_lr"):
+        if key in value and not value[key] > 0:
+            raise _at(_Bad(f"{_describe(value[key])} is not a learning rate (above 0)"), key)
+    for key in ("element_share", "norm_share", "min_lr_element_share", "min_lr_norm_share"):
+        share = value.get(key)
+        if share is not None and not 0 <= share <= 1:
+            raise _at(_Bad(f"{_describe(share)} is not a share (0 to 1)"), key)
+
+
+_SHAPE_CHECKS = {MemoryTimeline: _check_timeline, LostUpdates: _check_lost,
+                 LostUpdateGroup: _check_lost}
 
 
 @cache

@@ -53,6 +53,7 @@ from engine.measure.peaks import _entry as peak_entry
 from engine.measure.peaks import memory_bandwidth, peak_flops, table
 from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
 from engine.measure.traffic import FUSED_CONVENTION, ByteCounter
+from engine.record.bounded import cut
 from engine.run.plan_autocast import CPU_POLICY, POLICY
 from engine.run.plan_measured import MeasuredTrial, find_measured, read_report
 from engine.run.plan_timeline import traced_timeline
@@ -140,7 +141,7 @@ class PlanConfig:
         for name in self.cards:
             if peak_entry(name) is None:
                 known = ", ".join(g["name"] for g in table()["gpus"])
-                raise ValueError(f"unknown card '{name}': choose from {known}")
+                raise ValueError(f"unknown card '{cut(name, 80)}': choose from {known}")
         if self.context_bytes < 0:
             raise ValueError("the CUDA context allowance cannot be negative")
         if self.max_batch < 0:

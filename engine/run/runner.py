@@ -64,10 +64,12 @@ from engine.run.phase_clock import (
 from engine.run.rounds import RoundBook, TrialRound, choose_rounds, schedule
 from engine.run.trial_process import (
     PREFETCH_AT,
+    SERVER_LOST,
     START_TEXT,
     ChildReady,
     TrialProcess,
     TrialTask,
+    server_death,
     start_method,
     start_server,
 )
@@ -446,6 +448,11 @@ class Runner:
                 reason = ("the trial process was killed (SIGKILL): the system's out-of-memory "
                           "killer is one possibility (check 'dmesg' or the container's memory "
                           "limit), another process or user sending SIGKILL is another")
+        elif exitcode == SERVER_LOST and (server := server_death()):
+            status = "error"
+            reason = (f"the trial server process was {server} during the trial, which ended "
+                      "with it (the steps measured before are kept): the run went on with the "
+                      "next precision")
         else:
             status = "error"
             reason = (f"the trial process {how} before reporting (a native crash?): "

@@ -74,6 +74,30 @@ def start_server(device: str) -> bool:
     return True
 
 
+SERVER_LOST = 255  # the exit code multiprocessing gives a forked trial whose server died
+
+
+def server_death() -> str | None:
+    """How the trials' forkserver ended ("killed (SIGKILL)"), None while it runs or where
+    there is none. Its status is peeked at (WNOWAIT), never reaped: multiprocessing reaps it
+    itself when it starts the next trial's server."""
+    from multiprocessing import forkserver
+
+    from engine.run.child import describe_exit
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return None
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (OSError, AttributeError):  # not our child any more, or no waitid (macOS)
+        return None
+    if info is None:
+        return None
+    killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+    return describe_exit(-info.si_status if killed else info.si_status)
+
+
 # the current trial's phases that start the next trial's process (the first after its
 # measured steps): what is left (the memory and profiled steps, teardown) is untimed; a round
 # before an interleaved precision's last has no memory step. On the CPU the profiled step
