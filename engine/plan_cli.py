@@ -86,6 +86,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
     result = plan(config, log)
     data = dataclasses.asdict(result)
+    from engine.measure.fp8_layers import payoff_lines, plan_payoff
+
+    data["payoff"] = plan_payoff(result, cards)  # would fp8 pay, layer by layer (issue #49)
     if out is not None:
         text = (json.dumps(data, indent=2) if out.suffix.lower() == ".json"
                 else plan_html(result))
@@ -94,7 +97,8 @@ def run_plan(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"ampscope: error: cannot write --out '{out}': {exc}", file=sys.stderr)
             return 1
-    print(json.dumps(data, indent=2) if args.json else format_plan(result))
+    print(json.dumps(data, indent=2) if args.json
+          else "\n".join([format_plan(result), *payoff_lines(data["payoff"])]))
     return 0
 
 
