@@ -91,7 +91,8 @@ def run_plan(args: argparse.Namespace) -> int:
     data["payoff"] = plan_payoff(result, cards)  # would fp8 pay, layer by layer (issue #49)
     if out is not None:
         text = (json.dumps(data, indent=2) if out.suffix.lower() == ".json"
-                else plan_html(result))
+                else plan_html(result) + "<h2>Would fp8 pay?</h2><pre>" + html.escape(
+                    "\n".join(payoff_lines(data["payoff"])[1:])) + "</pre>")
         try:
             out.write_text(text, encoding="utf-8")
         except OSError as exc:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import GPT2Config
 
-from engine.measure.fp8_layers import linear_layers
+from engine.measure.fp8_layers import linear_layers, module_filter
 from engine.measure.fp8_payoff import (
     RECIPES,
     SPREAD,
@@ -72,8 +72,8 @@ def test_rowwise_break_even_and_largest_gains():
 
 
 def test_tensorwise_examples():
-    assert speedup(1024, 2048, 1024, TENSORWISE) == pytest.approx(0.80, abs=0.05)
-    assert speedup(4096, 8192, 16384, TENSORWISE) == pytest.approx(1.39, abs=0.05)
+    assert speedup(1024, 2048, 1024, TENSORWISE) == pytest.approx(0.80, abs=0.05)  # fitted: 0.75
+    assert speedup(4096, 8192, 16384, TENSORWISE) == pytest.approx(1.39, abs=0.05)  # fitted: 1.36
 
 
 def test_gpt2_small_on_the_h200_gains_nothing_as_measured():
@@ -111,3 +111,26 @@ def test_block_scaled_recipes_only_where_torchao_runs_them_natively():
     assert "fp8" in got["A100"]["reason"]  # no fp8 rate: the reason, no recipe
     assert got["B200"]["mxfp8"]["calibration"].startswith("uncalibrated")
     assert got["B200"]["fp8"]["step_basis"].startswith("n/a")
+
+
+@pytest.mark.parametrize(("recipe", "skipped"), [
+    (ROWWISE, lambda k, n: n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)),
+    (TENSORWISE, lambda k, n: k <= 4096 and n <= 1024),
+])
+def test_what_torchaos_filter_skips_does_not_pay(recipe, skipped):
+    """torchao's H100 filter (float8_linear_utils): the shapes it leaves in bf16 gain
+    nothing here up to M = 8192 tokens, and at most 1% at 16384."""
+    shapes = [(k, n) for k in SIZES for n in SIZES if skipped(k, n)]
+    assert shapes
+    for m in SIZES:
+        for k, n in shapes:
+            assert speedup(m, k, n, recipe) < (1.0 if m <= 8192 else 1.01)
+
+
+def test_the_filter_to_paste_keeps_exactly_the_named_layers():
+    rows = [{"name": la.name} for la in linear_layers("gpt2", 1024)]
+    keep = [r["name"] for r in rows if r["name"].endswith(".c_attn")] + [
+        "transformer.h.0.mlp.c_fc"]
+    convert = eval(module_filter(keep, rows))  # noqa: S307 (as a user pastes it)
+    assert sorted(r["name"] for r in rows if not convert(None, r["name"])) == sorted(keep)
+    assert not convert(None, "lm_head")  # kept, as AmpScope's fp8 recipes keep it
