@@ -152,8 +152,9 @@ def report_payoff(record) -> dict:
     """``payoff`` for a profile's run record (engine.record.run_record.RunRecord): on the
     card it ran on, weighed against its measured 16-bit step where it ran one."""
     config = record.config or {}
-    card = ((record.environment or {}).get("device") or {}).get("name")
-    if not card or not config.get("model"):
+    device = (record.environment or {}).get("device")
+    card = device.get("name") if isinstance(device, dict) else device  # older: the name
+    if not isinstance(card, str) or not card or not isinstance(config.get("model"), str):
         return {}
     step = None
     for label in SIXTEEN_BIT:
@@ -167,13 +168,13 @@ def report_payoff(record) -> dict:
     reason = card_recipes(card)[1]
     if reason:  # a CPU, or a card with no low-precision rate: no model to build
         return {card: {"reason": reason}}
-    tokens = config.get("batch_size", 1) * config.get("seq_len", 1)
+    tokens = (config.get("batch_size") or 1) * (config.get("seq_len") or 1)
     try:
         layers = linear_layers(config["model"], tokens)
     except Exception as exc:  # noqa: BLE001 (a derived key never stops a report's export:
         # a user's own model, a folder since deleted, a hub id not cached here)
         return {card: {"reason": f"the model's Linear layers are not known here: {exc}"}}
     data = payoff(layers, [(card, card)], {card: step} if step else None)
-    add_verdicts(data, {card: card}, config["model"], config.get("batch_size", 1),
-                 config.get("seq_len", 1))
+    add_verdicts(data, {card: card}, config["model"], config.get("batch_size") or 1,
+                 config.get("seq_len") or 1)
     return data
