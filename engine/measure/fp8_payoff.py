@@ -132,7 +132,7 @@ def layer_payoff(layer: Layer, recipe: LowRecipe, bf16: float, low: float,
     speedup = bf16_s / (low_s + cast_s)
     saving = bf16_s - low_s
     pays = speedup > PAYS_ABOVE
-    why = (f"GEMMs save {saving * 1e6:.0f} us, casts cost {cast_s * 1e6:.0f} us"
+    why = (f"GEMMs save {saving * 1e6:.3g} us, casts cost {cast_s * 1e6:.3g} us"
            + ("" if pays else ": below break-even"))
     return LayerPayoff(layer.name, m, k, n, round(speedup, 3), pays, bf16_s * 1e6,
                        (low_s + cast_s) * 1e6, cast_s * 1e6, why)
