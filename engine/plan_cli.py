@@ -86,15 +86,20 @@ def run_plan(args: argparse.Namespace) -> int:
 
     result = plan(config, log)
     data = dataclasses.asdict(result)
+    from engine.measure.fp8_layers import payoff_lines, plan_payoff
+
+    data["payoff"] = plan_payoff(result, cards)  # would fp8 pay, layer by layer (issue #49)
     if out is not None:
         text = (json.dumps(data, indent=2) if out.suffix.lower() == ".json"
-                else plan_html(result))
+                else plan_html(result) + "<h2>Would fp8 pay?</h2><pre>" + html.escape(
+                    "\n".join(payoff_lines(data["payoff"])[1:])) + "</pre>")
         try:
             out.write_text(text, encoding="utf-8")
         except OSError as exc:
             print(f"ampscope: error: cannot write --out '{out}': {exc}", file=sys.stderr)
             return 1
-    print(json.dumps(data, indent=2) if args.json else format_plan(result))
+    print(json.dumps(data, indent=2) if args.json
+          else "\n".join([format_plan(result), *payoff_lines(data["payoff"])]))
     return 0
 
 
