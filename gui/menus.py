@@ -44,7 +44,7 @@ def build_menus(window) -> None:
     run_menu = window.menuBar().addMenu("&Run")
     start = QAction("&Run", window)
     start.setShortcut("Ctrl+R")
-    start.triggered.connect(window._run_clicked)  # waits for the engine, as the button does
+    start.triggered.connect(lambda: window._run_clicked())  # waits, as the button does
     stop = QAction("&Stop", window)
     stop.triggered.connect(window.stop_run)
     traced = QAction("Run with &kernel traces…", window)

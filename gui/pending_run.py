@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject
 
+from gui.worker import ENGINE_IMPORTS
+
 RUN = "Run"
 WAITING = "Waiting for the device…"
 QUEUED = ("Run queued: it starts when the device probe has answered and the engine has "
@@ -29,8 +31,10 @@ class PendingRun(QObject):
         panel.device_changed.connect(self._start_if_ready)
 
     def ready(self) -> bool:
-        """Starting a run now would not wait on the probe's imports."""
-        return self._engine_loaded and not self._window.config_panel.device_pending()
+        """Starting a run now would not wait on the probe's imports (a warm-up that failed
+        holds them no longer: the run then says what is wrong)."""
+        return not self._window.config_panel.device_pending() and (
+            self._engine_loaded or not ENGINE_IMPORTS.locked())
 
     def click(self) -> None:
         """Run pressed: start now, or hold the run until the engine is ready."""
