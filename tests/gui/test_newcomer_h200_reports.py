@@ -6,6 +6,7 @@ independently of the window's reader."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -162,3 +163,21 @@ def test_a_loss_difference_that_rounds_to_zero_reads_without_a_sign(qtbot, windo
     # the others keep their sign: bf16-amp's loss is below fp32's by about 0.0011
     diff = trials["bf16-amp"]["summary"]["final_loss"] - trials["fp32"]["summary"]["final_loss"]
     assert cells["bf16-amp"] == f"{diff:+.4f}" and cells["bf16-amp"].startswith("-")
+
+
+def test_the_run_tab_verdict_of_a_sweep_leaves_the_charts_their_room(qtbot, window,
+                                                                   monkeypatch, tmp_path):
+    """The six-precision sweep's verdict ran to seven lines over the Run tab's charts: the
+    banner says the answer and its figures in a line or two, the rest is on hover and in
+    Compare (Details…)."""
+    _open(qtbot, window, monkeypatch, unpack(
+        "01-gpt2-fp32_tf32_fp16-amp_bf16-amp_fp16_bf16.json", tmp_path))
+    click_tab(window.tabs, "Run")
+    pause(100)
+    banner = window.verdict_banner
+    shown = banner.headline.text()
+    whole = window.compare_view.verdict_label.text().splitlines()[0]
+    assert shown.startswith("Train in bf16-amp: ") and "; " not in shown
+    assert whole.startswith(shown + "; ") and html.escape(whole) in banner.toolTip()
+    lines = banner.headline.height() / banner.headline.fontMetrics().lineSpacing()
+    assert lines <= 2.5, lines
