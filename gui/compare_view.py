@@ -191,6 +191,7 @@ class CompareView(QWidget):
         splitter.setStretchFactor(2, 1)
         splitter.setSizes([480, 300, 380])  # room for the speed note and every row at 768 px
         self.split = splitter
+        self._sizes_before_timeline: list[int] | None = None  # given back on leaving it
         self.tables.currentChanged.connect(self._room_for_timeline)
         layout = QVBoxLayout(self)
         layout.addWidget(self.run_label)
@@ -199,12 +200,16 @@ class CompareView(QWidget):
 
     def _room_for_timeline(self, _index: int) -> None:
         """The memory timeline's plots need height: choosing its tab gives the lower pane
-        what it needs, taken from the bar charts above (the user can drag it back)."""
+        what it needs, taken from the bar charts above; leaving it gives them back."""
         if self.tables.currentWidget() is not self.timeline:
+            if self._sizes_before_timeline is not None:
+                self.split.setSizes(self._sizes_before_timeline)
+                self._sizes_before_timeline = None
             return
         sizes = self.split.sizes()
         need = self.timeline.wanted_height() + self.tables.tabBar().height() + 8
         if sizes[2] < need and sum(sizes) > need:
+            self._sizes_before_timeline = sizes
             self.split.setSizes([sum(sizes) - need - sizes[1], sizes[1], need])
 
     # --- filling ---------------------------------------------------------------------

@@ -39,9 +39,12 @@ def test_cpu_run_charts_are_legible_at_1366_by_768(qtbot, finished_run):
     _host_cpu_names_clear_of_the_trace(win, record)
     click_tab(win.tabs, "Compare")
     compare = win.compare_view
+    sizes = compare.split.sizes()
     click_tab(compare.tables, "Memory across the step")
     pause(300)
     _memory_timeline_legible(compare.timeline, record)
+    click_tab(compare.tables, "Comparison table")  # the bar charts get their room back
+    assert compare.split.sizes() == sizes
 
 
 def _host_cpu_names_clear_of_the_trace(win, record) -> None:
