@@ -43,6 +43,7 @@ from engine.record.verdict import verdict as recommend
 from gui.chart_specs import COMPARE_CHARTS, MFU_TITLES
 from gui.comparison_table import ComparisonModel, RawValueSortProxy, table_as_tsv
 from gui.memory_timeline_view import MemoryTimelineView
+from gui.mfu_captions import mfu_captions
 from gui.palette import MEMORY_CATEGORY_COLORS, precision_color
 from gui.plain_text import as_html, plain_label
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
@@ -58,6 +59,19 @@ EMPTY_TEXT = ("Nothing to compare yet. When a run ends (Run tab), or when you op
 
 
 CAPTION_PX = 22  # a caption's line above its bar, with a gap
+LINE_PX = 14  # each further line of a caption (the MFU's peak, in a smaller font)
+
+
+def _caption(text: str) -> pg.TextItem:
+    """A caption above a bar; a second line (the peak an MFU divides by) smaller, centred."""
+    first, _, rest = text.partition("\n")
+    item = pg.TextItem(color="#222222", anchor=(0.5, 1.0))
+    if not rest:
+        item.setPlainText(first)
+        return item
+    item.setHtml(f'<div style="text-align:center">{html.escape(first)}<br>'
+                 f'<span style="font-size:7pt">{html.escape(rest)}</span></div>')
+    return item
 
 
 def _mib(value: int | None) -> float | None:
@@ -106,6 +120,7 @@ class CompareView(QWidget):
         self.charts = pg.GraphicsLayoutWidget()
         self.plots: dict[str, pg.PlotItem] = {}
         self._caption_tops: dict[str, float] = {}  # per chart, the highest caption's foot
+        self._caption_lines: dict[str, int] = {}  # per chart, its captions' most lines
         for i, (key, (title, label, units)) in enumerate(COMPARE_CHARTS.items()):
             if key == "memory":  # its legend in a row of its own above it, off the bars
                 cell = self.charts.addLayout(row=i // 2, col=i % 2)
@@ -152,8 +167,17 @@ class CompareView(QWidget):
         bar.addWidget(copy_button)
         table_layout.addLayout(bar)
         table_layout.addWidget(self.table)
+        # why an MFU is n/a, under the charts: written across the chart it covered a bar
+        self.mfu_note = plain_label()
+        self.mfu_note.setStyleSheet("color: #555555;")
+        self.mfu_note.hide()
+        charts_box = QWidget()
+        charts_layout = QVBoxLayout(charts_box)
+        charts_layout.setContentsMargins(0, 0, 0, 0)
+        charts_layout.addWidget(self.charts, 1)
+        charts_layout.addWidget(self.mfu_note)
         splitter = QSplitter(Qt.Orientation.Vertical)
-        splitter.addWidget(self.charts)
+        splitter.addWidget(charts_box)
         self.ranks = RankView()  # distributed trials only
         splitter.addWidget(self.ranks)
         self.quant_error = QuantErrorView()
@@ -166,10 +190,27 @@ class CompareView(QWidget):
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(2, 1)
         splitter.setSizes([480, 300, 380])  # room for the speed note and every row at 768 px
+        self.split = splitter
+        self._sizes_before_timeline: list[int] | None = None  # given back on leaving it
+        self.tables.currentChanged.connect(self._room_for_timeline)
         layout = QVBoxLayout(self)
         layout.addWidget(self.run_label)
         layout.addWidget(self.verdict_label)
         layout.addWidget(splitter, 1)
+
+    def _room_for_timeline(self, _index: int) -> None:
+        """The memory timeline's plots need height: choosing its tab gives the lower pane
+        what it needs, taken from the bar charts above; leaving it gives them back."""
+        if self.tables.currentWidget() is not self.timeline:
+            if self._sizes_before_timeline is not None:
+                self.split.setSizes(self._sizes_before_timeline)
+                self._sizes_before_timeline = None
+            return
+        sizes = self.split.sizes()
+        need = self.timeline.wanted_height() + self.tables.tabBar().height() + 8
+        if sizes[2] < need and sum(sizes) > need:
+            self._sizes_before_timeline = sizes
+            self.split.setSizes([sum(sizes) - need - sizes[1], sizes[1], need])
 
     # --- filling ---------------------------------------------------------------------
 
@@ -192,6 +233,7 @@ class CompareView(QWidget):
                                       else "")
         labels = [t.precision for t in record.trials]
         self._caption_tops.clear()
+        self._caption_lines.clear()
         for plot in self.plots.values():
             plot.clear()
             plot.getAxis("bottom").setTicks([list(enumerate(labels))])
@@ -217,8 +259,8 @@ class CompareView(QWidget):
         self.plots["mfu"].setTitle(html.escape(MFU_TITLES[kind]), size="10pt")
         mfu = [None if getattr(values[p], field) is None else getattr(values[p], field) * 100
                for p in labels]
-        self._draw_bars("mfu", labels, mfu,
-                        [None if v is None else f"{v:.1f}%" for v in mfu], record.trials)
+        self._draw_bars("mfu", labels, mfu, mfu_captions(record.trials, mfu, field),
+                        record.trials)
         self._explain_missing_mfu(record.trials, mfu, f"{field}_reason")
         peaks = [values[p].peak_memory_bytes for p in labels]
         self._draw_bars("peak_memory", labels, [_mib(v) for v in peaks],
@@ -239,20 +281,15 @@ class CompareView(QWidget):
 
     def _explain_missing_mfu(self, trials: list[TrialResult], mfu: list[float | None],
                              reason_field: str) -> None:
-        """The engine's reasons for n/a MFU, written across the empty chart."""
-        reasons = dict.fromkeys(getattr(t.summary, reason_field) for t, v in zip(trials, mfu)
-                                if v is None and t.summary is not None
-                                and getattr(t.summary, reason_field))
-        if not reasons:
-            return
-        plot = self.plots["mfu"]
-        note = pg.TextItem(color="#555555", anchor=(0.5, 0.5))
-        note.setHtml('<div style="text-align:center">MFU n/a: '
-                     + "<br>".join(html.escape(r) for r in reasons) + "</div>")
-        note.setTextWidth(max(200.0, plot.getViewBox().width() * 0.8))
-        top = plot.getViewBox().viewRange()[1][1]
-        note.setPos((len(trials) - 1) / 2, top / 2)
-        plot.addItem(note)
+        """The engine's reasons for n/a MFU, under the charts, naming the trials."""
+        reasons: dict[str, list[str]] = {}
+        for t, v in zip(trials, mfu, strict=True):
+            why = getattr(t.summary, reason_field) if t.summary is not None else None
+            if v is None and why:
+                reasons.setdefault(why, []).append(t.precision)
+        self.mfu_note.setText("  ".join(f"MFU n/a for {', '.join(names)}: {why}"
+                                        for why, names in reasons.items()))
+        self.mfu_note.setVisible(bool(reasons))
 
     def _na(self, plot: pg.PlotItem, x: float, trial: TrialResult) -> None:
         """Text where a bar would stand: n/a, or the trial's status when it did not finish."""
@@ -272,12 +309,13 @@ class CompareView(QWidget):
                 brushes=[precision_color(labels[i]) for i in present], pen=None))
         feet = [max(values[i], caption_at[i]) if caption_at and caption_at[i] is not None
                 else values[i] for i in present]
-        self._room_for_captions(key, max(feet, default=1.0) or 1.0)
+        self._room_for_captions(key, max(feet, default=1.0) or 1.0,
+                                max((c.count("\n") + 1 for c in captions if c), default=1))
         for i, trial in enumerate(trials):
             if values[i] is None:
                 self._na(plot, i, trial)
             elif captions[i]:
-                text = pg.TextItem(captions[i], color="#222222", anchor=(0.5, 1.0))
+                text = _caption(captions[i])
                 above = caption_at[i] if caption_at and caption_at[i] is not None else None
                 text.setPos(i, max(values[i], above) if above is not None else values[i])
                 plot.addItem(text)
@@ -296,9 +334,11 @@ class CompareView(QWidget):
             beam=0.2, pen=pg.mkPen("#222222", width=1.2)))
         self._room_for_captions(key, max(intervals[i][1] for i in shown))
 
-    def _room_for_captions(self, key: str, top: float) -> None:
-        """Keep room above ``top`` (the foot of the highest caption or whisker)."""
+    def _room_for_captions(self, key: str, top: float, lines: int = 1) -> None:
+        """Keep room above ``top`` (the foot of the highest caption or whisker) for captions
+        of ``lines`` lines."""
         self._caption_tops[key] = max(top, self._caption_tops.get(key, 0.0))
+        self._caption_lines[key] = max(lines, self._caption_lines.get(key, 1))
         self._fit_captions(key)
 
     def _fit_captions(self, key: str) -> None:
@@ -310,7 +350,8 @@ class CompareView(QWidget):
             return
         plot = self.plots[key]
         height = plot.getViewBox().height()
-        share = min(0.6, CAPTION_PX / height) if height > 0 else 0.3
+        pixels = CAPTION_PX + LINE_PX * (self._caption_lines.get(key, 1) - 1)
+        share = min(0.6, pixels / height) if height > 0 else 0.3
         plot.setYRange(0, top / (1 - share), padding=0)
 
     def _draw_memory(self, trials: list[TrialResult]) -> None:

@@ -24,6 +24,7 @@ from engine.core.events import TrialResult
 from engine.record.run_record import RunRecord
 from gui.palette import precision_color
 from gui.plain_text import plain_label
+from gui.profiled_reason import in_words
 
 SUMMARY_HEADERS = ("Precision", "Profiled step", "Matmul by dtype", "Elementwise/norm",
                    "Copy/cast", "Optimizer", "GradScaler", "Idle gaps", "Matmul on Tensor Cores",
@@ -65,8 +66,9 @@ def _rate(pct: float | None) -> str:
     return "n/a" if pct is None else f"{pct:.1f}%"
 
 
-def summary_cells(trial: TrialResult) -> list[tuple[str, str]]:
-    """(text, tooltip) per summary column after the precision."""
+def summary_cells(trial: TrialResult, record=None) -> list[tuple[str, str]]:
+    """(text, tooltip) per summary column after the precision; ``record``: the run it is
+    from (names the AmpScope and torch of a report whose profiled step failed)."""
     ps = trial.profiled_step
     g = trial.gpm
     if g is None:
@@ -79,7 +81,8 @@ def summary_cells(trial: TrialResult) -> list[tuple[str, str]]:
                f"SM active {_rate(g.sm_util_pct)}, DRAM bandwidth {_rate(g.dram_bw_util_pct)}"
                + (f"; {g.na_reason}" if g.na_reason else ""))
     if ps is None:
-        why = trial.profiled_step_reason or trial.reason or "not profiled"
+        words, details = in_words(trial.profiled_step_reason or trial.reason, record)
+        why = f"{words}\n\n{details}" if details else words
         return [("n/a", why)] * (len(SUMMARY_HEADERS) - 2) + [gpm]
     matmul = ", ".join(f"{_pct(v)} {k}" for k, v in ps.matmul_share_by_dtype.items()) or "none"
     return [
@@ -146,7 +149,7 @@ class KernelView(QWidget):
             name = _cell(trial.precision)
             name.setForeground(precision_color(trial.precision))
             self.summary.setItem(row, 0, name)
-            for col, (text, tip) in enumerate(summary_cells(trial), start=1):
+            for col, (text, tip) in enumerate(summary_cells(trial, record), start=1):
                 self.summary.setItem(row, col, _cell(text, tip))
         self._fit_summary()
         profiled = [t for t in trials if t.profiled_step is not None]
@@ -188,11 +191,13 @@ class KernelView(QWidget):
         self.ops.setRowCount(0 if ps is None else len(ps.ops))
         self.kernels.setRowCount(0 if ps is None else len(ps.kernels))
         if ps is None:
-            self.detail_note.setText(
-                f"{precision}: n/a: {trial.profiled_step_reason or trial.reason}" if trial
-                else "")
+            words, details = in_words(trial.profiled_step_reason or trial.reason,
+                                      self.record) if trial else ("", "")
+            self.detail_note.setText(f"{precision}: n/a: {words}" if trial else "")
+            self.detail_note.setToolTip(details)  # the raw failure, for a bug report
             self.ops.setSortingEnabled(True)
             return
+        self.detail_note.setToolTip("")
         self.detail_note.setText(f"{precision}: {ps.dtype_method}. Peak memory of the step: "
                                  f"{ps.peak_memory_bytes / 2**20:.1f} MiB "
                                  f"({ps.peak_memory_method})" if ps.peak_memory_bytes else

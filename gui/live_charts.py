@@ -35,6 +35,7 @@ from gui.chart_specs import LIVE_CHARTS, MFU_TITLES, NAMED_TRIALS, USER_RUN_CHAR
 from gui.palette import precision_color
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
 from gui.ringbuffer import RingBuffer
+from gui.trial_label_room import TrialLabelRoom
 
 REDRAW_HZ = 15
 MIN_CHART_PX = 300  # narrowest column: the grid has as many as the width allows (2 to 4)
@@ -307,6 +308,7 @@ class LiveCharts(QWidget):
         self._series: dict[tuple[str, str], _Series] = {}
         self._x_page: dict[str, float] = {}  # chart -> right end of its x range
         self._trial_lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
+        self.label_room = TrialLabelRoom(self.plots[MONITOR_CHARTS[0]])  # the trial names
         self._reasons: dict[str, str] = {}  # chart -> why the engine gave no values
         self._steps_per_trial: int | None = None
         self._next_chart = 0  # where the next redraw tick starts its round
@@ -504,20 +506,19 @@ class LiveCharts(QWidget):
         # the label is a format string to pyqtgraph: braces in a name are literal
         label = precision.replace("{", "{{").replace("}", "}}")
         # one chart names the trial (the others share its x axis): labels on all four
-        # overprinted each other and the charts' n/a notes; they step down so
-        # neighbouring short trials do not overprint
-        starts = sum(getattr(line, "label", None) is not None for _, line in self._trial_lines)
-        position = 0.95 - 0.12 * (starts % 4)
+        # overprinted each other and the charts' n/a notes; gui.trial_label_room places them
         for key in MONITOR_CHARTS:
             labelled = named and key == MONITOR_CHARTS[0]
             line = pg.InfiniteLine(
                 pos=time_s - self._t0, angle=90,
                 pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DotLine),
                 label=label if labelled else None,
-                labelOpts={"position": position, "color": color},
+                labelOpts=self.label_room.label_opts(color),
             )
             self.plots[key].addItem(line)
             self._trial_lines.append((self.plots[key], line))
+            if labelled:  # in a band above the curves, which never reach it
+                self.label_room.add(line)
 
     def note_trial(self, trial: TrialResult) -> None:
         """Keep the engine's reason for a value it could not give, for charts left empty."""
@@ -564,6 +565,7 @@ class LiveCharts(QWidget):
         for plot, line in self._trial_lines:
             plot.removeItem(line)
         self._trial_lines.clear()
+        self.label_room.clear()
         self._t0 = None
         self._host = False
         self._scalar_names: list[str] = []
@@ -673,6 +675,8 @@ class LiveCharts(QWidget):
             series.item.setData(x, series.y.view())
             if len(x):
                 self._page_x(chart, float(x[-1]))
+                if chart == MONITOR_CHARTS[0]:
+                    self.label_room.set_top(float(np.nanmax(series.y.view())), float(x[-1]))
 
     def curve_data(self, chart: str, name: str) -> tuple[np.ndarray, np.ndarray]:
         """The x and y the drawn curve was given (empty when it was never drawn)."""

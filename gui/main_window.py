@@ -61,8 +61,10 @@ from gui.model_view import ModelView
 from gui.notice_bar import NoticeBar, fit_device_line
 from gui.open_export import OpenExport
 from gui.peak_status import PeakStatus
+from gui.pending_run import PendingRun
 from gui.plain_text import as_html
 from gui.plan_view import PlanView
+from gui.quit_guard import may_quit
 from gui.run_origin import from_elsewhere, local_device, run_device, run_summary
 from gui.trial_table import TrialTable, trial_units
 from gui.verdict_banner import VerdictBanner, gist
@@ -138,6 +140,7 @@ class MainWindow(QMainWindow):
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop_run)
+        self.pending_run = PendingRun(self)  # Run pressed before the engine has loaded
         scroll = QScrollArea()
         scroll.setWidget(self.config_panel)
         scroll.setWidgetResizable(True)
@@ -339,18 +342,19 @@ class MainWindow(QMainWindow):
         # the lab's GPU work would skew a trial's timings: one at a time, either way round
         lab = self.lab_worker.is_running()
         peak = self.peak_status.is_busy()  # the matmul benchmark, likewise
-        self.run_button.setEnabled(not running and not lab and not peak
+        waiting = self.pending_run.waiting
+        self.run_button.setEnabled(not running and not lab and not peak and not waiting
                                    and self.config_panel.error() is None)
         self.run_button.setToolTip("Waiting for the numerics lab to finish" if lab else
                                    "Waiting for the matmul peak benchmark to finish" if peak
                                    else "")
         self.peak_status.set_blocked(running or lab)
-        self.stop_button.setEnabled(running)
+        self.stop_button.setEnabled(running or waiting)
         if not lab and "numerics_view" in self._built:  # a new one starts as it should
             self.numerics_view.set_busy(running)
 
     def _run_clicked(self) -> None:
-        self.start_run()
+        self.pending_run.click()
 
     def _say_problem(self, message: str) -> None:
         """A problem the user must know about: in the status bar, the notice bar and the
@@ -443,6 +447,8 @@ class MainWindow(QMainWindow):
         return None if fit.fits else f"{what} refused: {in_form_words(fit.refusal())}"
 
     def stop_run(self) -> None:
+        if self.pending_run.cancel():
+            return
         if self.worker.is_running():
             self.statusBar().showMessage("Stopping: the current step finishes first…")
             self.worker.stop()
@@ -826,6 +832,9 @@ class MainWindow(QMainWindow):
             self.restoreState(state)
 
     def closeEvent(self, event) -> None:
+        if event.spontaneous() and not may_quit(self):  # the window's close button
+            event.ignore()
+            return
         # a run in progress is stopped and its thread joined: nothing outlives the window
         self.watch.stop()
         if self.worker.is_running():

@@ -17,7 +17,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtWidgets import QScrollArea, QVBoxLayout, QWidget
 
 from engine.record.memory_timeline_series import (
     CATEGORY_STYLE,
@@ -32,6 +32,9 @@ from gui.plain_text import as_html, plain_label
 from gui.plot_style import plain_axes  # also sets pyqtgraph's colours before any plot
 
 MIB = 2**20
+# the charts' least height (plots, axes and legend): below it they scroll rather than
+# shrink, as they once did to about 50 px a plot at 1366 x 768
+MIN_CHARTS_PX = 320
 EMPTY_TEXT = ("No memory timeline: a trial records one in its memory step (reports from "
               "before it, user runs and stopped trials have none).")
 _LEVEL_PENS = {"usable": ("#222222", Qt.PenStyle.SolidLine),
@@ -60,9 +63,21 @@ class MemoryTimelineView(QWidget):
         self.hover_label.setObjectName("timelineHover")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        self.scroll = QScrollArea()
+        self.scroll.setWidget(self.charts)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.charts.setMinimumHeight(MIN_CHARTS_PX)
         layout.addWidget(self.note)
-        layout.addWidget(self.charts, 1)
+        layout.addWidget(self.scroll, 1)
         layout.addWidget(self.hover_label)
+
+    def wanted_height(self) -> int:
+        """The height that shows the charts whole, with the note and hover line."""
+        spacing = self.layout().spacing()
+        return (self.charts.minimumHeight() + 2 * self.scroll.frameWidth()
+                + self.note.heightForWidth(max(self.width(), 400))
+                + self.hover_label.sizeHint().height() + 2 * spacing)
 
     # --- filling ---------------------------------------------------------------------
 
@@ -90,8 +105,9 @@ class MemoryTimelineView(QWidget):
             plot = self.charts.addPlot(row=0, col=col)
             plot.disableAutoRange()  # one byte axis for all: set below, never re-fitted
             plain_axes(plot)
-            plot.setTitle(s.title, color=precision_color(s.title.split(" ")[0]).name(),
-                          size="10pt")
+            # the peak in the title: as a label by its marker it ran under the title
+            plot.setTitle(f"{s.title}: peak {size_text(s.peak_bytes)}",
+                          color=precision_color(s.title.split(" ")[0]).name(), size="10pt")
             plot.setLabel("left", "memory", units="MiB")
             plot.setLabel("bottom", "aten ops into the step")
             plot.setMouseEnabled(x=False, y=False)
@@ -132,10 +148,6 @@ class MemoryTimelineView(QWidget):
                                   brush=pg.mkBrush("k"), pen=None)
         plot.addItem(peak)
         listed(peak, "peak")
-        text = pg.TextItem(f"peak {size_text(s.peak_bytes)}", color="#222222",
-                           anchor=(1, 1) if s.peak_x > s.ops / 2 else (0, 1))
-        text.setPos(s.peak_x, s.peak_bytes / MIB)
-        plot.addItem(text)
         if s.overlay_x:
             line = pg.PlotDataItem(
                 *_steps(s.overlay_x, np.asarray(s.overlay_bytes, dtype=float) / MIB),

@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QFileDialog
 
 from gui.about import show_about
 from gui.open_export import REPORT_FILTERS
+from gui.quit_guard import quit_asked
 
 
 def build_menus(window) -> None:
@@ -37,13 +38,13 @@ def build_menus(window) -> None:
     file_menu.addSeparator()
     quit_action = QAction("&Quit", window)
     quit_action.setShortcut(QKeySequence.StandardKey.Quit)
-    quit_action.triggered.connect(window.close)
+    quit_action.triggered.connect(lambda: quit_asked(window))  # asks during a run
     file_menu.addAction(quit_action)
 
     run_menu = window.menuBar().addMenu("&Run")
     start = QAction("&Run", window)
     start.setShortcut("Ctrl+R")
-    start.triggered.connect(lambda: window.start_run())  # triggered(bool) is no config
+    start.triggered.connect(lambda: window._run_clicked())  # waits, as the button does
     stop = QAction("&Stop", window)
     stop.triggered.connect(window.stop_run)
     traced = QAction("Run with &kernel traces…", window)

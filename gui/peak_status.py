@@ -90,10 +90,10 @@ class PeakStatus(QWidget):
         else:
             from engine.measure import matmul_peak
 
-            # the status bar also holds the device line and the run's message: the rates
-            # per dtype (a long line) are in the tooltip, the label says when they were taken
-            when = time.strftime("%H:%M", time.localtime(measured.measured_at_s))
-            self.label.setText(f"matmul peak {when}")
+            # the figures themselves (a time alone told nothing); when they were taken and
+            # how, per dtype, are in the tooltip
+            rates = ", ".join(f"{d} {r:.3g}" for d, r in measured.tflops.items())
+            self.label.setText(f"matmul peak (TFLOP/s): {rates or 'none timed'}")
             self.label.setToolTip("\n".join([summary, *(
                 measured.lookup(d).source or measured.lookup(d).reason
                 for d in matmul_peak.DTYPES)]))

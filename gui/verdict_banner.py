@@ -18,6 +18,13 @@ STYLES = {True: "background: #E8F5EC; border: 1px solid #9FD3B5;",
           False: "background: #FDF6E3; border: 1px solid #E8C77A;"}
 
 
+def first_clause(headline: str) -> str:
+    """The answer and the figures it rests on, up to the first "; " (a sweep's headline runs
+    to seven lines at 1366 px, squeezing the charts below it); the rest is in the tooltip and
+    one click away (Details…)."""
+    return headline.split("; ", 1)[0]
+
+
 def gist(headline: str) -> str:
     """The headline's answer, before its reasons: "Train in bf16-amp", "No recommendation"."""
     return headline.partition(":")[0]
@@ -55,11 +62,11 @@ class VerdictBanner(QFrame):
     def show_record(self, record: RunRecord) -> str:
         """Show ``record``'s verdict; returns its headline."""
         v = recommend(record)
-        self.headline.setText(v.headline)
+        self.headline.setText(first_clause(v.headline))
         first = f"To do: {v.advice}" if v.advice else next(iter(v.reasons), "")
         self.reason.setText(first)
         self.reason.setVisible(bool(first))
-        self.setToolTip(as_html("\n".join([*v.reasons, f"Rules: {v.rules}."])))
+        self.setToolTip(as_html("\n".join([v.headline, *v.reasons, f"Rules: {v.rules}."])))
         self.setStyleSheet(f"QFrame#verdictBanner {{ {STYLES[v.precision is not None]} "
                            "border-radius: 4px; }")
         self.show()

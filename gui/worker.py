@@ -19,6 +19,7 @@ import traceback
 from PySide6.QtCore import QObject, Signal
 
 from engine.core.config import RunConfig
+from gui.exit_guard import quiet_at_exit
 
 # Held while a thread imports the engine (torch, transformers): two threads importing the
 # same modules at once can each be handed the other's half-built module (Python breaks the
@@ -156,8 +157,8 @@ class DeviceProbe(QObject):
         """Start answering (idempotent). Importing torch holds the GIL for long stretches,
         so the window calls this once it has painted, not while it builds its widgets."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="ampscope-device-probe",
-                                            daemon=True)
+            self._thread = threading.Thread(target=quiet_at_exit(self._serve),
+                                            name="ampscope-device-probe", daemon=True)
             self._thread.start()
 
     def _serve(self) -> None:
@@ -223,7 +224,7 @@ class ReportLoader(QObject):
         """Read ``path`` with ``read(path) -> RunRecord`` (the engine's reader)."""
         if self.is_running():
             raise RuntimeError("a report is already being opened")
-        self._thread = threading.Thread(target=self._run, args=(path, read),
+        self._thread = threading.Thread(target=quiet_at_exit(self._run), args=(path, read),
                                         name="ampscope-open-report", daemon=True)
         self._thread.start()
 

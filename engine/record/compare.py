@@ -375,6 +375,12 @@ def _tokens_number(value: float) -> str:
 
 Formatter = Callable[[object], str]
 
+
+def _signed(value: float, places: int) -> str:
+    """"+0.0123", "-0.0123"; a difference that rounds to zero reads "0.0000", never "-0.0000"."""
+    text = f"{value:+.{places}f}"
+    return text[1:] if float(text) == 0 else text
+
 COLUMNS: list[tuple[str, str, Formatter]] = [
     ("precision", "Precision", str),
     ("status", "Status", str),
@@ -394,7 +400,7 @@ COLUMNS: list[tuple[str, str, Formatter]] = [
     ("peak_memory_bytes", "Peak memory", format_bytes),
     ("memory_saving_vs_fp32", "Memory saved vs fp32", _percent),
     ("skipped_steps", "Skipped steps", lambda v: f"{v:d}"),
-    ("final_loss_diff_vs_fp32", "Final loss vs fp32", lambda v: f"{v:+.4f}"),
+    ("final_loss_diff_vs_fp32", "Final loss vs fp32", lambda v: _signed(v, 4)),
     ("energy_per_token_vs_fp32", "Energy/token vs fp32", lambda v: f"{v:.2f}x"),
     ("lost_updates", "Lost updates (min lr)", str),
     ("compiled", "Compiled", lambda v: "yes" if v else "no"),

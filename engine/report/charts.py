@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import matplotlib as mpl
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from engine.record.colors import color_of
 from engine.record.compare import baseline_reason, comparison_rows, format_cell, record_precisions
@@ -164,11 +164,23 @@ def loss_scale_chart(record: RunRecord) -> Chart:
     if not scaled:
         return Chart(title, None, "no precision in this run uses a GradScaler (only fp16-amp does)")
     ax.set_yscale("log", base=2)
+    # plain "2^17": matplotlib's log ticks are mathtext, which an SVG kept as text (svg.fonttype
+    # "none") shows as its source, "$\\mathdefault{2^{17}}$"
+    ax.yaxis.set_major_formatter(FuncFormatter(_power_of_two))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("loss scale (log2)")
     ax.legend(loc="best")
     return Chart(title, _svg(fig))
+
+
+def _power_of_two(value: float, _position) -> str:
+    """A log2 tick as plain text: "2^17" for a power of two, else the number itself."""
+    if value <= 0:
+        return ""
+    power = math.log2(value)
+    return f"2^{round(power)}" if abs(power - round(power)) < 1e-9 else f"{value:g}"
 
 
 def _bars(ax, labels: list[str], values: list[float | None], texts: list[str]) -> None:

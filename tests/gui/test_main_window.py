@@ -111,6 +111,9 @@ def test_run_pressed_before_the_probe_answers_runs_on_the_cpu(qtbot, monkeypatch
         with qtbot.waitSignal(win.record_shown, timeout=RUN_TIMEOUT_MS) as blocker:
             click(win.run_button)
             assert panel.device_pending()  # pressed while the probe still had not answered
+            # the run waits for the answer (gui/pending_run.py), which now comes
+            assert win.run_button.text() == "Waiting for the device…"
+            release.set()
     finally:
         release.set()
     record = blocker.args[0]

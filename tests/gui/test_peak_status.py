@@ -32,22 +32,28 @@ def window(qtbot, cache_file):
     return win
 
 
-def _seed(cache_file, info) -> str:
+def _seed(cache_file, info, tflops: dict | None = None) -> str:
     """An old measurement of the window's device, written as the cache stores it."""
     key = matmul_peak.cache_key(info.name, info.kind)
     cache_file.parent.mkdir(parents=True, exist_ok=True)
+    tflops = tflops or {"fp32": OLD_RATE}
     cache_file.write_text(json.dumps({key: {
-        "key": key, "device": info.name, "torch_version": "old", "sizes": {"fp32": 256},
-        "measured_at_s": 0.0, "tflops": {"fp32": OLD_RATE}, "reasons": {}, "failed": []}}))
+        "key": key, "device": info.name, "torch_version": "old",
+        "sizes": dict.fromkeys(tflops, 256), "measured_at_s": 0.0, "tflops": tflops,
+        "reasons": {}, "failed": []}}))
     return key
 
 
 def _shown_rates(label) -> dict[str, float]:
-    """The label's tooltip "matmul peak: fp32 0.41, bf16 0.031 TFLOP/s (...)" (its first
-    line) -> {"fp32": 0.41, "bf16": 0.031}"""
-    assert label.text().startswith("matmul peak ") and ":" in label.text()
-    rates = label.toolTip().splitlines()[0].split(":", 1)[1].split("TFLOP/s")[0]
-    return {d: float(v) for d, v in (part.split() for part in rates.split(","))}
+    """The figures the status bar shows, "matmul peak (TFLOP/s): fp32 0.41, bf16 0.031"
+    -> {"fp32": 0.41, "bf16": 0.031}; the tooltip's first line names the same ones."""
+    prefix = "matmul peak (TFLOP/s): "
+    assert label.text().startswith(prefix), label.text()
+    shown = {d: float(v) for d, v in (part.split() for part in
+                                      label.text().removeprefix(prefix).split(","))}
+    tip = label.toolTip().splitlines()[0].split(":", 1)[1].split("TFLOP/s")[0]
+    assert shown == {d: float(v) for d, v in (part.split() for part in tip.split(","))}
+    return shown
 
 
 def _wait_done(qtbot, window) -> None:
@@ -91,3 +97,22 @@ def test_the_run_menu_measures_a_device_never_measured(qtbot, window, cache_file
     entry = next(iter(json.loads(cache_file.read_text(encoding="utf-8")).values()))
     assert _shown_rates(status.label)["fp32"] == float(f"{entry['tflops']['fp32']:.3g}")
     assert status.button.text() == "Measure again"
+
+
+def test_every_figure_shows_whole_in_the_status_bar_at_1366_by_768(qtbot, window, cache_file):
+    """The label once read "matmul peak 06:20", the figures only in its tooltip. With a
+    peak per dtype (an H200's five, as its report names them) and the status bar's message
+    on, every figure is on screen, unclipped."""
+    window.resize(1366, 768)
+    status, info = window.peak_status, window.config_panel.device_info
+    rates = {"fp32": 51.2, "tf32": 378.0, "bf16": 701.0, "fp16": 702.0, "fp8": 1330.0}
+    _seed(cache_file, info, rates)
+    window.config_panel.device_changed.emit(info)
+    window.statusBar().showMessage("Showing run 20261127-101500-abcd (ok)")
+    qtbot.waitUntil(lambda: status.label.width() >= status.label.sizeHint().width())
+    assert _shown_rates(status.label) == {d: float(f"{r:.3g}") for d, r in rates.items()}
+    label = status.label
+    assert label.isVisible() and label.visibleRegion().boundingRect().width() >= \
+        label.fontMetrics().horizontalAdvance(label.text())
+    right = label.mapTo(window, label.rect().topRight()).x()
+    assert right <= window.width()  # inside the window, not past its edge
