@@ -113,7 +113,10 @@ def _row(trial: TrialResult, base: TrialResult | None, verdict: SpeedVerdict) ->
     step_ms = s.median_step_ms if s else None
     peak = s.peak_memory_bytes if s else None
     final_loss = s.final_loss if s else None
-    speedup = _ratio(b.median_step_ms, step_ms) if b else None
+    # an emulated format's step runs its GEMMs in higher precision: its ratio to fp32 would
+    # read as the format's speed, which it is not
+    emulated = trial.support == "emulated"
+    speedup = _ratio(b.median_step_ms, step_ms) if b and not emulated else None
     speedup_ci = None  # none for fp32 itself: 1.0 by definition
     if b is not None and speedup is not None and trial is not base:
         speedup_ci = _ratio_ci(base, trial)
@@ -491,7 +494,8 @@ def format_table(rows: list[ComparisonRow], wide: bool = False) -> str:
     emulated = [row.precision for row in rows if row.speed_verdict == EMULATED_TEXT]
     if emulated:
         lines += textwrap.wrap(f"{EMULATED_TEXT}: {', '.join(emulated)} ran without their "
-                               "format's own hardware; their speed is left out of the ranking",
+                               "format's own hardware (their GEMMs run in higher precision): "
+                               "speed-up n/a, their speed is left out of the ranking",
                                TABLE_WIDTH, initial_indent="  ", subsequent_indent="    ")
     lines.append("  (speed-up, memory saved and loss diff are vs fp32; --wide adds step "
                  "p10..p90 and CV, tokens/s, MFU, HFU, energy)")
