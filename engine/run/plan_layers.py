@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 # per-layer settings read from a config that are not a list as long as the layers
 _SPARSE_STEPS = ("decoder_sparse_step", "moe_layer_freq", "interleave_moe_layer_step")
+MAX_PERIOD = 16  # longer periods than any published pattern are traced whole
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,12 @@ def find_pattern(config, samples: int = 3) -> tuple[LayerPattern | None, str]:
                           "equal stacks are cut together")
     kinds = layer_kinds(config, layers)
     best = None
-    for period in range(1, layers // (samples + 1) + 1):
-        prefix = next(p for p in range(layers + 1)
-                      if all(kinds[i] == kinds[i + period] for i in range(p, layers - period)))
+    for period in range(1, min(MAX_PERIOD, layers // (samples + 1)) + 1):
+        if best is not None and best[0] <= samples * period:  # no longer period is cheaper
+            break
+        prefix = layers - period  # walk back while each layer matches the one a period on
+        while prefix > 0 and kinds[prefix - 1] == kinds[prefix - 1 + period]:
+            prefix -= 1
         repeats = (layers - prefix) // period
         cost = prefix + samples * period
         if repeats > samples and (best is None or cost < best[0]):
