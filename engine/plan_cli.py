@@ -131,6 +131,8 @@ def plan_html(result) -> str:
                 else f"n/a: {html.escape(t.reason or '')}")
         if t.autocast_policy:
             peak += f"<br>autocast traced: {html.escape(t.autocast_policy)}"
+        if t.scaling:
+            peak += f"<br>{html.escape(t.scaling)}"
         rows.append(f"<tr><th>{html.escape(t.precision)}</th><td>{peak}</td>"
                     f"<td>{_measured_cell(t)}</td>{''.join(cells)}</tr>")
     title = (f"Plan: {html.escape(result.model)}, batch {result.batch_size} x "
