@@ -14,17 +14,19 @@ from engine.core.config import OPTIMIZERS, PRECISIONS, STRATEGIES
 
 def add_plan_parser(sub) -> None:
     p = sub.add_parser("plan", help="trace one training step on fake tensors: fits / does not "
-                                    "fit per card, with no GPU and no weights")
+                                    "fit per card, with no GPU and no weights",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="tiny",
                    help="preset name (see 'presets'), a local model folder, or a cached hub id")
     p.add_argument("--precision", default="fp32,bf16-amp",
                    help=f"comma-separated, from: {','.join(PRECISIONS)}")
     p.add_argument("--batch-size", type=int, default=1, help="micro-batch")
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--grad-checkpointing", action="store_true")
+    p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="recompute each layer's forward in backward")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step (gradients accumulate across them)")
-    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS, help="optimizer")
     p.add_argument("--strategy", default="none", choices=STRATEGIES,
                    help="ddp or fsdp2: plan one rank of --nproc-per-node (fake process group)")
     p.add_argument("--nproc-per-node", type=int, default=1,
@@ -46,6 +48,9 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--trace-as", default="card", choices=("card", "cpu"),
                    help="autocast recipes: trace them under the cards' autocast op lists "
                         "(CUDA's, the default) or the CPU's, to compare with a CPU trial")
+    p.add_argument("--full-trace", action="store_true",
+                   help="trace the whole model; by default a model whose layers repeat is "
+                        "traced cut to a few repeats and its figures scaled to its layer count")
     p.add_argument("--no-levers", action="store_true",
                    help="judge only the recipes asked: do not plan the changes (gradient "
                         "checkpointing, a low-bit optimizer, a quantised recipe, FSDP2) that "
@@ -74,7 +79,8 @@ def run_plan(args: argparse.Namespace) -> int:
                         cards=cards, context_bytes=parse_bytes(args.cuda_context),
                         max_batch=args.max_batch, measured=tuple(args.measured),
                         history=not args.no_history, levers=not args.no_levers,
-                        compile=args.compile, trace_as=args.trace_as)
+                        compile=args.compile, trace_as=args.trace_as,
+                        full_trace=args.full_trace)
     check_model(config.model, config.seq_len)  # bad input exits 2 before any tracing
     from engine.run.plan_bounds import check_plan_bounds
 
@@ -130,6 +136,8 @@ def plan_html(result) -> str:
                 else f"n/a: {html.escape(t.reason or '')}")
         if t.autocast_policy:
             peak += f"<br>autocast traced: {html.escape(t.autocast_policy)}"
+        if t.scaling:
+            peak += f"<br>{html.escape(t.scaling)}"
         rows.append(f"<tr><th>{html.escape(t.precision)}</th><td>{peak}</td>"
                     f"<td>{_measured_cell(t)}</td>{''.join(cells)}</tr>")
     title = (f"Plan: {html.escape(result.model)}, batch {result.batch_size} x "

@@ -256,6 +256,8 @@ class PlanView(QWidget):
             how = trial.reason or trial.memory.total_method
             if trial.autocast_policy:  # CUDA's op lists (the card's) or the CPU's
                 how += f"\nautocast traced: {trial.autocast_policy}"
+            if trial.scaling:  # scaled from cut models, or traced whole and why
+                how += f"\n{trial.scaling}"
             self.table.setItem(row, 1, _cell(peak, how))
             self.table.setItem(row, 2, _cell(*measured_text(trial)))
             for col, card in enumerate(trial.cards, start=3):

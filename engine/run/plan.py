@@ -91,6 +91,8 @@ class PlanConfig:
     # "card": autocast as the cards run it (CUDA's policy: every card in the table runs
     # torch's "cuda" device, ROCm's included); "cpu": as a CPU trial runs it
     trace_as: str = "card"
+    # trace the whole model, not cut models scaled to its layer count (engine.run.plan_scale)
+    full_trace: bool = False
 
     def __post_init__(self) -> None:
         from engine.models.presets import get_preset
@@ -206,6 +208,8 @@ class PlanTrial:
     # the autocast op lists the trace followed (engine.run.plan_autocast); None: the recipe
     # has no autocast region (FSDP2 casts by its policy) or was not traced
     autocast_policy: str | None = None
+    # how the step was traced: scaled from cut models, or whole and why (plan_scale)
+    scaling: str | None = None
 
 
 @dataclass(frozen=True)
@@ -553,6 +557,7 @@ def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
 
 def _plan(config: PlanConfig, log) -> PlanResult:
     from engine.core.recipes import recipe
+    from engine.run.plan_scale import trace_any
 
     reports = [(path, read_report(path)) for path in config.measured]  # bad files: say first
     trials = []
@@ -565,13 +570,12 @@ def _plan(config: PlanConfig, log) -> PlanResult:
         compiled = config.compile or recipe(base_precision(precision)).fp8
         memory, method, trace_s, policy = None, "traced", None, None
         buckets = 0  # DDP's gradient buckets, held beside the traced step
-        timeline = None
+        timeline = scaling = None
         if reason is None:
-            log(f"{precision}: tracing one step at batch {config.batch_size}")
             start = time.perf_counter()
             try:
-                measured, by_dtype, bytes_moved, fused = trace_step(config, precision,
-                                                                    config.batch_size)
+                (measured, by_dtype, bytes_moved, fused), scaling = trace_any(
+                    config, precision, config.batch_size, log)
             except Exception as exc:  # a custom op without a fake kernel
                 reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
             else:
@@ -612,9 +616,8 @@ def _plan(config: PlanConfig, log) -> PlanResult:
                     buckets=buckets):
             if batch not in peaks:
                 if method == "traced":
-                    log(f"{precision}: tracing batch {batch}")
-                    peaks[batch] = trace_step(config, precision, batch).memory.peak_bytes \
-                        + buckets
+                    peaks[batch] = trace_any(config, precision, batch, log)[0] \
+                        .memory.peak_bytes + buckets
                 elif method == "memory model":
                     peaks[batch] = _fallback(config, precision, batch).total_bytes
                 else:
@@ -627,7 +630,8 @@ def _plan(config: PlanConfig, log) -> PlanResult:
         trials.append(PlanTrial(precision, method, reason, memory, by_dtype, trace_s, cards,
                                 trial_optimizer(config, precision),
                                 _measured(config, precision, reports), bytes_moved, fused,
-                                compiled, memory_timeline=timeline, autocast_policy=policy))
+                                compiled, memory_timeline=timeline, autocast_policy=policy,
+                                scaling=scaling))
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum, strategy=config.strategy,
@@ -804,6 +808,8 @@ def format_plan(result: PlanResult) -> str:
         lines.append(head)
         if trial.autocast_policy:
             lines.append(f"  autocast traced: {trial.autocast_policy}")
+        if trial.scaling:
+            lines.append(f"  {trial.scaling}")
         if trial.reason:
             lines.append(f"  note: {trial.reason}")
         lines += _measured_lines(trial)

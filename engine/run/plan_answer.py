@@ -30,6 +30,9 @@ from engine.core.config import base_precision, split_label
 GIB = 2**30
 # what a rung changes in the asked configuration: (label, PlanConfig fields, precision or None)
 QUANTISED = ("int8", "nf4")
+# the recipes in the words people use: frozen quantised weights, trained LoRA adapters
+QUANTISED_WORDS = {"int8": "LoRA on 8-bit weights (int8)",
+                   "nf4": "QLoRA with 4-bit weights (nf4)"}
 OPTIMIZER_LEVERS = (("adamw8bit", "8-bit AdamW (--optimizer adamw8bit)"),
                     ("adamw4bit", "4-bit AdamW (--optimizer adamw4bit)"))
 FSDP2_WORLDS = (2, 4, 8)
@@ -97,10 +100,10 @@ def _candidates(config, asked) -> list[tuple[str, list[_Candidate], tuple]]:
     for name in QUANTISED:
         if name in asked_names:
             continue
-        quant.append(_Candidate(f"as {name} (quantised weights, LoRA adapters)", name, {}))
+        quant.append(_Candidate(f"as {QUANTISED_WORDS[name]}", name, {}))
         if ckpt:
-            quant.append(_Candidate(f"as {name} (quantised weights, LoRA adapters)"
-                                    f"{ckpt_text}", name, ckpt))
+            quant.append(_Candidate(f"as {QUANTISED_WORDS[name]} and gradient checkpointing",
+                                    name, ckpt))
     if quant:
         rungs.append(("a quantised recipe", quant, ()))
     if config.strategy == "none" and config.grad_accum == 1:
@@ -168,13 +171,15 @@ def _card_answer(config, result, card: str, typed: str, verdicts, plan_candidate
         return CardAnswer(card, f"{head}: n/a ({reason})")
     fitting = [(t, v) for t, v in known if v.fits]
     if fitting:
-        t, v = max(fitting, key=lambda tv: tv[1].headroom_bytes)
+        (t, v), why = _roomiest(fitting, lambda tv: tv[0].precision,
+                                lambda tv: tv[1].headroom_bytes, card)
         names = ", ".join(t.precision for t, _ in fitting)
         verb = "fits" if len(fitting) == 1 else "fit"
-        most = "" if len(fitting) == 1 else f"; {t.precision} leaves the most room,"
+        most = ("" if len(fitting) == 1 else f"; {t.precision}" if why
+                else f"; {t.precision} leaves the most room,")
         return CardAnswer(card, f"{head}: {names} {verb} as asked{most}"
                           f"{_batch_text(v.max_batch, config.batch_size)} "
-                          f"({_size(v.headroom_bytes)} headroom, {t.method})",
+                          f"({_size(v.headroom_bytes)} headroom, {t.method}){why}",
                           tuple(t.precision for t, _ in fitting), t.precision, None,
                           v.headroom_bytes, v.max_batch, t.method)
     usable = known[0][1].usable_bytes
@@ -222,12 +227,13 @@ def _card_answer(config, result, card: str, typed: str, verdicts, plan_candidate
                 tried.append(f"{cand.precision} {cand.label}: short by "
                              f"{_size(-v.headroom_bytes)} ({trial.method})")
         if found:
-            cand, trial, v = max(found, key=lambda f: f[2].headroom_bytes)
+            (cand, trial, v), why = _roomiest(found, lambda f: f[0].precision,
+                                              lambda f: f[2].headroom_bytes, card)
             note = "" if trial.method == "traced" else f"; {trial.method}, not traced"
             return CardAnswer(
                 card, f"{head}: no recipe fits as asked; {cand.precision} fits {cand.label}"
                       f"{_batch_text(v.max_batch, config.batch_size)} "
-                      f"({_size(v.headroom_bytes)} headroom{note})",
+                      f"({_size(v.headroom_bytes)} headroom{note}){why}",
                 (), cand.precision, cand.label, v.headroom_bytes, v.max_batch,
                 trial.method, tuple(tried))
     least = min((t for t, _ in known), key=lambda t: t.memory.total_bytes)
@@ -235,6 +241,27 @@ def _card_answer(config, result, card: str, typed: str, verdicts, plan_candidate
                             f"knows; the smallest peak asked is {least.precision}'s "
                             f"{_size(least.memory.total_bytes)} of {_size(usable)} usable",
                       tried=tuple(tried))
+
+
+TIE_BYTES = 2**20  # recipes whose peaks differ by less than this tie on memory
+TIE_WHY = ("; {precision} ties {other} on memory and is preferred: the card runs bf16 on its "
+           "tensor cores, and bf16 autocast is the recipe people train in")
+
+
+def _roomiest(items, precision_of, headroom_of, card: str):
+    """The item with the most headroom, and '' ; where a bf16 autocast recipe ties an fp32
+    one on memory and the card has a bf16 peak, the bf16 one, and why."""
+    from engine.measure.peaks import peak_flops
+
+    best = max(items, key=headroom_of)
+    base = base_precision(precision_of(best))
+    if base != "fp32" or peak_flops(card, "bf16").flops_per_s is None:
+        return best, ""
+    for item in items:
+        tie = abs(headroom_of(item) - headroom_of(best)) <= TIE_BYTES
+        if tie and base_precision(precision_of(item)) == "bf16-amp":
+            return item, TIE_WHY.format(precision=precision_of(item), other=precision_of(best))
+    return best, ""
 
 
 def answer_lines(result) -> list[str]:

@@ -8,7 +8,8 @@ layer costs (host bytes by ``tracemalloc``, seconds) is scaled to the config's l
 count: a lower bound of the trace's cost (the trace builds the same modules and then runs
 them). A plan whose bound does not fit this machine's available memory, or would take
 longer than ``MAX_TRACE_S``, is refused in one line that says what to do; so is a world
-size with more ranks than the model's largest parameter has rows.
+size with more ranks than the model's largest parameter has rows. A model whose layers
+repeat is traced cut to a few repeats (engine.run.plan_scale): its bound is the cut's.
 """
 
 from __future__ import annotations
@@ -68,6 +69,14 @@ def check_plan_bounds(plan_config) -> None:
             f"--nproc-per-node {world:,} is more ranks than the model's largest parameter "
             f"has rows ({rows:,}): FSDP2 shards rows, so the other ranks would hold only "
             f"padding; plan at most {rows:,} ranks (a node has as many as it has GPUs)")
+    if not plan_config.full_trace and layers is not None \
+            and resolve_source(plan_config.model).kind != "hub":
+        from engine.run.plan_layers import find_pattern
+        from engine.run.plan_scale import SAMPLES
+
+        pattern, _ = find_pattern(config, SAMPLES[-1][-1])
+        if pattern is not None:  # the model cut to its largest sample is what is traced
+            layers = pattern.cut_layers(SAMPLES[-1][-1])
     if layers is None or layers <= 2:
         return
     per_layer_bytes = max(large[0] - small[0], 0) / 2

@@ -92,7 +92,9 @@ def test_cli_answer_when_nothing_fits_lists_every_lever_tried():
                               f"{_size(peak)} of 1 MiB usable")
     tried = "\n".join(answer["tried"])
     for lever in ("with gradient checkpointing: skipped", "8-bit AdamW", "4-bit AdamW",
-                  "int8 as int8", "nf4 as nf4", "FSDP2 over 2 cards", "FSDP2 over 8 cards"):
+                  "int8 as LoRA on 8-bit weights (int8)",
+                  "nf4 as QLoRA with 4-bit weights (nf4)", "FSDP2 over 2 cards",
+                  "FSDP2 over 8 cards"):
         assert lever in tried, tried
 
 
@@ -173,3 +175,24 @@ def test_cli_quantised_categories_add_up_and_the_memory_models_terms_too(tmp_pat
     assert {"backward start", "optimiser step"} <= set(phases)
     assert max(phases.values()) == predicted.total_bytes
     assert predicted.peak_phase == max(phases, key=phases.get)
+
+
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
+def test_cli_bf16_autocast_is_preferred_where_it_ties_fp32_on_memory(tmp_path, family):
+    """Two tokens: activations are a rounding error beside what AMP holds as fp32 does (fp32
+    weights, gradients, AdamW's moments), so the two tie on memory; a card with bf16
+    tensor cores is told to train in bf16 autocast, and why."""
+    model = _model(tmp_path, family)
+    run = _cli("--model", model, "--precision", "fp32,bf16-amp", "--batch-size", "1",
+               "--seq-len", "2", "--card", "H100 SXM", "--max-batch", "0", "--no-history",
+               "--quiet", "--json")
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    fp32, amp = (t["memory"] for t in data["trials"])
+    assert fp32["peak_phase"] == amp["peak_phase"]
+    assert abs(fp32["total_bytes"] - amp["total_bytes"]) <= 2**20
+    answer = data["answers"][0]
+    assert answer["precision"] == "bf16-amp"
+    assert answer["text"].endswith("; bf16-amp ties fp32 on memory and is preferred: the card "
+                                   "runs bf16 on its tensor cores, and bf16 autocast is the "
+                                   "recipe people train in"), answer["text"]

@@ -24,7 +24,8 @@ def _error_lines(done) -> list[str]:
 
 def test_a_million_layers_is_refused_with_the_estimate_and_what_to_do(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**GPT2, "n_layer": 1_000_000}))
-    done = _plan("--model", str(tmp_path))
+    # traced whole: a plan scaled from a few layers (the default) traces only those
+    done = _plan("--model", str(tmp_path), "--full-trace")
     assert done.returncode == 2
     (line,) = _error_lines(done)
     assert "a model of 1,000,000 layers cannot be planned here" in line

@@ -1,0 +1,81 @@
+"""The plan scaled from cut models against the plan traced whole, in one run.
+
+Spawns ``python3 main.py plan`` twice with the same arguments, once as it runs by default
+(the model cut to a few repeats of its layers, the figures scaled: engine.run.plan_scale)
+and once with ``--full-trace``, and prints each one's wall-clock time, their ratio and the
+difference of every recipe's traced peak (what the first line's answer rests on). The
+host's load average is printed before and after: a ratio taken under load says so; the
+two runs share the same load only roughly.
+
+    python3 benchmarks/plan_scaled.py [--model llama-3-8b] [--precision bf16-amp,nf4] \
+        [--card "RTX 4090"] [--seq-len 2048]
+
+Goal (issue #48): the scaled plan at most a quarter of the full trace's time, every peak
+within 0.5% of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL_RATIO = 0.25
+GOAL_PEAK = 0.005
+
+
+def load_text() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
+
+
+def run_plan(args, full: bool) -> tuple[float, dict]:
+    """(seconds, the plan's JSON)."""
+    command = [sys.executable, "main.py", "plan", "--model", args.model, "--precision",
+               args.precision, "--batch-size", "1", "--seq-len", str(args.seq_len),
+               "--card", args.card, "--no-history", "--quiet", "--json",
+               *(("--full-trace",) if full else ())]
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        sys.exit(f"plan failed ({'full' if full else 'scaled'}): "
+                 f"{done.stderr.strip().splitlines()[-1:]}")
+    return seconds, json.loads(done.stdout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-3-8b")
+    parser.add_argument("--precision", default="bf16-amp,nf4")
+    parser.add_argument("--card", default="RTX 4090")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    args = parser.parse_args()
+    print(f"before: {load_text()}")
+    scaled_s, scaled = run_plan(args, full=False)
+    full_s, full = run_plan(args, full=True)
+    print(f"after: {load_text()}")
+    print(f"plan {args.model} ({args.precision}, 1 x {args.seq_len}, {args.card}), levers and "
+          "micro-batch search included")
+    print(f"  scaled {scaled_s:.1f} s, full trace {full_s:.1f} s: ratio "
+          f"{scaled_s / full_s:.3f} (goal <= {GOAL_RATIO})")
+    worst = 0.0
+    for s, f in zip(scaled["trials"], full["trials"], strict=True):
+        a, b = s["memory"]["total_bytes"], f["memory"]["total_bytes"]
+        diff = (a - b) / b
+        worst = max(worst, abs(diff))
+        print(f"  {s['precision']}: peak scaled {a:,} B, full {b:,} B, difference {diff:+.4%}; "
+              f"{s['scaling']}")
+    for s, f in zip(scaled["answers"], full["answers"], strict=True):
+        print(f"  answer scaled: {s['text']}\n  answer full:   {f['text']}")
+    print(f"  worst peak difference {worst:.4%} (goal <= {GOAL_PEAK:.1%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
