@@ -8,16 +8,22 @@ client (its loop's variables, the Trainer's ``log_history``, its accelerator's s
 never from AmpScope:
 
 - ``run_accelerate``: transformers ``examples/pytorch/language-modeling/
-  run_clm_no_trainer.py`` (its ``accelerator.accumulate`` loop, transformers 4.26 and
-  later): tokenize, ``group_texts``, ``default_data_collator``, AdamW over the decay and
-  no-decay groups, ``get_scheduler`` (linear, warm-up), ``Accelerator(
-  gradient_accumulation_steps=2, mixed_precision="bf16")``, two epochs each ending in
-  its evaluation (its mean eval loss is ``rec.log``ged). Tiny GPT-2. The Recorder as the
-  README says (``rec.step`` when ``sync_gradients``, last micro-batch's loss). The script
-  clips nothing, so the client's norm is computed here by its definition before each
-  optimizer step, with the lr of each group that step uses.
-- ``run_trainer``: transformers' ``run_clm.py``: tokenize, ``group_texts`` (labels the
-  inputs), ``default_data_collator``, the Trainer with evaluation; here bf16, gradient
+  run_clm_no_trainer.py``, its loop in the ``with accelerator.accumulate(model)`` form
+  (as in AmpScope's README; the transformers clone, 1.3 GB, could not be fetched where
+  this was written, and the copy read, at 3c354ea2, steps every
+  ``gradient_accumulation_steps`` micro-batches by hand instead): tokenize,
+  ``group_texts``, ``default_data_collator``, AdamW over the decay and no-decay groups,
+  ``get_scheduler`` (linear, warm-up), ``Accelerator(gradient_accumulation_steps=2,
+  mixed_precision="bf16")``, two epochs each ending in its evaluation (its mean eval
+  loss is ``rec.log``ged). Tiny GPT-2. The Recorder as the README says (``rec.step``
+  when ``sync_gradients``, last micro-batch's loss). The script clips nothing, so the
+  client's norm is computed here by its definition before each optimizer step, with the
+  lr of each group that step uses.
+- ``run_trainer``: transformers' ``run_clm.py`` (at 0851a87d): tokenize, ``group_texts``
+  (labels the inputs), the Trainer with ``processing_class=tokenizer``,
+  ``default_data_collator``, its ``preprocess_logits_for_metrics`` (argmax) and
+  ``compute_metrics`` (next-token accuracy, computed here as ``evaluate``'s accuracy
+  would, without the package) and evaluation; here bf16, gradient
   accumulation 2, evaluation every 3 steps, ``max_grad_norm=0.05`` (so it clips), and
   ``include_num_input_tokens_seen="non_padding"`` for the Trainer's own token count.
   Tiny Llama. The lr of every group comes from a callback of the client's reading the
@@ -177,14 +183,15 @@ def trainer_client(trainer, lrs: list) -> dict:
     logs = [h for h in history if "loss" in h]
     seen = [0] + [h["num_input_tokens_seen"] for h in logs]
     # the Trainer's global step k is AmpScope's step k - 1 (counted from 0)
-    evals = {h["step"] - 1: h["eval_loss"] for h in history if "eval_loss" in h}
+    evals = {name: {h["step"] - 1: h[name] for h in history if name in h}
+             for name in ("eval_loss", "eval_accuracy")}
     return {
         "loss": [h["loss"] for h in logs],
         "lr": lrs,
         "grad_norm": [h["grad_norm"] for h in logs],
         "tokens": [b - a for a, b in zip(seen, seen[1:])],
         "lr_logged": [h["learning_rate"] for h in logs],
-        "scalars": {"eval_loss": evals} if evals else {},
+        "scalars": {name: at for name, at in evals.items() if at},
         "precision": precision_label(*accelerator_label(trainer.accelerator)),
     }
 
@@ -220,10 +227,19 @@ def run_trainer(work: Path) -> tuple[Path, dict]:
         include_num_input_tokens_seen="non_padding", report_to=[], disable_tqdm=True, seed=0)
     journal = work / "trainer.jsonl"
     reader = lr_reader()
+
+    def preprocess_logits_for_metrics(logits, labels):
+        return (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
+
+    def compute_metrics(eval_preds):
+        preds, labels = eval_preds  # shifted: position i predicts token i + 1
+        return {"accuracy": float((preds[:, :-1] == labels[:, 1:]).mean())}
+
     trainer = Trainer(
         model=model, args=args, train_dataset=tokenized_blocks(tokenizer, 60, 1, 32),
         eval_dataset=tokenized_blocks(tokenizer, 8, 2, 32), processing_class=tokenizer,
-        data_collator=default_data_collator,
+        data_collator=default_data_collator, compute_metrics=compute_metrics,
+        preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         callbacks=[ampscope.AmpScopeCallback(journal=journal), reader])
     trainer.train()
     return journal, trainer_client(trainer, reader.lrs)
