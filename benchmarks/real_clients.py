@@ -15,7 +15,8 @@ The clients (issue #45):
   of its own values (``lossf``, the groups' lr it set, ``tokens_per_iter``, its ``ctx``,
   ``scaler`` and weights' dtype). Its data is written in its own format (``train.bin``,
   ``val.bin``, ``meta.pkl`` of random uint16 tokens); its own defaults stand except the
-  sizes, ``grad_clip=0.1`` (every step clips), ``device=cpu`` and ``compile=False`` (so
+  sizes, ``grad_clip=0.1`` (every step clips), ``device=cpu`` and ``compile=False``
+  (``--compile`` keeps its torch.compile; so
   ``dtype`` is its CPU default, float16: its GradScaler disables itself and its ``ctx``
   is a nullcontext: fp32 ran).
 - ``accelerate``, ``trainer``, ``dora``: condensed from transformers'
@@ -26,7 +27,7 @@ The clients (issue #45):
 Get the clone (the others are condensed here and need none):
 
     git clone https://github.com/karpathy/nanoGPT   # followed at 3adf61e1
-    python3 benchmarks/real_clients.py --nanogpt nanoGPT [--only nanogpt,trainer]
+    python3 benchmarks/real_clients.py --nanogpt nanoGPT [--only nanogpt,trainer] [--compile]
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ NANOGPT_ARGS = ["--device=cpu", "--compile=False", "--dataset=random", "--n_laye
                 "--min_lr=6e-5"]
 
 
-def run_nanogpt(clone: Path, work: Path) -> tuple[Path, dict]:
-    """nanoGPT's train.py, patched as NANOGPT_PATCH says, in a copy under ``work``."""
+def run_nanogpt(clone: Path, work: Path, compile: bool = False) -> tuple[Path, dict]:
+    """nanoGPT's train.py, patched as NANOGPT_PATCH says, in a copy under ``work``
+    (``compile``: its own default, torch.compile, kept)."""
     import numpy as np
 
     copy = work / "nanoGPT"
@@ -105,7 +107,8 @@ def run_nanogpt(clone: Path, work: Path) -> tuple[Path, dict]:
     journal, client_log = work / "nanogpt.jsonl", work / "nanogpt-client.jsonl"
     env = dict(os.environ, AMPSCOPE_JOURNAL=str(journal), AMPSCOPE_CLIENT_LOG=str(client_log),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "train.py", *NANOGPT_ARGS, f"--out_dir={work / 'out'}"],
+    given = [a for a in NANOGPT_ARGS if not (compile and a == "--compile=False")]
+    proc = subprocess.run([sys.executable, "train.py", *given, f"--out_dir={work / 'out'}"],
                           cwd=copy, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"nanoGPT's train.py failed:\n{proc.stderr[-3000:]}")
@@ -170,6 +173,8 @@ def differences(journal: Path, client: dict) -> list[tuple[str, int, float | str
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nanogpt", type=Path, help="a clone of github.com/karpathy/nanoGPT")
+    parser.add_argument("--compile", action="store_true",
+                        help="keep nanoGPT's torch.compile (its default; slow on a CPU)")
     parser.add_argument("--only", default=",".join(CLIENTS),
                         help=f"comma-separated clients to run, of {', '.join(CLIENTS)}")
     args = parser.parse_args(argv)
@@ -180,7 +185,7 @@ def main(argv=None) -> int:
     if "nanogpt" in only and (args.nanogpt is None or not (args.nanogpt / "train.py").is_file()):
         parser.error("--nanogpt must name a nanoGPT clone (git clone "
                      "https://github.com/karpathy/nanoGPT), or leave nanogpt out of --only")
-    runners = {"nanogpt": lambda work: run_nanogpt(args.nanogpt.resolve(), work),
+    runners = {"nanogpt": lambda work: run_nanogpt(args.nanogpt.resolve(), work, args.compile),
                "accelerate": real_clients_hf.run_accelerate,
                "trainer": real_clients_hf.run_trainer, "dora": real_clients_hf.run_dora}
     failed = False
