@@ -16,9 +16,8 @@ The clients (issue #45):
   ``scaler`` and weights' dtype). Its data is written in its own format (``train.bin``,
   ``val.bin``, ``meta.pkl`` of random uint16 tokens); its own defaults stand except the
   sizes, ``grad_clip=0.1`` (every step clips), ``device=cpu`` and ``compile=False``
-  (``--compile`` keeps its torch.compile; so
-  ``dtype`` is its CPU default, float16: its GradScaler disables itself and its ``ctx``
-  is a nullcontext: fp32 ran).
+  (``--compile`` keeps its torch.compile). ``dtype`` is its CPU default, float16: its
+  GradScaler disables itself and its ``ctx`` is a nullcontext, so fp32 ran.
 - ``accelerate``, ``trainer``, ``dora``: condensed from transformers'
   ``examples/pytorch/language-modeling/run_clm_no_trainer.py`` and ``run_clm.py`` and
   peft's ``examples/dora_finetuning/dora_finetuning.py``; see
