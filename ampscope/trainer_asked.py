@@ -35,8 +35,11 @@ def _lora(model) -> str | None:
     for name, cfg in peft.items():
         targets = getattr(cfg, "target_modules", None)
         shown = ",".join(sorted(targets)) if isinstance(targets, (set, list, tuple)) else targets
-        parts.append(f"{name}: {getattr(cfg, 'peft_type', 'adapter')} r={getattr(cfg, 'r', '?')}"
-                     f" on {shown}")
+        # peft's PeftType is a str enum (its f-string is "PeftType.LORA" on Python 3.11);
+        # DoRA is a LoRA config with use_dora set
+        kind = getattr(getattr(cfg, "peft_type", None), "value", None) or "adapter"
+        kind = "DoRA" if getattr(cfg, "use_dora", False) else kind.replace("LORA", "LoRA")
+        parts.append(f"{name}: {kind} r={getattr(cfg, 'r', '?')} on {shown}")
     return "; ".join(parts)
 
 
