@@ -6,6 +6,7 @@ torch.profiler, once as torch runs it and once with oneDNN off (its bf16 matmul 
 allocates only its output); the difference of the two allocator peaks is the workspace.
 """
 
+import html
 import json
 import os
 import subprocess
@@ -25,18 +26,26 @@ BATCH, SEQ = 2, 32
 FEW_KB = 4096  # the allocator's small scalars (the step's loss sum, the optimizer's steps)
 
 
-def _profile_cli(folder, tmp_path) -> tuple[dict, str]:
-    out = tmp_path / "r.json"
+def _main(args, tmp_path) -> str:
     run = subprocess.run(
-        [sys.executable, "main.py", "profile", "--model", str(folder), "--precision", "fp32,bf16",
-         "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--steps", "1", "--warmup", "0",
-         "--device", "cpu", "--data", "random", "--interleave", "off", "--quiet",
-         "--out", str(out)],
-        cwd=ROOT, text=True, capture_output=True, timeout=600,
+        [sys.executable, "main.py", *args], cwd=ROOT, text=True, capture_output=True,
+        timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1", "AMPSCOPE_DATA_DIR": str(tmp_path / "data")})
     assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def _profile_cli(folder, tmp_path) -> tuple[dict, str, str]:
+    """The trials of the JSON report, the printed text, and the HTML report that ``report``
+    writes from the same run."""
+    out = tmp_path / "r.json"
+    text = _main(["profile", "--model", str(folder), "--precision", "fp32,bf16",
+                  "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--steps", "1",
+                  "--warmup", "0", "--device", "cpu", "--data", "random", "--interleave", "off",
+                  "--quiet", "--out", str(out)], tmp_path)
+    _main(["report", str(out), "--out", str(tmp_path / "r.html")], tmp_path)
     trials = {t["precision"]: t for t in json.loads(out.read_text())["trials"]}
-    return trials, run.stdout
+    return trials, text, (tmp_path / "r.html").read_text(encoding="utf-8")
 
 
 def _allocator_rise(model, batch: dict, onednn: bool) -> int:
@@ -84,7 +93,7 @@ def _independent_workspace(family: str, dtype: torch.dtype) -> int:
 @pytest.mark.parametrize("family", ["t5", "llama-gqa"])
 def test_profile_names_the_kernel_workspace_beside_the_tensor_peak(family, tmp_path):
     FAMILIES[family]().save_pretrained(tmp_path / "model")
-    trials, text = _profile_cli(tmp_path / "model", tmp_path)
+    trials, text, page = _profile_cli(tmp_path / "model", tmp_path)
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         trial = trials[precision]
         assert trial["status"] == "ok", trial["reason"]
@@ -96,8 +105,10 @@ def test_profile_names_the_kernel_workspace_beside_the_tensor_peak(family, tmp_p
         if precision == "fp32":
             assert expected == 0 and workspace <= FEW_KB
         mib = 2 ** 20
-        assert (f"  {precision}: kernel workspace, not a tensor: {workspace / mib:.2f} MiB "
-                f"({workspace:,} B), the allocator's peak "
-                f"{ps['peak_memory_bytes'] / mib:.2f} MiB") in text
+        line = (f"kernel workspace, not a tensor: {workspace / mib:.2f} MiB ({workspace:,} B), "
+                f"the allocator's peak {ps['peak_memory_bytes'] / mib:.2f} MiB "
+                f"({ps['peak_memory_bytes']:,} B)")
+        assert f"  {precision}: {line}" in text.splitlines()
+        assert html.escape(line) in page
     if family == "t5":  # its LM-head weight gradient: a (700 x 96) fp32 buffer, +128 B
         assert trials["bf16"]["profiled_step"]["kernel_workspace_bytes"] > 200_000
