@@ -582,6 +582,9 @@ class ProfiledStep:
     profiled_step_ms: float | None = None  # the profiled step's own span (GPU) or wall (CPU)
     kernel_busy_ms: float | None = None  # GPU: union of the profiled step's kernel time
     basis_note: str | None = None  # the profiled kernels' time is >10% off the measured step
+    # CPU: peak_memory_bytes minus the trial's tracked tensor peak, same step shapes: bytes
+    # kernels held that no tensor did (engine.measure.kernel_workspace); None elsewhere
+    kernel_workspace_bytes: int | None = None
 
 
 @dataclass(frozen=True)

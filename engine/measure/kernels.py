@@ -22,6 +22,7 @@ from functools import cache
 import torch
 
 from engine.core.events import GemmShapeTime, KernelTime, OpTime, ProfiledStep
+from engine.measure.kernel_workspace import workspace_line
 from engine.measure.padding import padding_hint
 
 STEP_RANGE = "ampscope:step"
@@ -866,6 +867,8 @@ def format_profiled(trials) -> str:
                      + f" {_pct(ps.idle_gap_share):>10} {_pct(ps.tensor_core_share):>7}")
         if ps.basis_note:
             odd_lines.append(f"  {t.precision}: {ps.basis_note}")
+        if workspace := workspace_line(ps):
+            odd_lines.append(f"  {t.precision}: {workspace}")
         if ps.odd_gemms:
             ms = sum(g.ms for g in ps.odd_gemms)
             top = ps.odd_gemms[0]

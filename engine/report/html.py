@@ -18,6 +18,7 @@ from engine.core.config import BF16_EMULATED
 from engine.core.events import TrialResult
 from engine.core.resources import RESOURCES
 from engine.distributed.summary_text import wire_dtype
+from engine.measure.kernel_workspace import workspace_line
 from engine.measure.lost_updates_text import EXPLANATION as LOST_EXPLANATION
 from engine.measure.lost_updates_text import HEADERS as LOST_HEADERS
 from engine.measure.lost_updates_text import TITLE as LOST_TITLE
@@ -476,6 +477,7 @@ def _kernel_time(trial: TrialResult) -> str:
         *([("profiled vs measured step", _e(ps.basis_note))] if ps.basis_note else []),
         ("matmul time on Tensor Cores", tc),
         ("peak memory", f"{_bytes(ps.peak_memory_bytes)} ({_e(ps.peak_memory_method)})"),
+        *([("kernel workspace", _e(workspace_line(ps)))] if workspace_line(ps) else []),
         ("dtype of an op", _e(ps.dtype_method)),
         ("Tensor Core activity (NVML GPM)", _gpm(trial)),
     ])

@@ -579,6 +579,7 @@ def _plan(config: PlanConfig, log) -> PlanResult:
             except Exception as exc:  # a custom op without a fake kernel
                 reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
             else:
+                from engine.measure.kernel_workspace import PLAN_NOTE as WORKSPACE_NOTE
                 from engine.measure.memory_breakdown import breakdown_fields
                 from engine.run.plan_quant import quant_note
 
@@ -588,6 +589,7 @@ def _plan(config: PlanConfig, log) -> PlanResult:
                     **breakdown_fields(measured, TRACE_METHOD),
                     notes=f"traced on the CPU device; autocast: {policy or 'none'}; "
                           f"{_attention_note(config)}{quant_note(precision, config.trace_as)}"
+                          f"{WORKSPACE_NOTE + '; ' if config.trace_as == 'cpu' else ''}"
                           "CUDA's allocator rounding and kernels' "
                           "scratch are not in this figure")
                 if base_precision(precision) in FSDP2_ONLY:

@@ -56,6 +56,7 @@ from engine.measure import flops as flops_mod
 from engine.measure import inventory, matmul_peak, memtrack, nvml, peak_choice, quant_error
 from engine.measure.device import DeviceInfo
 from engine.measure.gpm import GpmWindow
+from engine.measure.kernel_workspace import with_kernel_workspace
 from engine.measure.kernels import GRAD_NORM_RANGE, SCALER_RANGE, live_tensor_bytes, profile_step
 from engine.measure.lost_updates import measure_trial as measure_lost_updates
 from engine.measure.memory_breakdown import watched_memory
@@ -642,8 +643,9 @@ def _profiled_step(state: _State, model, params, optimizer, scaler, batches, log
         _step(config, rec, device, model, params, optimizer, scaler, batches, i)
 
     try:
-        state.profiled = against_measured_steps(
-            profile_step(step, device, live, trace, snapshot), state.steps)
+        state.profiled = with_kernel_workspace(against_measured_steps(
+            profile_step(step, device, live, trace, snapshot), state.steps), state.memory,
+            device.type == "cpu" and not state.compiled and state.memory_timeline is not None)
     except Exception as exc:
         state.profiled_reason = f"the profiled step failed: {type(exc).__name__}: {exc}"
         log(state.profiled_reason, "warning")

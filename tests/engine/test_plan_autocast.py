@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from engine.measure.kernel_workspace import PLAN_NOTE as WORKSPACE_NOTE
 from engine.run.plan_autocast import FP32, FP32_OUTPUT, LOWER, PROMOTE, CudaAutocast
 from tests.engine.families import FAMILIES
 from tests.engine.families import F as FFN
@@ -145,6 +146,9 @@ def test_cli_gpt2_traced_as_the_card_keeps_gelu_new_in_fp32(tmp_path):
         card_trial, cpu = plans["card"][precision], plans["cpu"][precision]
         assert "AutocastCUDA" in card_trial["autocast_policy"]
         assert "AutocastCPU" in cpu["autocast_policy"]
+        # a CPU plan says what it cannot trace: the kernels' own buffers a CPU trial names
+        assert WORKSPACE_NOTE in cpu["memory"]["notes"]
+        assert WORKSPACE_NOTE not in card_trial["memory"]["notes"]
         assert card_trial["memory"]["peak_phase"] == cpu["memory"]["peak_phase"] == "backward"
         extra = 6 * 2 * 32 * FFN * layers
         for name in CATEGORIES:
