@@ -26,7 +26,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QTextOption
-from PySide6.QtWidgets import QFrame, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QFrame, QScrollArea, QVBoxLayout, QWidget
 
 from engine.core.events import MonitorSample, ScalarLog, StepSample, TrialResult
 from engine.record.columns import Columns
@@ -335,6 +335,9 @@ class LiveCharts(QWidget):
         self.clear()
         self.set_source("profile")
         self.layout_widget.installEventFilter(self)  # new widths re-arrange the grid
+        # the wheel over a chart scrolls the charts, as over any page that scrolls (it zoomed
+        # the chart under the pointer instead); dragging still pans and right-drag zooms
+        self.layout_widget.viewport().installEventFilter(self)
 
     @staticmethod
     def _make_note(view: pg.ViewBox) -> pg.TextItem:
@@ -520,6 +523,9 @@ class LiveCharts(QWidget):
         if watched is self.layout_widget and event.type() == QEvent.Type.Resize:
             self._view_width = event.size().width()
             self._arrange()
+        elif watched is self.layout_widget.viewport() and event.type() == QEvent.Type.Wheel:
+            QApplication.sendEvent(self.scroll.verticalScrollBar(), event)
+            return True
         return False
 
     def begin(self, time_s: float) -> None:

@@ -5,7 +5,9 @@ verdict and the Run button stay in view (see ``chart_room``)."""
 from __future__ import annotations
 
 import pytest
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtGui import QWheelEvent
+from PySide6.QtWidgets import QApplication, QFileDialog
 
 from gui.live_charts import MIN_PLOT_PX
 from gui.main_window import MainWindow
@@ -39,3 +41,37 @@ def test_each_chart_of_an_h200_report_has_a_readable_plot_area(qtbot, monkeypatc
                for key in shown}
     assert min(heights.values()) >= MIN_PLOT_PX, heights
     assert {"memory", "monitor_gpm"} <= set(shown)  # a GPU run's charts, shown
+
+
+def test_the_wheel_over_a_chart_scrolls_the_charts_and_leaves_its_range(qtbot, monkeypatch,
+                                                                          tmp_path):
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.resize(1366, 768)
+    window.show()
+    qtbot.waitExposed(window)
+    path = unpack(REPORTS[0], tmp_path)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        staticmethod(lambda *a, **k: (str(path), "")))
+    with qtbot.waitSignal(window.record_shown, timeout=120_000):
+        menu_action(window, "File", "Open report or journal…").trigger()
+    click_tab(window.tabs, "Run")
+    pause(200)
+    charts = window.charts
+    bar = charts.scroll.verticalScrollBar()
+    assert bar.value() == 0 and bar.maximum() > 0
+    box = charts.plots["loss"].getViewBox()
+    before = box.viewRange()
+    view = charts.layout_widget
+    middle = view.mapFromScene(box.sceneBoundingRect().center())
+    for _ in range(3):  # three notches down, the pointer over the loss chart's curves
+        QApplication.sendEvent(view.viewport(), QWheelEvent(
+            QPointF(middle), QPointF(view.viewport().mapToGlobal(middle)), QPoint(0, 0),
+            QPoint(0, -120), Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier,
+            Qt.ScrollPhase.NoScrollPhase, False))
+        pause(20)
+    assert bar.value() > 0  # the page moved
+    # and the chart was not zoomed (a notch zooms by 1.35x; auto-range may move y by a hair)
+    after = box.viewRange()
+    assert after[0] == before[0]
+    assert after[1][1] - after[1][0] == pytest.approx(before[1][1] - before[1][0], rel=1e-3)
