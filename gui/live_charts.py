@@ -26,7 +26,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QTextOption
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QFrame, QScrollArea, QVBoxLayout, QWidget
 
 from engine.core.events import MonitorSample, ScalarLog, StepSample, TrialResult
 from engine.record.columns import Columns
@@ -39,6 +39,11 @@ from gui.trial_label_room import TrialLabelRoom
 
 REDRAW_HZ = 15
 MIN_CHART_PX = 300  # narrowest column: the grid has as many as the width allows (2 to 4)
+# lowest plot area (the view box, inside title and axes): at 140 px the left axis shows four
+# or five ticks apart and trial lines, bands and a note ("n/a: why") do not overprint; ten
+# or eleven charts squeezed to fit a 1366 x 768 window had 32-64 px. Where the shown
+# charts' rows need more than the tab's height, the charts scroll.
+MIN_PLOT_PX = 140
 MAX_COLUMNS = 4
 CENTRED = Qt.AlignmentFlag.AlignHCenter
 TITLE_LINE_PX = 17  # a 10 pt title line; titles wrap to their column's width
@@ -279,15 +284,23 @@ class LiveCharts(QWidget):
         super().__init__(parent)
         self.capacity = capacity
         self.layout_widget = pg.GraphicsLayoutWidget()
-        # four rows of charts: tight gaps keep each plot readable at 1366x768
-        self.layout_widget.ci.setSpacing(0)
+        self.layout_widget.ci.setSpacing(0)  # tight gaps: more of each row is plot
         self.layout_widget.ci.setContentsMargins(0, 0, 0, 0)
-        QVBoxLayout(self).addWidget(self.layout_widget)
+        # the charts scroll under the verdict banner and beside the form, which stay put;
+        # the columns follow the width, so there is never a sideways scroll bar
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setWidget(self.layout_widget)
+        QVBoxLayout(self).addWidget(self.scroll)
         self._view_width = 0  # set as the view is resized
         # precisions keep one colour everywhere, so one legend above the plots names them
         self.legend = pg.LegendItem(colCount=len(CHARTS), labelTextSize="9pt", frame=False)
         self.layout_widget.addItem(self.legend, row=0, col=0, colspan=3)
         self.columns = 3  # set by _arrange from the width
+        self._refit = QTimer(self, singleShot=True, interval=0)  # the view's height, once
+        self._refit.timeout.connect(self._fix_height)
         self.plots: dict[str, pg.PlotItem] = {}
         self.titles: dict[str, str] = {}  # chart -> title shown, without its curve key
         self._notes: dict[str, pg.TextItem] = {}
@@ -297,6 +310,7 @@ class LiveCharts(QWidget):
             plot.setDownsampling(auto=True, mode="peak")
             plot.setClipToView(True)
             plot.getAxis("left").setWidth(LEFT_AXIS_PX)
+            plot.getViewBox().setMinimumHeight(MIN_PLOT_PX)
             plain_axes(plot)
             plot.setLabel("bottom", "time since start" if key in MONITOR_CHARTS else
                           STEP_AXIS_LABEL, units="s" if key in MONITOR_CHARTS else None)
@@ -321,6 +335,9 @@ class LiveCharts(QWidget):
         self.clear()
         self.set_source("profile")
         self.layout_widget.installEventFilter(self)  # new widths re-arrange the grid
+        # the wheel over a chart scrolls the charts, as over any page that scrolls (it zoomed
+        # the chart under the pointer instead); dragging still pans and right-drag zooms
+        self.layout_widget.viewport().installEventFilter(self)
 
     @staticmethod
     def _make_note(view: pg.ViewBox) -> pg.TextItem:
@@ -360,6 +377,7 @@ class LiveCharts(QWidget):
             if point.legend:
                 # report text (a precision name) is shown as text, never as markup
                 self.legend.addItem(item, html.escape(point.name))
+                self._refit.start()  # a new row of names takes height from the charts
             if point.chart in TITLED_CHARTS:
                 self._retitle(point.chart)
             elif point.chart == "mfu":
@@ -459,7 +477,22 @@ class LiveCharts(QWidget):
         self.legend.setColumnCount(max(1, width // 110))
         for key in shown:
             self._fit_title(self.plots[key])
+            # pyqtgraph makes an axis 0 px wide when it is sized while its chart is hidden
+            self.plots[key].getAxis("left").setWidth(LEFT_AXIS_PX)
         grid.invalidate()
+        self._refit.start()
+
+    def _fix_height(self) -> None:
+        """The view as tall as its rows need with each plot area ``MIN_PLOT_PX`` high (a
+        graphics view does not pass its scene's minimum size to the scroll area). Run once
+        after titles re-wrap, the legend grows or the grid is re-arranged."""
+        least = Qt.SizeHint.MinimumSize
+        shown, columns = self.visible_charts(), self.columns
+        rows = [shown[i:i + columns] for i in range(0, len(shown), columns)]
+        height = self.legend.effectiveSizeHint(least).height() + sum(
+            max(self.plots[key].effectiveSizeHint(least).height() for key in row)
+            for row in rows)
+        self.layout_widget.setMinimumHeight(math.ceil(height))
 
     def _fit_title(self, plot: pg.PlotItem) -> None:
         """Wrap a title (a monitor chart's names its curves) to its column's width."""
@@ -471,8 +504,7 @@ class LiveCharts(QWidget):
             label.item.document().setDefaultTextOption(QTextOption(CENTRED))
         label.updateMin()
 
-    @staticmethod
-    def _title_min(plot: pg.PlotItem, update_min) -> None:
+    def _title_min(self, plot: pg.PlotItem, update_min) -> None:
         """After pyqtgraph sized the title to its text: as wide as the column allows, as tall
         as its lines (setTitle fixes its row at 30 px, one line and a half)."""
         update_min()
@@ -485,11 +517,15 @@ class LiveCharts(QWidget):
             label.setMaximumHeight(height)
             plot.layout.setRowFixedHeight(0, height)
         label.updateGeometry()
+        self._refit.start()  # a title of another height: the rows need another height
 
     def eventFilter(self, watched, event) -> bool:  # noqa: N802 (Qt's name)
         if watched is self.layout_widget and event.type() == QEvent.Type.Resize:
             self._view_width = event.size().width()
             self._arrange()
+        elif watched is self.layout_widget.viewport() and event.type() == QEvent.Type.Wheel:
+            QApplication.sendEvent(self.scroll.verticalScrollBar(), event)
+            return True
         return False
 
     def begin(self, time_s: float) -> None:

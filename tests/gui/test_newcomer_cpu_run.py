@@ -11,7 +11,9 @@ import pytest
 from PySide6.QtCore import QPointF
 
 from engine.core.config import RunConfig
+from gui.live_charts import MIN_PLOT_PX
 from gui.main_window import MainWindow
+from tests.gui.chart_room import assert_charts_readable
 from tests.gui.clicks import RUN_TIMEOUT_MS, click, click_tab, fill_form, pause
 
 READABLE_PX = 150  # a plot area this tall shows its axis ticks and bands apart
@@ -45,6 +47,19 @@ def test_cpu_run_charts_are_legible_at_1366_by_768(qtbot, finished_run):
     _memory_timeline_legible(compare.timeline, record)
     click_tab(compare.tables, "Comparison table")  # the bar charts get their room back
     assert compare.split.sizes() == sizes
+
+
+def test_cpu_run_charts_keep_a_readable_plot_area(qtbot, finished_run):
+    """A CPU run's eight charts at 1366 x 768: each plot area at least ``MIN_PLOT_PX`` high,
+    reached with the scroll bar, the verdict and the Run button in view throughout."""
+    win, _record = finished_run
+    click_tab(win.tabs, "Run")
+    pause(300)
+    shown = assert_charts_readable(win)
+    assert "memory" not in shown and "monitor_gpm" not in shown  # no GPU charts on a CPU
+    assert win.verdict_banner.isVisible()
+    for key in shown:  # each view box's own height, measured here too
+        assert win.charts.plots[key].getViewBox().height() >= MIN_PLOT_PX, key
 
 
 def _host_cpu_names_clear_of_the_trace(win, record) -> None:

@@ -1,6 +1,7 @@
 """A report from a GPU server, opened with File > Open on a laptop-sized window: the window
 names the run's device, model, shape and versions, the Run form says it is not that run's,
-every chart fits, and messages that matter are shown whole (widget text and geometry at
+every chart is readable (they scroll where they do not fit), messages that matter are
+shown whole (widget text and geometry at
 1366 x 768, the screen the README names)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from PySide6.QtWidgets import QFileDialog
 
 from gui.main_window import MainWindow
 from tests.engine.test_h200_reports import unpack
+from tests.gui.chart_room import assert_charts_readable
 from tests.gui.clicks import click_tab, menu_action
 
 # the H200's six-precision gpt2 run: every GPU chart, several trials, NVML's NaN GPM polls
@@ -91,24 +93,27 @@ def test_a_server_report_names_its_device_and_the_form_says_it_is_not_that_run(
 
 
 @pytest.mark.parametrize("size", [(1366, 768), (1600, 1000)])
-def test_every_chart_of_a_gpu_report_fits_the_window(qtbot, monkeypatch, window, size, h200):
+def test_every_chart_of_a_gpu_report_is_readable_and_reachable(qtbot, monkeypatch, window, size,
+                                                               h200):
+    """Ten charts do not fit a laptop's window at a readable height: they keep it and scroll
+    (they once all fitted, 32 px of plot each), the verdict and the Run button staying put."""
     window.resize(*size)
     _open(qtbot, monkeypatch, window, h200)
     click_tab(window.tabs, "Run")
     qtbot.wait(100)
     charts = window.charts
-    view = charts.layout_widget
-    shown = charts.visible_charts()
+    shown = assert_charts_readable(window)
+    if size == (1366, 768):  # ten charts at a readable height are taller than the tab
+        assert charts.scroll.verticalScrollBar().maximum() > 0
     # a profile run on a GPU: the GPU charts, and none of a user's own loop
     assert {"monitor_gpm", "memory", "monitor_power"} <= set(shown)
     assert not {"learning_rate", "scalars"} & set(shown)
-    width, height = view.viewport().width(), view.viewport().height()
+    view = charts.layout_widget
+    width = view.viewport().width()
     assert view.mapToScene(view.viewport().rect()).boundingRect().left() == pytest.approx(0, abs=1)
     for key in shown:
         plot = charts.plots[key]
         box = plot.sceneBoundingRect()
-        assert box.right() <= width + 1 and box.bottom() <= height + 1, (key, box, width)
-        assert box.width() >= 250, (key, box)  # readable, not squeezed
         title = plot.titleLabel
         text = title.item.boundingRect()
         # the whole title (a monitor chart's names its curves) is inside its row
