@@ -197,23 +197,27 @@ def test_plan_tab_answers_on_top(qtbot, window):
     assert view.answer.geometry().bottom() <= view.table.geometry().top()
 
 
-def test_plan_tab_refuses_a_model_this_machine_cannot_trace(qtbot, window, tmp_path):
-    """A config of a million layers typed into the Plan tab: refused before tracing, with the
-    estimate and what to do, as ``main.py plan`` does (engine/run/plan_bounds.py); the trace
-    would have filled the machine's memory."""
+def test_plan_tab_refuses_a_plan_the_bounds_check_refuses(qtbot, window, tmp_path):
+    """An FSDP2 world larger than the model's largest parameter has rows, typed into the
+    Plan tab: refused before tracing, in one line that says what to do, as ``main.py plan``
+    does (engine/run/plan_bounds.py). (A million repeating layers is no longer refused: the
+    plan traces the model cut to a few repeats and scales.)"""
     import json
 
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "gpt2", "n_embd": 64, "n_head": 2, "vocab_size": 1000,
-        "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0, "n_layer": 1_000_000}))
+        "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0, "n_layer": 2}))
     view = _open_plan_tab(window)
     _fill(view, "fp32", "RTX 4090")
     type_into(view.model, str(tmp_path))
+    choose(view.strategy, "fsdp2")
+    type_into(view.nproc, "5000")
     with qtbot.waitSignal(view.worker.errored, timeout=TIMEOUT_MS):
         click(view.plan_button)
     qtbot.waitUntil(view.plan_button.isEnabled)
     text = view.error_label.text()
     assert view.error_label.isVisible()
-    assert "a model of 1,000,000 layers cannot be planned here" in text, text
-    assert "plan the model with at most" in text
+    # the largest parameter is the token embedding: vocab_size rows
+    assert "--nproc-per-node 5,000 is more ranks than" in text and "(1,000)" in text, text
+    assert "plan at most 1,000 ranks" in text
     assert view.table.rowCount() == 0
