@@ -41,11 +41,15 @@ def _size(value: int) -> str:
     return f"{value / 2**30:.2f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.0f} MiB"
 
 
+def _spare(value: int) -> str:  # the answer's room to spare: a tenth of a GiB
+    return f"{value / 2**30:.1f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.0f} MiB"
+
+
 @pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
 def test_cli_answer_first_names_checkpointing_when_only_it_fits(tmp_path, family):
     """A card whose usable memory lies between the step's peak with and without gradient
-    checkpointing: the first line says no recipe fits as asked and checkpointing fits,
-    with the headroom of the checkpointed step planned on its own."""
+    checkpointing: the first line says no recipe fits as asked and names the recipe with
+    checkpointing, with the room the checkpointed step planned on its own leaves."""
     model = _model(tmp_path, family)
     plain, ckpt = _peak(model), _peak(model, "--grad-checkpointing")
     assert ckpt < plain
@@ -55,8 +59,8 @@ def test_cli_answer_first_names_checkpointing_when_only_it_fits(tmp_path, family
                "--no-history", "--quiet", "--cuda-context", str(CARD_BYTES - usable))
     assert run.returncode == 0, run.stderr
     first = run.stdout.splitlines()[0]
-    assert first == (f"{model} on {CARD}: no recipe fits as asked; fp32 fits with gradient "
-                     f"checkpointing ({_size(usable - ckpt)} headroom)")
+    assert first == (f"{model} on {CARD}: no recipe fits as asked; fp32 with gradient "
+                     f"checkpointing, {_spare(usable - ckpt)} to spare (traced)")
 
 
 @pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
@@ -73,9 +77,9 @@ def test_cli_answer_names_the_largest_micro_batch_and_the_accumulation(tmp_path,
     assert run.returncode == 0, run.stderr
     answer = json.loads(run.stdout)["answers"][0]
     assert answer["max_batch"] == 3 and answer["precision"] == "fp32"
-    assert answer["text"] == (f"{model} on {CARD}: no recipe fits as asked; fp32 fits at "
-                              "micro-batch 3 (micro-batch 2 with --grad-accum 4 keeps the 8 "
-                              "sequences per optimizer step) (traced)")
+    assert answer["text"] == (f"{model} on {CARD}: no recipe fits at micro-batch 8; fp32 "
+                              "fits at micro-batch 3 (micro-batch 2 with --grad-accum 4 keeps "
+                              "the 8 sequences per optimizer step) (traced)")
 
 
 def test_cli_answer_when_nothing_fits_lists_every_lever_tried():
