@@ -300,3 +300,27 @@ def test_plan_tab_gives_every_recipe_planned_a_row(qtbot, window, tmp_path):
     assert first == format_plan(result).splitlines()[0]
     assert first.endswith("no recipe fits as asked; QLoRA with 4-bit weights (nf4) and "
                           f"gradient checkpointing, {spare / 2**30:.1f} GiB to spare (traced)")
+
+
+def test_plan_tab_charts_are_readable_at_1366_by_768(qtbot, window):
+    """At a laptop's 1366 x 768 each recipe's chart keeps a plot area at least 150 px high,
+    and the card's usable-memory label lies inside it, clear of the phases' labels."""
+    import pyqtgraph as pg
+
+    window.resize(1366, 768)
+    view = _open_plan_tab(window)
+    _fill(view, "fp32,bf16-amp", "RTX 4090")
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    qtbot.wait(50)  # the charts laid out
+    plots = view.timeline.plots
+    assert len(plots) == 2
+    for plot in plots:
+        area = plot.vb.sceneBoundingRect()
+        assert area.height() >= 150, area
+        (usable,) = [i for i in plot.items if isinstance(i, pg.InfiniteLine) and i.angle == 0]
+        label = usable.label.sceneBoundingRect()
+        assert area.contains(label), (area, label)
+        phases = [i.sceneBoundingRect() for i in plot.items if isinstance(i, pg.TextItem)
+                  and i is not usable.label]
+        assert phases and not any(label.intersects(p) for p in phases)
