@@ -200,3 +200,27 @@ def test_cli_bf16_autocast_is_preferred_where_it_ties_fp32_on_memory(tmp_path, f
     assert answer["text"].endswith("; bf16-amp ties fp32 on memory and is preferred: the card "
                                    "runs bf16 on its tensor cores, and bf16 autocast is the "
                                    "recipe people train in"), answer["text"]
+
+
+def test_cli_answer_plans_each_card_its_own_change(tmp_path):
+    """Two cards, neither fitting as asked: a change planned for the first (8-bit AdamW,
+    short on the T4) is judged again on the second, where it fits; once, the first card's
+    verdict was reused for the second and the 4090 was sent on to int8."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 8192, "intermediate_size": 16384,
+        "num_hidden_layers": 2, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "vocab_size": 32000, "max_position_embeddings": 512, "bos_token_id": 1,
+        "eos_token_id": 2}))
+    model = str(tmp_path)
+    shape = ("--batch-size", "1", "--seq-len", "64", "--max-batch", "0", "--no-history")
+    run = _cli("--model", model, "--precision", "fp32", "--card", "T4,RTX 4090", *shape,
+               "--quiet", "--json")
+    assert run.returncode == 0, run.stderr
+    t4, rtx = json.loads(run.stdout)["answers"]
+    assert t4["precision"] == "nf4", t4["text"]  # 8-bit AdamW is short on the T4
+    eight_bit = _cli("--model", model, "--precision", "fp32", "--card", "RTX 4090", *shape,
+                     "--optimizer", "adamw8bit", "--no-levers", "--quiet", "--json")
+    peak = json.loads(eight_bit.stdout)["trials"][0]["memory"]["total_bytes"]
+    spare = CARD_BYTES - 2**30 - peak  # the 4090 as CUDA reports it, less the allowance
+    assert rtx["text"] == (f"{model} on {CARD}: no recipe fits as asked; fp32 with 8-bit "
+                           f"AdamW (--optimizer adamw8bit), {_spare(spare)} to spare (traced)")
