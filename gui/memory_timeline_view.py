@@ -159,7 +159,10 @@ class MemoryTimelineView(QWidget):
             plot.addItem(pg.InfiniteLine(
                 pos=level.bytes / MIB, angle=0, pen=pg.mkPen(color, width=1.5, style=style),
                 label=f"{level.label} {size_text(level.bytes)}",
-                labelOpts={"position": 0.02, "color": color, "anchors": [(0, 1), (0, 1)]}))
+                labelOpts={"position": 0.02, "color": color,
+                           # below the line in the top half (above it, cut off by the top),
+                           # above it in the bottom half (clear of the phases' labels)
+                           "anchors": [(0, 0), (0, 1)]}))
         self._phases(plot, s)
 
     def _phases(self, plot: pg.PlotItem, s: TimelineSeries) -> None:

@@ -227,6 +227,8 @@ class PlanResult:
     nproc_per_node: int = 1
     # engine.run.plan_answer.CardAnswer per card: fits or not, and the smallest change
     answers: list = field(default_factory=list)
+    # what the answer planned beyond the recipes asked: (recipe and change, card, PlanTrial)
+    lever_trials: list = field(default_factory=list)
 
 
 def trial_optimizer(config: PlanConfig, precision: str) -> str:
@@ -543,19 +545,24 @@ def _verdict(config: PlanConfig, card: str, peak_at, by_dtype: dict,
                        _memory_kind(card))
 
 
-def plan(config: PlanConfig, log=lambda msg: None) -> PlanResult:
+def plan(config: PlanConfig, log=lambda msg: None, on_trial=lambda result: None) -> PlanResult:
     """Trace each recipe, judge it on each card, and answer per card (the recipes asked,
-    then the levers engine.run.plan_answer tries when none fits)."""
+    then the levers engine.run.plan_answer tries when none fits). ``log`` is called before
+    each trace (a caller may raise there to stop between traces); ``on_trial`` with the
+    result so far after each recipe asked is judged."""
     from engine.models.model_health import check_model
     from engine.run.plan_answer import answer
 
     check_model(config.model, config.seq_len)  # an unknown model: its reason, first
-    result = _plan(config, log)
-    return dataclasses.replace(result, answers=answer(
-        config, result, lambda c, lg: _plan(dataclasses.replace(c, levers=False), lg), log))
+    result = _plan(config, log, on_trial)
+    levers: list = []
+    answers = answer(config, result,
+                     lambda c, lg: _plan(dataclasses.replace(c, levers=False), lg), log,
+                     planned_out=levers)
+    return dataclasses.replace(result, answers=answers, lever_trials=levers)
 
 
-def _plan(config: PlanConfig, log) -> PlanResult:
+def _plan(config: PlanConfig, log, on_trial=lambda result: None) -> PlanResult:
     from engine.core.recipes import recipe
     from engine.run.plan_scale import trace_any
 
@@ -617,6 +624,7 @@ def _plan(config: PlanConfig, log) -> PlanResult:
         def peak_at(batch: int, precision=precision, method=method, peaks=peaks,
                     buckets=buckets):
             if batch not in peaks:
+                log(f"{precision}: probing micro-batch {batch}")
                 if method == "traced":
                     peaks[batch] = trace_any(config, precision, batch, log)[0] \
                         .memory.peak_bytes + buckets
@@ -634,6 +642,11 @@ def _plan(config: PlanConfig, log) -> PlanResult:
                                 _measured(config, precision, reports), bytes_moved, fused,
                                 compiled, memory_timeline=timeline, autocast_policy=policy,
                                 scaling=scaling))
+        on_trial(_result(config, list(trials)))
+    return _result(config, trials)
+
+
+def _result(config: PlanConfig, trials: list) -> PlanResult:
     return PlanResult(config.model, config.batch_size, config.seq_len,
                       config.grad_checkpointing, config.optimizer, config.context_bytes, trials,
                       grad_accum=config.grad_accum, strategy=config.strategy,

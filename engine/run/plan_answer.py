@@ -80,7 +80,7 @@ def _static_bytes(memory, keep: tuple) -> int | None:
 def _candidates(config, asked) -> list[tuple[str, list[_Candidate], tuple]]:
     """The rungs: (rung name, candidates, categories a candidate cannot shrink)."""
     ckpt = {} if config.grad_checkpointing else {"grad_checkpointing": True}
-    ckpt_text = "" if config.grad_checkpointing else " with gradient checkpointing"
+    ckpt_text = "" if config.grad_checkpointing else " and gradient checkpointing"
     plain = [t.precision for t in asked if not split_label(t.precision)[1]]
     rungs = []
     if ckpt:
@@ -115,16 +115,19 @@ def _candidates(config, asked) -> list[tuple[str, list[_Candidate], tuple]]:
     return rungs
 
 
-def answer(config, result, plan_fn, log=lambda msg: None) -> list[CardAnswer]:
+def answer(config, result, plan_fn, log=lambda msg: None,
+           planned_out: list | None = None) -> list[CardAnswer]:
     """One CardAnswer per card of ``result`` (a PlanResult of ``config``); ``plan_fn``
     plans a changed configuration (engine.run.plan.plan without levers); with
-    ``config.levers`` off, only the recipes asked are judged."""
+    ``config.levers`` off, only the recipes asked are judged. Each change planned is
+    appended to ``planned_out`` as (recipe and change, card, PlanTrial)."""
     if not result.trials:
         return []
     planned: dict = {}  # (precision, changes) -> PlanTrial, shared by every card
 
     def plan_candidate(cand: _Candidate, cards: tuple):
-        key = (cand.precision, tuple(sorted(cand.changes.items())))
+        # per card: the trial's verdict is the card's it was planned on
+        key = (cand.precision, tuple(sorted(cand.changes.items())), cards)
         if key not in planned:
             log(f"answer: planning {cand.precision} {cand.label}")
             try:
@@ -132,6 +135,9 @@ def answer(config, result, plan_fn, log=lambda msg: None) -> list[CardAnswer]:
                     config, precisions=(cand.precision,), cards=cards, measured=(),
                     history=False, **cand.changes)
                 planned[key] = plan_fn(changed, log).trials[0]
+                if planned_out is not None:
+                    planned_out.append((f"{cand.precision} {cand.label}",
+                                        planned[key].cards[0].card, planned[key]))
             except (ValueError, RuntimeError) as exc:  # no such recipe under FSDP2, ...
                 planned[key] = str(exc)
         return planned[key]
@@ -151,7 +157,26 @@ def answer(config, result, plan_fn, log=lambda msg: None) -> list[CardAnswer]:
 def _batch_text(best: int | None, asked: int) -> str:
     if best is None:
         return ""
-    return f" up to micro-batch {best}" if best > asked else f" at micro-batch {best}"
+    return f", up to micro-batch {best}" if best > asked else f", at micro-batch {best}"
+
+
+def _spare(value: int) -> str:
+    """Room left, to a tenth of a GiB (the answer's words; the table keeps two places)."""
+    return f"{value / GIB:.1f} GiB" if abs(value) >= GIB else f"{value / 2**20:.0f} MiB"
+
+
+def _recipe_words(precision: str) -> str:
+    """A recipe as people name it: the quantised ones by what they train."""
+    name = base_precision(precision)
+    return QUANTISED_WORDS.get(name, precision) if name == precision else precision
+
+
+def _change_words(cand: _Candidate) -> str:
+    """The recipe and the change, plainly: 'QLoRA with 4-bit weights (nf4) and gradient
+    checkpointing', 'fp32 with 8-bit AdamW (--optimizer adamw8bit)'."""
+    if cand.label.startswith("as "):  # a quantised recipe: its words name it
+        return cand.label[len("as "):]
+    return f"{cand.precision} {cand.label}"
 
 
 def _accum_text(config, largest: int) -> str:
@@ -173,13 +198,15 @@ def _card_answer(config, result, card: str, typed: str, verdicts, plan_candidate
     if fitting:
         (t, v), why = _roomiest(fitting, lambda tv: tv[0].precision,
                                 lambda tv: tv[1].headroom_bytes, card)
-        names = ", ".join(t.precision for t, _ in fitting)
-        verb = "fits" if len(fitting) == 1 else "fit"
-        most = ("" if len(fitting) == 1 else f"; {t.precision}" if why
-                else f"; {t.precision} leaves the most room,")
-        return CardAnswer(card, f"{head}: {names} {verb} as asked{most}"
-                          f"{_batch_text(v.max_batch, config.batch_size)} "
-                          f"({_size(v.headroom_bytes)} headroom, {t.method}){why}",
+        if len(fitting) == 1:
+            said = f"{_recipe_words(t.precision)} fits as asked"
+        else:
+            names = ", ".join(tt.precision for tt, _ in fitting)
+            said = (f"{names} fit as asked; {_recipe_words(t.precision)}"
+                    f"{'' if why else ' leaves the most room'}")
+        return CardAnswer(card, f"{head}: {said}"
+                          f"{_batch_text(v.max_batch, config.batch_size)}, "
+                          f"{_spare(v.headroom_bytes)} to spare ({t.method}){why}",
                           tuple(t.precision for t, _ in fitting), t.precision, None,
                           v.headroom_bytes, v.max_batch, t.method)
     usable = known[0][1].usable_bytes
@@ -189,8 +216,9 @@ def _card_answer(config, result, card: str, typed: str, verdicts, plan_candidate
     if smaller:
         t, v = max(smaller, key=lambda tv: tv[1].max_batch)
         change = f"at micro-batch {v.max_batch}{_accum_text(config, v.max_batch)}"
-        return CardAnswer(card, f"{head}: no recipe fits as asked; {t.precision} fits {change}"
-                                f" ({t.method})", (), t.precision, change, None, v.max_batch,
+        return CardAnswer(card, f"{head}: no recipe fits at micro-batch {config.batch_size}; "
+                                f"{_recipe_words(t.precision)} fits {change} ({t.method})",
+                          (), t.precision, change, None, v.max_batch,
                           t.method, ("a smaller micro-batch: fits",))
     if config.batch_size > 1:
         tried.append("a smaller micro-batch: "
@@ -229,11 +257,11 @@ def _card_answer(config, result, card: str, typed: str, verdicts, plan_candidate
         if found:
             (cand, trial, v), why = _roomiest(found, lambda f: f[0].precision,
                                               lambda f: f[2].headroom_bytes, card)
-            note = "" if trial.method == "traced" else f"; {trial.method}, not traced"
+            method = trial.method if trial.method == "traced" else f"{trial.method}, not traced"
             return CardAnswer(
-                card, f"{head}: no recipe fits as asked; {cand.precision} fits {cand.label}"
-                      f"{_batch_text(v.max_batch, config.batch_size)} "
-                      f"({_size(v.headroom_bytes)} headroom{note}){why}",
+                card, f"{head}: no recipe fits as asked; {_change_words(cand)}"
+                      f"{_batch_text(v.max_batch, config.batch_size)}, "
+                      f"{_spare(v.headroom_bytes)} to spare ({method}){why}",
                 (), cand.precision, cand.label, v.headroom_bytes, v.max_batch,
                 trial.method, tuple(tried))
     least = min((t for t, _ in known), key=lambda t: t.memory.total_bytes)

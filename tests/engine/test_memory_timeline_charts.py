@@ -94,8 +94,9 @@ def _phases(timeline: dict) -> list[str]:
 
 
 def test_plan_traces_llama3_8b_on_an_rtx_4090_with_its_timeline(tmp_path):
+    # traced whole: a scaled plan's timeline is its cut model's step (said in its title)
     run = _cli(tmp_path, "plan", "--model", "llama-3-8b", "--precision", "bf16-amp",
-               "--batch-size", "1", "--seq-len", "2048", "--card", "RTX 4090",
+               "--batch-size", "1", "--seq-len", "2048", "--card", "RTX 4090", "--full-trace",
                "--max-batch", "0", "--json", "--quiet", "--out", str(tmp_path / "plan.html"))
     assert run.returncode == 0, run.stderr
     trial = json.loads(run.stdout)["trials"][0]

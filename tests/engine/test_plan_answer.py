@@ -41,11 +41,15 @@ def _size(value: int) -> str:
     return f"{value / 2**30:.2f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.0f} MiB"
 
 
+def _spare(value: int) -> str:  # the answer's room to spare: a tenth of a GiB
+    return f"{value / 2**30:.1f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.0f} MiB"
+
+
 @pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
 def test_cli_answer_first_names_checkpointing_when_only_it_fits(tmp_path, family):
     """A card whose usable memory lies between the step's peak with and without gradient
-    checkpointing: the first line says no recipe fits as asked and checkpointing fits,
-    with the headroom of the checkpointed step planned on its own."""
+    checkpointing: the first line says no recipe fits as asked and names the recipe with
+    checkpointing, with the room the checkpointed step planned on its own leaves."""
     model = _model(tmp_path, family)
     plain, ckpt = _peak(model), _peak(model, "--grad-checkpointing")
     assert ckpt < plain
@@ -55,8 +59,8 @@ def test_cli_answer_first_names_checkpointing_when_only_it_fits(tmp_path, family
                "--no-history", "--quiet", "--cuda-context", str(CARD_BYTES - usable))
     assert run.returncode == 0, run.stderr
     first = run.stdout.splitlines()[0]
-    assert first == (f"{model} on {CARD}: no recipe fits as asked; fp32 fits with gradient "
-                     f"checkpointing ({_size(usable - ckpt)} headroom)")
+    assert first == (f"{model} on {CARD}: no recipe fits as asked; fp32 with gradient "
+                     f"checkpointing, {_spare(usable - ckpt)} to spare (traced)")
 
 
 @pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
@@ -73,9 +77,9 @@ def test_cli_answer_names_the_largest_micro_batch_and_the_accumulation(tmp_path,
     assert run.returncode == 0, run.stderr
     answer = json.loads(run.stdout)["answers"][0]
     assert answer["max_batch"] == 3 and answer["precision"] == "fp32"
-    assert answer["text"] == (f"{model} on {CARD}: no recipe fits as asked; fp32 fits at "
-                              "micro-batch 3 (micro-batch 2 with --grad-accum 4 keeps the 8 "
-                              "sequences per optimizer step) (traced)")
+    assert answer["text"] == (f"{model} on {CARD}: no recipe fits at micro-batch 8; fp32 "
+                              "fits at micro-batch 3 (micro-batch 2 with --grad-accum 4 keeps "
+                              "the 8 sequences per optimizer step) (traced)")
 
 
 def test_cli_answer_when_nothing_fits_lists_every_lever_tried():
@@ -196,3 +200,27 @@ def test_cli_bf16_autocast_is_preferred_where_it_ties_fp32_on_memory(tmp_path, f
     assert answer["text"].endswith("; bf16-amp ties fp32 on memory and is preferred: the card "
                                    "runs bf16 on its tensor cores, and bf16 autocast is the "
                                    "recipe people train in"), answer["text"]
+
+
+def test_cli_answer_plans_each_card_its_own_change(tmp_path):
+    """Two cards, neither fitting as asked: a change planned for the first (8-bit AdamW,
+    short on the T4) is judged again on the second, where it fits; once, the first card's
+    verdict was reused for the second and the 4090 was sent on to int8."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 8192, "intermediate_size": 16384,
+        "num_hidden_layers": 2, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "vocab_size": 32000, "max_position_embeddings": 512, "bos_token_id": 1,
+        "eos_token_id": 2}))
+    model = str(tmp_path)
+    shape = ("--batch-size", "1", "--seq-len", "64", "--max-batch", "0", "--no-history")
+    run = _cli("--model", model, "--precision", "fp32", "--card", "T4,RTX 4090", *shape,
+               "--quiet", "--json")
+    assert run.returncode == 0, run.stderr
+    t4, rtx = json.loads(run.stdout)["answers"]
+    assert t4["precision"] == "nf4", t4["text"]  # 8-bit AdamW is short on the T4
+    eight_bit = _cli("--model", model, "--precision", "fp32", "--card", "RTX 4090", *shape,
+                     "--optimizer", "adamw8bit", "--no-levers", "--quiet", "--json")
+    peak = json.loads(eight_bit.stdout)["trials"][0]["memory"]["total_bytes"]
+    spare = CARD_BYTES - 2**30 - peak  # the 4090 as CUDA reports it, less the allowance
+    assert rtx["text"] == (f"{model} on {CARD}: no recipe fits as asked; fp32 with 8-bit "
+                           f"AdamW (--optimizer adamw8bit), {_spare(spare)} to spare (traced)")

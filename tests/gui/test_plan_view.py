@@ -192,28 +192,135 @@ def test_plan_tab_answers_on_top(qtbot, window):
     best = max((fp32, "fp32"), (bf16, "bf16"), key=lambda c: c[0].headroom_bytes)
     assert lines[0].startswith("tiny on NVIDIA GeForce RTX 4090: fp32, bf16 fit as asked; "
                                f"{best[1]} leaves the most room")
-    assert f"({best[0].headroom_bytes / 2**30:.2f} GiB headroom, traced)" in lines[0]
+    assert lines[0].endswith(f", {best[0].headroom_bytes / 2**30:.1f} GiB to spare (traced)")
     assert "datasheet's nominal capacity" in lines[1]  # the A10's 24 GB
     assert view.answer.geometry().bottom() <= view.table.geometry().top()
 
 
-def test_plan_tab_refuses_a_model_this_machine_cannot_trace(qtbot, window, tmp_path):
-    """A config of a million layers typed into the Plan tab: refused before tracing, with the
-    estimate and what to do, as ``main.py plan`` does (engine/run/plan_bounds.py); the trace
-    would have filled the machine's memory."""
+def test_plan_tab_refuses_a_plan_the_bounds_check_refuses(qtbot, window, tmp_path):
+    """An FSDP2 world larger than the model's largest parameter has rows, typed into the
+    Plan tab: refused before tracing, in one line that says what to do, as ``main.py plan``
+    does (engine/run/plan_bounds.py). (A million repeating layers is no longer refused: the
+    plan traces the model cut to a few repeats and scales.)"""
     import json
 
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "gpt2", "n_embd": 64, "n_head": 2, "vocab_size": 1000,
-        "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0, "n_layer": 1_000_000}))
+        "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0, "n_layer": 2}))
     view = _open_plan_tab(window)
     _fill(view, "fp32", "RTX 4090")
     type_into(view.model, str(tmp_path))
+    choose(view.strategy, "fsdp2")
+    type_into(view.nproc, "5000")
     with qtbot.waitSignal(view.worker.errored, timeout=TIMEOUT_MS):
         click(view.plan_button)
     qtbot.waitUntil(view.plan_button.isEnabled)
     text = view.error_label.text()
     assert view.error_label.isVisible()
-    assert "a model of 1,000,000 layers cannot be planned here" in text, text
-    assert "plan the model with at most" in text
+    # the largest parameter is the token embedding: vocab_size rows
+    assert "--nproc-per-node 5,000 is more ranks than" in text and "(1,000)" in text, text
+    assert "plan at most 1,000 ranks" in text
     assert view.table.rowCount() == 0
+
+
+def test_plan_tab_shows_progress_and_stop_keeps_the_recipes_done(qtbot, window):
+    """Plan pressed: the status names each trace as it starts and counts the recipes done;
+    each recipe's row appears once judged; Stop ends the plan at its next trace, its rows
+    kept, with no answer (which needs every recipe)."""
+    view = _open_plan_tab(window)
+    recipes = ("fp32", "bf16-amp", "fp16-amp", "bf16", "fp16")
+    _fill(view, ",".join(recipes), "RTX 4090")
+    seen = []
+    view.worker.progress.connect(lambda _msg: seen.append(view.status.text()))
+    assert not view.stop_button.isEnabled()
+    with qtbot.waitSignal(view.worker.partial, timeout=TIMEOUT_MS) as first:
+        click(view.plan_button)
+    assert view.stop_button.isEnabled() and not view.plan_button.isEnabled()
+    assert seen[0].startswith("0 of 5 recipes planned; now fp32: tracing"), seen
+    assert view.table.rowCount() == 1 and view.cell(0, "Recipe") == "fp32"
+    with qtbot.waitSignal(view.worker.stopped, timeout=TIMEOUT_MS) as stopped:
+        click(view.stop_button)
+    kept = stopped.args[0]
+    assert kept is not None and first.args[0].trials[0].precision == "fp32"
+    done = len(kept.trials)
+    assert 1 <= done < len(recipes)  # stopped between traces, not run to the end
+    assert view.table.rowCount() == done
+    assert [view.cell(r, "Recipe") for r in range(done)] == list(recipes[:done])
+    assert view.status.text().startswith(f"Stopped: {done} of 5 recipes planned")
+    assert not view.answer.isVisible()
+    assert view.plan_button.isEnabled() and not view.stop_button.isEnabled()
+    # pressed again, it plans afresh: the counts start over
+    seen.clear()
+    with qtbot.waitSignal(view.worker.partial, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    assert seen[0].startswith("0 of 5 recipes planned"), seen
+    with qtbot.waitSignal(view.worker.stopped, timeout=TIMEOUT_MS):
+        click(view.stop_button)
+
+
+def test_plan_tab_gives_every_recipe_planned_a_row(qtbot, window, tmp_path):
+    """A 1.9-billion-parameter Llama-style config (two layers, traced on fake tensors) whose
+    fp32 step does not fit a T4: the answer plans 8-bit AdamW, int8 and nf4, each alone and
+    with checkpointing, and each gets a row beside the recipe asked, its T4 cell that of
+    planning the change directly; the first line is the CLI's."""
+    import dataclasses
+    import json
+
+    from engine.run.plan import format_plan, plan
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 8192, "intermediate_size": 16384,
+        "num_hidden_layers": 2, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "vocab_size": 32000, "max_position_embeddings": 512, "bos_token_id": 1,
+        "eos_token_id": 2}))
+    view = _open_plan_tab(window)
+    _fill(view, "fp32", "T4")
+    type_into(view.model, str(tmp_path))
+    type_into(view.batch, "1")
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    result = view.last_result
+    labels = [view.cell(r, "Recipe") for r in range(view.table.rowCount())]
+    assert labels[0] == "fp32"
+    for change in ("fp32 with 8-bit AdamW (--optimizer adamw8bit)",
+                   "int8 as LoRA on 8-bit weights (int8)",
+                   "nf4 as QLoRA with 4-bit weights (nf4)",
+                   "nf4 as QLoRA with 4-bit weights (nf4) and gradient checkpointing"):
+        assert change in labels, labels
+    assert len(labels) == 1 + len(result.lever_trials)
+    assert view.cell(0, "NVIDIA T4").startswith("does not fit")
+    # nf4 with checkpointing planned directly: its peak against the T4's usable memory
+    # (14930 MiB as CUDA reports it, less the 1 GiB context allowance)
+    direct = plan(dataclasses.replace(view.config(), precisions=("nf4",),
+                                      grad_checkpointing=True, levers=False))
+    spare = 14930 * 2**20 - 2**30 - direct.trials[0].memory.total_bytes
+    row = labels.index("nf4 as QLoRA with 4-bit weights (nf4) and gradient checkpointing")
+    assert view.cell(row, "NVIDIA T4") == f"fits, {spare / 2**30:.2f} GiB headroom"
+    first = view.answer.text().splitlines()[0]
+    assert first == format_plan(result).splitlines()[0]
+    assert first.endswith("no recipe fits as asked; QLoRA with 4-bit weights (nf4) and "
+                          f"gradient checkpointing, {spare / 2**30:.1f} GiB to spare (traced)")
+
+
+def test_plan_tab_charts_are_readable_at_1366_by_768(qtbot, window):
+    """At a laptop's 1366 x 768 each recipe's chart keeps a plot area at least 150 px high,
+    and the card's usable-memory label lies inside it, clear of the phases' labels."""
+    import pyqtgraph as pg
+
+    window.resize(1366, 768)
+    view = _open_plan_tab(window)
+    _fill(view, "fp32,bf16-amp", "RTX 4090")
+    with qtbot.waitSignal(view.worker.finished, timeout=TIMEOUT_MS):
+        click(view.plan_button)
+    qtbot.wait(50)  # the charts laid out
+    plots = view.timeline.plots
+    assert len(plots) == 2
+    for plot in plots:
+        area = plot.vb.sceneBoundingRect()
+        assert area.height() >= 150, area
+        (usable,) = [i for i in plot.items if isinstance(i, pg.InfiniteLine) and i.angle == 0]
+        label = usable.label.sceneBoundingRect()
+        assert area.contains(label), (area, label)
+        phases = [i.sceneBoundingRect() for i in plot.items if isinstance(i, pg.TextItem)
+                  and i is not usable.label]
+        assert phases and not any(label.intersects(p) for p in phases)
