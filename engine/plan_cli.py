@@ -92,7 +92,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     result = plan(config, log)
     data = dataclasses.asdict(result)
-    from engine.measure.fp8_layers import payoff_lines, plan_payoff
+    from engine.run.fp8_layers import payoff_lines, plan_payoff
 
     data["payoff"] = plan_payoff(result, cards)  # would fp8 pay, layer by layer (issue #49)
     if out is not None:

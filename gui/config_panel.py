@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QRect, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -101,17 +101,6 @@ DEVICES = ("auto", "cpu", "cuda")
 RUN_WHILE_PROBING = ("auto", "cpu")
 RUN_OPTIMIZER = "(the run's optimizer)"
 PROBE_FALLBACK_MS = 1500
-HELP_LINES = 4  # the precision under the pointer: what it trains, and where it is emulated
-
-
-def _fitted(label: QLabel, text: str) -> str:
-    """``text`` cut at a word, with "…", to what ``label`` shows in its fixed height."""
-    metrics, box = label.fontMetrics(), label.contentsRect()
-    shown = text
-    while (len(shown) > 40 and metrics.boundingRect(
-            box, Qt.TextFlag.TextWordWrap, shown).height() > box.height()):
-        shown = shown[: max(1, int(len(shown) * 0.9))].rsplit(" ", 1)[0].rstrip(" ,;:") + "…"
-    return shown
 
 
 def describe(name: str) -> str:
@@ -240,10 +229,6 @@ class ConfigPanel(QWidget):
         self.precision_help = QLabel("Point at a precision to see what it trains.")
         self.precision_help.setTextFormat(Qt.TextFormat.PlainText)
         self.precision_help.setWordWrap(True)
-        # a fixed height: a longer description (an emulated recipe's) must not move the list
-        # under the pointer; what does not fit is cut with "…" and shown whole on hover
-        self.precision_help.setFixedHeight(
-            self.precision_help.fontMetrics().lineSpacing() * HELP_LINES + 4)
         self.precisions.setMouseTracking(True)
         self.precisions.itemEntered.connect(self._describe_precision)
         self.precisions.currentItemChanged.connect(self._describe_precision)
@@ -576,9 +561,23 @@ class ConfigPanel(QWidget):
 
     def _describe_precision(self, item: QListWidgetItem | None, *_previous) -> None:
         if item is not None:
-            text = item.toolTip()
-            self.precision_help.setToolTip(text)
-            self.precision_help.setText(_fitted(self.precision_help, text))
+            self._reserve_help_room()
+            self.precision_help.setText(item.toolTip())
+
+    def _reserve_help_room(self) -> None:
+        """The help line as tall as the longest description at its width, whole: pointing
+        down the list must not move the list under the pointer (an emulated recipe's text is
+        several lines longer than the others)."""
+        label = self.precision_help
+        width = label.contentsRect().width()
+        if width < 50:  # not laid out yet
+            return
+        box, metrics = QRect(0, 0, width, 10**6), label.fontMetrics()
+        texts = [lst.item(i).toolTip() for lst in (self.precisions, self.optim_states)
+                 for i in range(lst.count())]
+        tall = max(metrics.boundingRect(box, Qt.TextFlag.TextWordWrap, t).height()
+                   for t in texts)
+        label.setFixedHeight(tall + label.height() - label.contentsRect().height())
 
     def _grey_out_unsupported(self) -> None:
         self.precisions.blockSignals(True)

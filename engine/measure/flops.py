@@ -147,7 +147,7 @@ def flop_formulas() -> dict:
     if "bitsandbytes" in sys.modules:
         ops = torch.ops.bitsandbytes
         formulas.update({getattr(ops, name): shape_wrapper(f) for name, f in BNB_FLOPS.items()})
-    if "engine.numerics.nvfp4_linear" in sys.modules:  # emulated block-scaled GEMMs
+    if "engine.measure.nvfp4_linear" in sys.modules:  # emulated block-scaled GEMMs
         formulas[torch.ops.ampscope.emulated_mm] = shape_wrapper(_emulated_mm_flop)
     return formulas
 

@@ -80,7 +80,7 @@ class Verdict:
 
 # torchao 0.18's NVFP4 training runs Triton kernels and fp4 GEMMs (torch._scaled_mm on
 # float4_e2m1fn_x2) that only compute capability 10.x has; elsewhere AmpScope's own emulation
-# (engine/numerics/nvfp4_linear.py) runs Transformer Engine's reference recipe
+# (engine/measure/nvfp4_linear.py) runs Transformer Engine's reference recipe
 _NVFP4_EMULATED = ("AmpScope emulates NVFP4 training (Transformer Engine's reference recipe: "
                    "e2m1 in 1x16 blocks with e4m3 scales and an fp32 tensor scale, 16x16 "
                    "weight blocks, a random Hadamard transform on the weight-gradient GEMM's "

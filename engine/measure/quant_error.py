@@ -114,14 +114,14 @@ def _nvfp4(x: torch.Tensor) -> torch.Tensor:
 
 
 def _nvfp4_emulated_weight(w: torch.Tensor) -> torch.Tensor:
-    from engine.numerics.nvfp4_linear import WEIGHT_ROWS
-    from engine.numerics.nvfp4_quant import fake_quantize
+    from engine.measure.nvfp4_linear import WEIGHT_ROWS
+    from engine.measure.nvfp4_quant import fake_quantize
 
     return fake_quantize(w, WEIGHT_ROWS)
 
 
 def _nvfp4_emulated_input(x: torch.Tensor) -> torch.Tensor:
-    from engine.numerics.nvfp4_quant import fake_quantize
+    from engine.measure.nvfp4_quant import fake_quantize
 
     return fake_quantize(x.reshape(-1, x.shape[-1])).reshape(x.shape)
 

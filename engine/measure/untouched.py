@@ -8,7 +8,7 @@ inference layout (bitsandbytes 0.50 ``Linear4bit.forward``); later training step
 run ``gemv_4bit``, which has no backward to its input, and LoRA adapters below the layer
 get no gradient. Here the layers are told for the measurement's duration that the CPU has
 no such path, so they run the same kernels as in training. Emulated NVFP4 layers round
-gradients stochastically from a generator of their own (engine/numerics/nvfp4_linear.py):
+gradients stochastically from a generator of their own (engine/measure/nvfp4_linear.py):
 a measurement's backward would draw from it, so its state is put back too.
 """
 

@@ -350,7 +350,7 @@ def convert_mx(model: nn.Module, recipe: Recipe, device: torch.device, seed: int
     """
     conv1d_to_linear(model)
     if recipe.mx == "nvfp4" and not _mx_native(device):
-        from engine.numerics import nvfp4_linear
+        from engine.measure import nvfp4_linear
 
         return nvfp4_linear.convert(model, _mx_filter(nvfp4_linear.BLOCK), seed)
     keep = _mx_filter(MX_MULTIPLE[recipe.mx])

@@ -42,7 +42,7 @@ def comparison_dict(record: RunRecord) -> dict:
 def write_json(record: RunRecord, path: str | os.PathLike) -> Path:
     data = record.to_dict()
     data["comparison"] = comparison_dict(record)
-    from engine.measure.fp8_layers import report_payoff
+    from engine.run.fp8_layers import report_payoff
 
     data["payoff"] = report_payoff(record)  # would fp8 pay here (derived, like comparison)
     return atomic_write(path, lambda fh: nonfinite.dump_json(data, fh, "this report",

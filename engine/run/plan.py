@@ -582,7 +582,7 @@ def _plan(config: PlanConfig, log, on_trial=lambda result: None) -> PlanResult:
             start = time.perf_counter()
             try:
                 (measured, by_dtype, bytes_moved, fused), scaling = trace_any(
-                    config, precision, config.batch_size, log)
+                    config, precision, config.batch_size, trace_step, log)
             except Exception as exc:  # a custom op without a fake kernel
                 reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
             else:
@@ -626,7 +626,7 @@ def _plan(config: PlanConfig, log, on_trial=lambda result: None) -> PlanResult:
             if batch not in peaks:
                 log(f"{precision}: probing micro-batch {batch}")
                 if method == "traced":
-                    peaks[batch] = trace_any(config, precision, batch, log)[0] \
+                    peaks[batch] = trace_any(config, precision, batch, trace_step, log)[0] \
                         .memory.peak_bytes + buckets
                 elif method == "memory model":
                     peaks[batch] = _fallback(config, precision, batch).total_bytes

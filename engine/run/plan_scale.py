@@ -82,13 +82,13 @@ def extend(samples: list, points: tuple, repeats: int):
                       out[("moved",)], out[("fused",)]), ""
 
 
-def _cut_trace(config, precision: str, batch: int, model_config, pattern, repeats: int):
-    from engine.run.plan import trace_step
+def _cut_trace(trace, config, precision: str, batch: int, model_config, pattern,
+               repeats: int):
     from engine.run.plan_layers import cut_config
 
     with tempfile.TemporaryDirectory(prefix="ampscope-cut-") as folder:
         cut_config(model_config, pattern, repeats).save_pretrained(folder)
-        return trace_step(dataclasses.replace(config, model=folder), precision, batch)
+        return trace(dataclasses.replace(config, model=folder), precision, batch)
 
 
 def scaling_pattern(config):
@@ -107,11 +107,10 @@ def scaling_pattern(config):
     return pattern, model_config, why
 
 
-def trace_any(config, precision: str, batch: int, log=lambda msg: None):
+def trace_any(config, precision: str, batch: int, trace, log=lambda msg: None):
     """(TracedStep, how it was made): scaled from cut models where the layers repeat
-    alike, else one trace of the whole model."""
-    from engine.run.plan import trace_step
-
+    alike, else one trace of the whole model. ``trace(config, precision, batch)`` traces one
+    step (engine.run.plan's, passed in: plan imports this module)."""
     with experts_traceable():
         pattern, model_config, why = scaling_pattern(config)
         for points in SAMPLES if pattern else ():
@@ -121,7 +120,7 @@ def trace_any(config, precision: str, batch: int, log=lambda msg: None):
             for n in points:
                 log(f"{precision}: tracing {pattern.cut_layers(n)} of {pattern.layers} "
                     f"layers at batch {batch}")
-                steps.append(_cut_trace(config, precision, batch, model_config, pattern, n))
+                steps.append(_cut_trace(trace, config, precision, batch, model_config, pattern, n))
             scaled, why = extend(steps, points, pattern.repeats)
             if scaled is not None:
                 cuts = ", ".join(str(pattern.cut_layers(n)) for n in points)
@@ -131,4 +130,4 @@ def trace_any(config, precision: str, batch: int, log=lambda msg: None):
                     "at the third cut) and is extended to the full count; the timeline is "
                     "the largest cut model's")
         log(f"{precision}: tracing the whole model at batch {batch}")
-        return trace_step(config, precision, batch), f"traced whole: {why}"
+        return trace(config, precision, batch), f"traced whole: {why}"

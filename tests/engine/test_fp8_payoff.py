@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from transformers import GPT2Config
 
-from engine.measure.fp8_layers import linear_layers, module_filter
 from engine.measure.fp8_payoff import (
     RECIPES,
     SPREAD,
@@ -16,6 +15,7 @@ from engine.measure.fp8_payoff import (
     layer_payoff,
     payoff,
 )
+from engine.run.fp8_layers import linear_layers, module_filter
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = (989.4e12, 1978.9e12, 3.35e12)  # H100 SXM5 dense bf16, fp8 (datasheet), bandwidth

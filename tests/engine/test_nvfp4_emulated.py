@@ -1,4 +1,4 @@
-"""Emulated NVFP4 (engine/numerics/nvfp4_quant.py, nvfp4_linear.py) against torchao's own
+"""Emulated NVFP4 (engine/measure/nvfp4_quant.py, nvfp4_linear.py) against torchao's own
 NVFP4 round trip and against a fake-quantised GEMM written here from the recipe's spec
 (Transformer Engine's reference NVFP4 recipe: 1x16 blocks, 16x16 for weights, e4m3 block
 scales under an fp32 tensor scale, a 16-point Hadamard transform on the weight-gradient
@@ -14,10 +14,9 @@ from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_am
 
 from engine.core.config import RunConfig
 from engine.core.recipes import recipe
-from engine.measure import nvml
+from engine.measure import nvfp4_linear, nvfp4_quant, nvml
 from engine.measure.device import DeviceInfo, probe
 from engine.measure.flops import count_flops
-from engine.numerics import nvfp4_linear, nvfp4_quant
 from engine.run.trial import run_trial
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])

@@ -1,7 +1,7 @@
 """Emulated NVFP4 training of a Linear layer, for devices without FP4 Tensor Cores.
 
 Each of the three GEMMs multiplies, in fp32, operands quantised and dequantised as the
-native recipe quantises them (engine/numerics/nvfp4_quant.py: Transformer Engine's
+native recipe quantises them (engine/measure/nvfp4_quant.py: Transformer Engine's
 reference NVFP4 recipe, with its stochastic rounding of gradients):
 
 - output ``y = x W^T``: x in 1 x 16 blocks, W in 16 x 16 blocks, both to nearest;
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.numerics.nvfp4_quant import BLOCK, fake_quantize, rotate
+from engine.measure.nvfp4_quant import BLOCK, fake_quantize, rotate
 
 FORMAT = "nvfp4"
 WEIGHT_ROWS = 16  # 16 x 16 weight blocks
