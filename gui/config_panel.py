@@ -561,13 +561,17 @@ class ConfigPanel(QWidget):
 
     def _describe_precision(self, item: QListWidgetItem | None, *_previous) -> None:
         if item is not None:
-            self._reserve_help_room()
             self.precision_help.setText(item.toolTip())
 
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._reserve_help_room()
+
     def _reserve_help_room(self) -> None:
-        """The help line as tall as the longest description at its width, whole: pointing
-        down the list must not move the list under the pointer (an emulated recipe's text is
-        several lines longer than the others)."""
+        """The help line as tall as the longest description at its width, whole, set when the
+        panel's width or the descriptions change, never on a hover: pointing down the list
+        must not move the list under the pointer (an emulated recipe's text is several lines
+        longer than the others)."""
         label = self.precision_help
         width = label.contentsRect().width()
         if width < 50:  # not laid out yet
@@ -602,6 +606,7 @@ class ConfigPanel(QWidget):
                 item.setToolTip(f"{uncompiled(what)}\n{name} runs emulated here: "
                                 f"{verdict.reason}" if emulated else what)
         self.precisions.blockSignals(False)
+        self._reserve_help_room()
 
     def _on_edit(self, *_args) -> None:
         try:

@@ -62,16 +62,18 @@ def _data_x(view, plot: int, pixel: QPoint) -> float:
     return view.plots[plot].vb.mapSceneToView(view.charts.mapToScene(pixel)).x()
 
 
-def _scroll_into_view(widget) -> None:
-    """Scroll the tab's scroll area (if any) so ``widget`` is on the screen."""
+def _scroll_into_view(widget, point) -> None:
+    """Scroll every scroll area around ``widget`` (a tab's page, the plots' own) until its
+    pixel ``point`` is on the screen: the whole widget can be taller than the view."""
     from PySide6.QtWidgets import QScrollArea
 
     area = widget.parentWidget()
-    while area is not None and not isinstance(area, QScrollArea):
+    while area is not None:
+        if isinstance(area, QScrollArea):
+            inside = widget.mapTo(area.widget(), point)
+            area.ensureVisible(inside.x(), inside.y(), 40, 40)
         area = area.parentWidget()
-    if area is not None:
-        area.ensureWidgetVisible(widget, 0, 0)
-        pause(50)
+    pause(50)
 
 
 def _hover(qtbot, view, plot: int, x: float, category: str, label: str, trial) -> str:
@@ -80,7 +82,8 @@ def _hover(qtbot, view, plot: int, x: float, category: str, label: str, trial) -
     column = view.scene_point(plot, x, 1.0).x()
     expected, y = _expected(trial, _data_x(view, plot, QPoint(column, 0)), category, label)
     pixel = QPoint(column, view.scene_point(plot, x, y).y())
-    _scroll_into_view(view.charts)  # a pointer reaches only what the window shows
+    # a pointer reaches only what the window shows
+    _scroll_into_view(view.charts.viewport(), pixel)
     seen = []
     view.charts.scene().sigMouseMoved.connect(seen.append)
     # as a pointer comes: from a pixel beside the target, then onto it
