@@ -25,3 +25,18 @@ def refuse_special(path: str | os.PathLike, pick: str) -> None:
         return
     kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
     raise ValueError(f"{path} is {kind}, not a regular file: pick {pick}")
+
+
+def open_to_read(path: str | os.PathLike, noun: str, pick: str):
+    """``path`` opened in binary for reading, or one ValueError that says what to do: ``noun``
+    names it when missing ("journal"), ``pick`` what to choose instead ("a run journal
+    (.jsonl)")."""
+    refuse_special(path, pick)
+    try:
+        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    except FileNotFoundError:
+        raise ValueError(f"{noun} not found: {path}: check the path") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a folder: pick {pick} inside it") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None

@@ -22,7 +22,7 @@ import math
 import re
 from pathlib import Path
 
-from engine.core.file_kind import refuse_special
+from engine.core.file_kind import open_to_read
 from engine.measure.kernels import _CPU_CATS, _DEVICE_CATS, _RUNTIME_CATS
 
 MAX_TRACE_BYTES = 2**30  # the JSON text, after gzip: a trace of up to 1 GiB is read
@@ -38,16 +38,7 @@ _RECORD = "record it again with prof.export_chrome_trace('trace.json')"
 def read_trace(path: Path) -> dict:
     """``{"traceEvents": [...]}``: the trace's analysed events, checked. Every failure is one
     ValueError that says what to do."""
-    refuse_special(path, "a Chrome trace .json file")
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 (closed below)
-    except FileNotFoundError:
-        raise ValueError(f"trace not found: {path}: check the path") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path} is a folder: pick a trace .json file inside it") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    with fh:
+    with open_to_read(path, "trace", "a Chrome trace .json file") as fh:
         gz = fh.read(2) == b"\x1f\x8b"  # tensorboard_trace_handler's .json.gz
         fh.seek(0)
         reader = _Reader(path, gzip.GzipFile(fileobj=fh) if gz else fh)

@@ -41,7 +41,7 @@ from engine.core.events import (
     from_dict,
     to_dict,
 )
-from engine.core.file_kind import refuse_special
+from engine.core.file_kind import open_to_read
 from engine.record import json_report, nonfinite
 from engine.record.columns import Columns, line_keys
 from engine.record.run_record import RunRecord
@@ -271,16 +271,8 @@ def append_numerics(path: Path, numerics: dict) -> None:
 def _read_lines(path: Path):
     """``(line number, object)`` for each line after the header, read one line at a time
     (a journal can be far larger than what its events need in memory)."""
-    try:
-        refuse_special(path, "a run journal (.jsonl)")
-        fh = open(path, "rb")  # noqa: SIM115 (closed below, after the generator's last line)
-    except FileNotFoundError:
-        raise ValueError(f"journal not found: {path}: check the path") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path} is a folder: pick a run journal (.jsonl) inside it") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    with fh:
+    # closed after the generator's last line
+    with open_to_read(path, "journal", "a run journal (.jsonl)") as fh:
         damaged = None  # a bad line is an error unless it is the last (torn) one
         header = False
         for number, line in enumerate(fh, 1):
