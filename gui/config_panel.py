@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QRect, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
@@ -30,6 +31,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QStackedWidget,
     QVBoxLayout,
@@ -101,6 +103,7 @@ DEVICES = ("auto", "cpu", "cuda")
 RUN_WHILE_PROBING = ("auto", "cpu")
 RUN_OPTIMIZER = "(the run's optimizer)"
 PROBE_FALLBACK_MS = 1500
+HELP_LINES = 4  # the precision help's box; a longer text scrolls inside it
 
 
 def describe(name: str) -> str:
@@ -307,7 +310,15 @@ class ConfigPanel(QWidget):
         precision_layout.addWidget(self.precisions)
         precision_layout.addWidget(QLabel("Optimizer state (RECIPE+OPTIM), per precision"))
         precision_layout.addWidget(self.optim_states)
-        precision_layout.addWidget(self.precision_help)
+        # the help in a box of fixed height that scrolls: a longer description (an emulated
+        # recipe's) must not move the list under the pointer, nor be cut
+        help_box = QScrollArea()
+        help_box.setWidgetResizable(True)
+        help_box.setFrameShape(QFrame.Shape.NoFrame)
+        help_box.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        help_box.setWidget(self.precision_help)
+        help_box.setFixedHeight(self.precision_help.fontMetrics().lineSpacing() * HELP_LINES + 6)
+        precision_layout.addWidget(help_box)
         train_box = QGroupBox("Training")
         form = QFormLayout(train_box)
         form.addRow("Training data", data_row)
@@ -563,26 +574,6 @@ class ConfigPanel(QWidget):
         if item is not None:
             self.precision_help.setText(item.toolTip())
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
-        super().resizeEvent(event)
-        self._reserve_help_room()
-
-    def _reserve_help_room(self) -> None:
-        """The help line as tall as the longest description at its width, whole, set when the
-        panel's width or the descriptions change, never on a hover: pointing down the list
-        must not move the list under the pointer (an emulated recipe's text is several lines
-        longer than the others)."""
-        label = self.precision_help
-        width = label.contentsRect().width()
-        if width < 50:  # not laid out yet
-            return
-        box, metrics = QRect(0, 0, width, 10**6), label.fontMetrics()
-        texts = [lst.item(i).toolTip() for lst in (self.precisions, self.optim_states)
-                 for i in range(lst.count())]
-        tall = max(metrics.boundingRect(box, Qt.TextFlag.TextWordWrap, t).height()
-                   for t in texts)
-        label.setFixedHeight(tall + label.height() - label.contentsRect().height())
-
     def _grey_out_unsupported(self) -> None:
         self.precisions.blockSignals(True)
         for i in range(self.precisions.count()):
@@ -606,7 +597,6 @@ class ConfigPanel(QWidget):
                 item.setToolTip(f"{uncompiled(what)}\n{name} runs emulated here: "
                                 f"{verdict.reason}" if emulated else what)
         self.precisions.blockSignals(False)
-        self._reserve_help_room()
 
     def _on_edit(self, *_args) -> None:
         try:
