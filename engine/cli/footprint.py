@@ -85,4 +85,3 @@ def run(args) -> int:
     for note in notes:
         print(f"note: {note}")
     return 0
-

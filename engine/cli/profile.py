@@ -289,4 +289,3 @@ def _journal_note(runner) -> str:
         return f"the run could not be journaled either ({why})"
     return (f"the run is kept in the journal {journal.path}: write it with "
             f"'python main.py report {journal.path} --out other.html'")
-

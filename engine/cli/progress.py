@@ -70,4 +70,3 @@ class Progress:
     def close(self) -> None:
         if self.enabled and self.tty:
             say("", err=True)
-

@@ -52,4 +52,3 @@ def note(text: str) -> None:
         os.write(2, f"\n{text}\n".encode())
     except OSError:
         pass
-
