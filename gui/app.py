@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ampscope: error: {problem}", file=sys.stderr)
         return 2
     # before any thread of the window imports torchao or torch: their notices are not the
-    # user's business (the CLI does the same, engine/cli.py)
+    # user's business (the CLI does the same, engine/cli/parser.py)
     quiet_libraries()
     app = QApplication.instance() or QApplication(sys.argv if argv is None else argv)
     app.setOrganizationName(settings.ORGANISATION)

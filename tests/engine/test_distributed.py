@@ -325,8 +325,8 @@ def test_multi_node_options_reach_torchrun_unchanged():
     from torch.distributed.run import get_args_parser
 
     from engine.cli import build_parser
+    from engine.cli.distributed_args import distributed_config
     from engine.core.config import RunConfig
-    from engine.distributed.cli_args import distributed_config
     from engine.distributed.launch import torchrun_argv
 
     args = build_parser().parse_args([

@@ -2,10 +2,11 @@
 the engine imports the window, the public API or Qt, and no two engine modules import each
 other, however indirectly. Read from the source with ``ast`` (imports inside functions
 count: a lazy import is still a dependency), so a new import that breaks the layout fails
-here with its file and line.
+here with its file and line. The command line is one package, and no other module parses
+arguments.
 
 Stages, bottom to top (docs/architecture.md):
-    core < measure < models < record < numerics < run = distributed < report < engine/*cli.py
+    core < measure < models < record < numerics < run = distributed < report < cli
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ENGINE = Path(__file__).resolve().parents[2] / "engine"
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE = ROOT / "engine"
 
+TOP = 7  # engine/cli/, the headless commands, imports every stage
 RANKS = {"core": 0, "measure": 1, "models": 2, "record": 3, "numerics": 4, "run": 5,
-         "distributed": 5, "report": 6}
-TOP = 7  # engine/cli.py and the other top-level entry points import every stage
+         "distributed": 5, "report": 6, "cli": TOP}
 # packages of equal rank that may import each other (module circles are still refused):
 # a distributed trial is run by the runner, and its ranks run the trial's step
 PEERS = {frozenset({"run", "distributed"})}
@@ -139,9 +141,44 @@ def test_no_import_circles_between_engine_modules():
 
 
 def test_every_engine_module_sits_in_a_stage():
-    loose = sorted(p.name for p in ENGINE.glob("*.py")
-                   if p.stem != "__init__" and not p.stem.endswith("cli"))
+    loose = sorted(p.name for p in ENGINE.glob("*.py") if p.stem != "__init__")
     assert not loose, f"place these in a stage package (docs/architecture.md): {loose}"
+    unranked = sorted(p.parent.name for p in ENGINE.glob("*/__init__.py")
+                      if p.parent.name not in RANKS)
+    assert not unranked, f"give these packages a rank (docs/architecture.md): {unranked}"
+
+
+PARSERS = ("argparse", "optparse", "getopt")
+
+
+def parser_imports(folder: Path):
+    """(file, line, module) for each import of an argument parser under ``folder``, inside
+    functions too."""
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] in PARSERS:
+                    yield path.relative_to(ROOT), node.lineno, name
+
+
+def test_only_the_command_line_parses_arguments():
+    cli = ENGINE / "cli"
+    bad = [f"{path}:{line} imports {name}"
+           for folder in (ENGINE, ROOT / "gui", ROOT / "ampscope")
+           for path, line, name in parser_imports(folder)
+           if cli not in (ROOT / path).parents]
+    assert not bad, ("arguments are parsed in engine/cli/ alone: move the options there "
+                     "(as engine/cli/distributed_args.py holds profile's distributed ones)\n"
+                     + "\n".join(bad))
+    # the reader finds what it looks for: the command line's parser is built with argparse
+    assert (Path("engine/cli/parser.py"), "argparse") in {(p, n) for p, _, n in
+                                                          parser_imports(cli)}
 
 
 def test_the_checks_catch_what_they_look_for():
@@ -151,4 +188,7 @@ def test_the_checks_catch_what_they_look_for():
              "engine.core.config": {}}
     assert upward(edges) == [("engine.measure.nvml", "engine.run.trial", 3)]
     assert cycles(edges) == [["engine.measure.nvml", "engine.run.trial"]]
-    assert rank("engine.cli") == TOP and rank("engine.report.html") == RANKS["report"]
+    assert rank("engine.cli") == TOP and rank("engine.cli.plan") == TOP
+    assert rank("engine.report.html") == RANKS["report"]
+    assert upward({"engine.report.html": {"engine.cli.output": 4}}) == [
+        ("engine.report.html", "engine.cli.output", 4)]

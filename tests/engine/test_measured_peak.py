@@ -179,8 +179,8 @@ def test_the_peak_command_measures_once_then_reads_the_cache(cache):
 def test_the_peak_command_sets_a_gpus_datasheet_row_beside_the_measured_one():
     import dataclasses
 
+    from engine.cli.peak import _rows
     from engine.measure.peaks import table
-    from engine.peak_cli import _rows
 
     h100 = dataclasses.replace(CPU, kind="cuda", index=0, name="NVIDIA H100 80GB HBM3",
                                sm_count=132)

@@ -1,4 +1,4 @@
-"""``python3 main.py plan``: the arguments and the handler, kept apart from engine/cli.py."""
+"""``python3 main.py plan``: its arguments and its handler."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from engine.core.config import OPTIMIZERS, PRECISIONS, STRATEGIES
 
 
-def add_plan_parser(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="trace one training step on fake tensors: fits / does not "
                                     "fit per card, with no GPU and no weights",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -60,7 +60,7 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def run_plan(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from engine.models.model_health import check_model
     from engine.run.fit import parse_bytes
     from engine.run.plan import PlanConfig, format_plan, plan

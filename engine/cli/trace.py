@@ -24,7 +24,7 @@ SHARES = {"idle_share": None, "matmul_share": "matmul",
 TOP_KERNELS = 10
 
 
-def add_trace_parser(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("trace", help="the kernel table of a torch.profiler Chrome trace "
                                      "(one 'profile --trace' wrote, or your own)")
     p.add_argument("file", help="a Chrome trace (.json or .json.gz) as torch.profiler's "
@@ -125,7 +125,7 @@ def _text(path: Path, ps, step) -> str:
     return "\n".join(lines)
 
 
-def run_trace(args) -> int:
+def run(args) -> int:
     if args.step_ms is not None and not (math.isfinite(args.step_ms) and args.step_ms > 0):
         raise ValueError(f"--step-ms {args.step_ms} is not a step time: give the measured "
                          "step in milliseconds, e.g. --step-ms 24.84")

@@ -1,4 +1,5 @@
-"""The ``profile`` options for distributed trials, kept here so engine/cli.py only calls in."""
+"""``profile``'s options for distributed trials (torchrun), and the RunConfig keywords
+they give."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import json
 import time
 
 
-def add_peak_parser(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("peak", help="the device's measured matmul peak per dtype beside its "
                                     "datasheet peak (measured once per machine, then cached)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -63,7 +63,7 @@ def _text(info, measured, cached: bool, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_peak(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from engine.measure import matmul_peak
     from engine.measure.device import probe
 
