@@ -33,6 +33,14 @@ def check_monitor_hz(monitor_hz) -> None:
                          f"(got {monitor_hz!r:.40}); leave it out for 5")
 
 
+def base_optimizer(optimizer):
+    """The torch optimizer itself under wrappers (accelerate's AcceleratedOptimizer)."""
+    while optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = getattr(optimizer, "optimizer", None)
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+
+
 def check_arguments(optimizer, base_optimizer, scaler, monitor_hz) -> None:
     """Raise one ValueError for an argument the Recorder cannot use. ``base_optimizer``: the
     torch optimizer under ``optimizer``'s wrappers (accelerate's), or what was found."""

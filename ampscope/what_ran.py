@@ -79,3 +79,16 @@ def describe(who: str, weights: torch.dtype | None, autocast: torch.dtype | None
     text = (f"{who}: {_name(weights) if weights is not None else 'no'} weights, {amp}, "
             f"{'GradScaler' if scaled else 'no loss scaling'}, optimizer {optimizer}")
     return f"{text}, {details}" if details else text
+
+
+def tf32_matmuls() -> bool:
+    """Whether cuBLAS runs fp32 matmuls as TF32, read through the ``fp32_precision`` API.
+
+    The legacy ``torch.backends.cuda.matmul.allow_tf32`` raises once the new API was set
+    (transformers' ``TrainingArguments(tf32=True)`` sets ``torch.backends.fp32_precision``),
+    while the new one also reflects the legacy flag and ``set_float32_matmul_precision``.
+    """
+    mode = torch.backends.cuda.matmul.fp32_precision
+    if mode == "none":  # the matmul backend inherits the global setting
+        mode = torch.backends.fp32_precision
+    return mode == "tf32"

@@ -6,7 +6,9 @@ and an opened report or a history entry is the same kind of record, shown by the
 ``show_record`` calls. The window measures and computes nothing itself: it builds the
 views and wires them together. Its menus are built by ``gui.menus``; opening and exporting
 reports is ``gui.open_export.OpenExport``'s, following another process's journal
-``gui.watch_actions.WatchActions``'s.
+``gui.watch_actions.WatchActions``'s; a run's events reach the live views through
+``gui.run_events``, the numerics lab runs through ``gui.lab_control``, and the views that
+need pyqtgraph are built after the first paint by ``gui.deferred_views``.
 """
 
 from __future__ import annotations
@@ -32,30 +34,20 @@ from PySide6.QtWidgets import (
 )
 
 from engine.core.config import RunConfig
-from engine.core.events import (
-    ErrorEvent,
-    LogEvent,
-    MonitorSample,
-    PhaseChanged,
-    RunFinished,
-    RunStarted,
-    ScalarLog,
-    StepSample,
-    TrialFinished,
-    TrialStarted,
-    to_dict,
-)
+from engine.core.events import StepSample
 from engine.core.versions import warning_line
 from engine.record.compare import record_precisions
 from engine.record.run_record import RunRecord
 from gui import settings
-from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS, NAMED_TRIALS, device_kind
+from gui.chart_specs import COMPARE_CHARTS, LIVE_CHARTS
 from gui.config_panel import ConfigPanel, in_form_words
+from gui.deferred_views import Deferred, DeferredViews
 from gui.device_status import DeviceStatus
 from gui.fit_view import FitView
 from gui.history import HistoryError, HistoryStore
 from gui.history_view import HistoryView
 from gui.kernel_view import KernelView
+from gui.lab_control import LabControl
 from gui.menus import build_menus
 from gui.model_view import ModelView
 from gui.notice_bar import NoticeBar, fit_device_line
@@ -65,43 +57,25 @@ from gui.pending_run import PendingRun
 from gui.plain_text import as_html
 from gui.plan_view import PlanView
 from gui.quit_guard import may_quit
+from gui.run_events import RunEvents
 from gui.run_origin import from_elsewhere, local_device, run_device, run_summary
 from gui.trial_table import TrialTable, trial_units
-from gui.verdict_banner import VerdictBanner, gist
+from gui.verdict_banner import VerdictBanner
 from gui.watch_actions import WatchActions
 from gui.worker import ENGINE_IMPORTS, LabWorker, RunWorker
-
-LOADING = "loading model…"
-
-
-# what the trial table and status bar say in each engine phase (engine.core.events.PHASES)
-PHASE_TEXT = {"loading": LOADING, "probes": "counting FLOPs (untimed)", "warm-up": "warm-up",
-              "measuring": "measuring",
-              "memory step": "memory step (untimed)", "profiled step": "profiled step (untimed)",
-              "between rounds": "between rounds"}
-_EXTRA_STEPS = ("memory step", "profiled step")  # untimed steps after the measured ones
-
 
 CLOSE_GRACE_S = 3.0  # closing waits this long for a cancelled trial before ending it
 
 
-class _Deferred:
-    """A view that needs pyqtgraph (its import and plots take about a second): built after
-    the window's first paint, or at once when something uses it before then."""
+class MainWindow(DeferredViews, RunEvents, LabControl, QMainWindow):
+    """The window. Its parts live beside it: gui/deferred_views.py (the views built after
+    the first paint), gui/run_events.py (a run's events in the live views),
+    gui/lab_control.py (the numerics lab's runs), gui/menus.py, gui/open_export.py and
+    gui/watch_actions.py."""
 
-    def __set_name__(self, owner, name: str) -> None:
-        self.name = name
-
-    def __get__(self, window, owner=None):
-        if window is None:
-            return self
-        return window._built.get(self.name) or window._build(self.name)
-
-
-class MainWindow(QMainWindow):
-    charts = _Deferred()  # the Run tab's live charts
-    compare_view = _Deferred()
-    numerics_view = _Deferred()
+    charts = Deferred()  # the Run tab's live charts
+    compare_view = Deferred()
+    numerics_view = Deferred()
     ready = Signal()  # every deferred view is built
     record_shown = Signal(object)  # the RunRecord every view now shows
     open_failed = Signal(str)  # a report could not be opened: why
@@ -262,66 +236,7 @@ class MainWindow(QMainWindow):
         if outside:
             self._say_problem(outside)
 
-    # --- views built after the first paint ----------------------------------------------
-
-    def _holder(self, name: str) -> QWidget:
-        holder = QWidget()
-        self._holders[name] = holder
-        return holder
-
-    def _build(self, name: str) -> QWidget:
-        view = getattr(self, f"_make_{name}")()
-        holder = self._holders.pop(name)
-        if name == "charts":
-            self._run_right.replaceWidget(0, view)
-        else:  # a tab: the view takes the stand-in's place, the current tab stays
-            index, current = self.tabs.indexOf(holder), self.tabs.currentIndex()
-            blocked = self.tabs.blockSignals(True)  # the swap is not the user changing tab
-            self.tabs.insertTab(index, view, self.tabs.tabText(index))
-            self.tabs.removeTab(index + 1)
-            self.tabs.setCurrentIndex(current)
-            self.tabs.blockSignals(blocked)
-        holder.deleteLater()
-        self._built[name] = view
-        return view
-
-    def _make_charts(self) -> QWidget:
-        from gui.live_charts import LiveCharts
-
-        return LiveCharts()
-
-    def _make_compare_view(self) -> QWidget:
-        from gui.compare_view import CompareView
-
-        return CompareView()
-
-    def _make_numerics_view(self) -> QWidget:
-        from gui.numerics_view import NumericsView
-
-        view = NumericsView()
-        view.run_requested.connect(self.start_lab)
-        view.stop_requested.connect(self.stop_lab)
-        view.show_inputs(self.config_panel.form_values())
-        self.config_panel.changed.connect(
-            lambda: view.show_inputs(self.config_panel.form_values()))
-        view.set_busy(self.worker.is_running() or self.lab_worker.is_running())
-        return view
-
-    def paintEvent(self, event) -> None:
-        super().paintEvent(event)
-        if self._holders and not getattr(self, "_building", False):
-            self._building = True
-            QTimer.singleShot(0, self._build_next)
-
-    def _build_next(self) -> None:
-        """One deferred view per turn of the event loop, so input is handled between."""
-        if self._holders:
-            getattr(self, next(iter(self._holders)))
-        if self._holders:
-            QTimer.singleShot(0, self._build_next)
-        else:
-            self.config_panel.start_probe()
-            self.ready.emit()
+    # --- views built after the first paint (gui/deferred_views.py) ----------------------
 
     def _freeze_startup_objects(self, *_args) -> None:
         """Once torch, transformers and the views are loaded, leave their objects out of the
@@ -453,167 +368,6 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Stopping: the current step finishes first…")
             self.worker.stop()
 
-    def show_event(self, event) -> None:
-        if self.record is None:
-            return
-        self.record.apply(event)
-        if isinstance(event, StepSample):
-            if event.precision not in self._phases and event.step == 0:
-                # a run that journals no phases (a user's own loop): it trains, that is all
-                self.trial_table.set_status(event.precision, "running")
-                self.statusBar().showMessage(f"{event.precision}: training…")
-            self.charts.add_step(event)
-            # progress bars repaint at once on setValue: shown at the redraw rate instead
-            self._latest_steps[event.precision] = event
-        elif isinstance(event, MonitorSample):
-            self.charts.add_monitor(event)
-        elif isinstance(event, ScalarLog):
-            self.charts.add_scalar(event)
-        elif isinstance(event, RunStarted):
-            self.charts.begin(event.time_s)
-            self.charts.set_device_kind(device_kind(event.environment))
-            self.charts.set_source(event.config.get("source"))
-            self.setWindowTitle(f"AmpScope — run {event.run_id} (running)")
-            self.log_line("info", f"run {event.run_id} started on "
-                          f"{event.environment.get('device', {}).get('description', 'n/a')}")
-        elif isinstance(event, TrialStarted):
-            self._rounds = event.rounds
-            if event.rounds > 1:  # interleaved: every round warms up again
-                config = self.record.config
-                per = trial_units(config, event.rounds)
-                self.run_progress.setRange(0, per * len(config.get("precisions", [])))
-                self.trial_table.set_steps_per_trial(per)
-            self._show_phase(event.precision, "loading", event.round, said=False)
-            self.charts.mark_trial_start(
-                event.precision, event.time_s, event.round == 0 and len(
-                    self.record.config.get("precisions", [])) <= NAMED_TRIALS)
-        elif isinstance(event, PhaseChanged):
-            self._show_phase(event.precision, event.phase, event.round)
-        elif isinstance(event, TrialFinished):
-            self.show_progress()
-            trial = event.result
-            self.trial_table.finish_trial(trial)
-            self.statusBar().showMessage(f"{trial.precision}: {trial.status}")
-            self.charts.note_trial(trial)
-            if trial.status != "ok":
-                self.log_line("warning", f"{trial.status}: {trial.reason or ''}", trial.precision)
-            self.show_results(self.record, only_shown=True)
-        elif isinstance(event, LogEvent):
-            self.log_line(event.level, event.message, event.precision)
-        elif isinstance(event, ErrorEvent):
-            self.log_line("error", event.message, event.precision)
-            self._run_error = event.message
-            if event.precision:
-                self.trial_table.set_status(event.precision, "error", event.message)
-        elif isinstance(event, RunFinished):
-            outcome = self._outcome(self.record)
-            if self.watch.watching:  # another process's run, not the user's own
-                outcome = f"Watched run {self.record.run_id}: " + outcome.removeprefix(
-                    "Run ").replace("cancelled", "stopped by its own process", 1)
-            failed = any(t.status not in ("ok", "cancelled") for t in self.record.trials)
-            self.say(outcome, "warning" if failed or self.record.status == "error" else None)
-            self.setWindowTitle(f"AmpScope — run {self.record.run_id}")
-
-    def _show_phase(self, precision: str, phase: str, round_: int, said: bool = True) -> None:
-        """The phase in the trial's row and the status bar, with the round when there are
-        several; ``said``: the engine said it (a TrialStarted only implies loading)."""
-        if said:
-            self._phases.setdefault(precision, []).append(phase)
-        text = PHASE_TEXT.get(phase, phase)
-        if self._rounds > 1:
-            text += f" (round {round_ + 1}/{self._rounds})"
-        self.trial_table.set_status(precision, text)
-        self.statusBar().showMessage(f"{precision}: {text}")
-
-    def _outcome(self, record: RunRecord) -> str:
-        """How the run ended, in words; the progress bar says it too."""
-        if self.run_progress.maximum() == 0:  # no known length (a user's loop): its steps
-            steps = sum(len(record.steps(p)) for p in record_precisions(record))
-            self.run_progress.setRange(0, 1)  # the busy bar stops
-            self.run_progress.setValue(1)
-            where, done_text = f"after {steps} steps", f"done: {steps} steps"
-        else:
-            done = self.run_progress.value() * 100 // max(1, self.run_progress.maximum())
-            where, done_text = f"at {done}%", "done"
-        failed = [t for t in record.trials if t.status not in ("ok", "cancelled")]
-        if record.status == "cancelled":
-            self.run_progress.setFormat(f"cancelled {where}")
-            return f"Run cancelled {where}: the steps measured so far are kept"
-        if record.status == "error" and not record.trials:
-            self.run_progress.setFormat("failed")
-            return "Run failed: see the log"
-        total = len(record.config.get("precisions", [])) or len(record.trials)
-        if failed:
-            self.run_progress.setFormat(f"{len(failed)} of {total} failed")
-            return f"Run finished: {len(failed)} of {total} trials failed (see Trials)"
-        self.run_progress.setFormat(done_text)
-        return f"Run finished: all {total} trials ok"
-
-    def show_progress(self) -> None:
-        """Steps seen, a finished precision counting in full (interleaved rounds alternate);
-        a stopped one counts the steps it ran, so Stop reads "cancelled at 44%", not 100%.
-        Called at the redraw rate, with the newest step of each trial for the table."""
-        for step in self._latest_steps.values():
-            self.trial_table.add_step(step)
-        if self.record is not None and self.run_progress.maximum() == 0:
-            # a user's loop has no known length: the bar is busy, the count is said here
-            for step in self._latest_steps.values():
-                count = len(self.record.steps(step.precision))
-                self.statusBar().showMessage(f"{step.precision}: training… {count} steps "
-                                             "so far")
-            self._latest_steps.clear()
-            return
-        self._latest_steps.clear()
-        if self.record is None:
-            return
-        precisions = self.record.config.get("precisions", [])
-        per = self.run_progress.maximum() // max(1, len(precisions))
-
-        def done(precision: str) -> int:
-            trial = self.record.trial(precision)
-            if trial is not None and trial.status != "cancelled":
-                return per
-            log = self._phases.get(precision, [])
-            # an untimed step counts once the phase after it began
-            extras = sum(1 for phase in log[:-1] if phase in _EXTRA_STEPS)
-            return min(per, len(self.record.steps(precision)) + extras)
-
-        for p in precisions:
-            if p in self.trial_table.precisions():
-                self.trial_table.set_progress(p, done(p))
-        self.run_progress.setValue(sum(done(p) for p in precisions))
-
-    def _on_errored(self, message: str) -> None:
-        if message != self._run_error:  # the engine may have said it already as an ErrorEvent
-            self.log_line("error", message)
-        self._run_error = message
-        self.run_progress.setFormat("failed")
-        self.say(f"Run failed: {message}", "error")
-
-    def _on_finished(self, _runner_record) -> None:
-        # the window's own record was folded from the same events as the runner's
-        record = self.record
-        if record is not None and record.finished_s is None:
-            record.status = "error"  # the run raised before it could finish
-            why = (self._run_error or "the run failed: see the log").splitlines()[0]
-            for p in self.trial_table.precisions():
-                if record.trial(p) is None:
-                    self.trial_table.set_status(p, "not run", why)
-        self.worker.join()
-        self._progress_timer.stop()
-        self.show_progress()
-        self._update_buttons()
-        if record is None:
-            return
-        self.charts.finish()
-        self.show_results(record)
-        if record.run_id:
-            self.setWindowTitle(f"AmpScope — run {record.run_id}")
-            self.keep_in_history(record)
-        self.record_shown.emit(record)  # the verdict banner shows the run's verdict
-        said = self.statusBar().currentMessage()
-        verdict = f"Verdict: {gist(self.verdict_banner.headline.text())}"
-        self.statusBar().showMessage(f"{said}. {verdict}" if said else verdict)
 
     def keep_in_history(self, record: RunRecord) -> None:
         """Save a run; when the database refuses, say so and offer to export it instead."""
@@ -630,101 +384,9 @@ class MainWindow(QMainWindow):
             return
         self.history_view.refresh()
 
-    # --- numerics lab --------------------------------------------------------------------
-
-    def start_lab(self, precision: str) -> bool:
-        """Run the numerics lab with the Run tab's model, device, batch and sequence length."""
-        if self.lab_worker.is_running() or self.worker.is_running() or self.peak_status.is_busy():
-            return False
-        values = self.config_panel.form_values()
-        from gui.numerics_view import lab_inputs
-
-        try:  # the lab trains one step of the Run tab's model: it must fit, like a run
-            config = RunConfig(model=values["model"], precisions=(precision,),
-                               batch_size=values["batch_size"], seq_len=values["seq_len"],
-                               device=values["device"],
-                               trust_remote_code=values["trust_remote_code"])
-            refusal = self._too_big(config, "Numerics lab")
-        except ValueError as exc:
-            refusal = f"Numerics lab refused: {self.config_panel.error() or exc}"
-        if refusal is not None:
-            self.numerics_view.set_busy(False, refusal)
-            self.log_line("error", refusal)
-            self.say(refusal, "error")
-            return False
-        trials = None
-        if self.record is not None and not self.worker.is_running():
-            trials = [to_dict(t) for t in self.record.trials]  # the advice cites them
-        self.numerics_view.set_busy(True)
-        self.numerics_view.lab_started(
-            f"Running the numerics lab for {precision} ({lab_inputs(values)})…")
-        self.lab_worker.start(
-            model=values["model"], precision=precision, device=values["device"],
-            batch_size=values["batch_size"], seq_len=values["seq_len"], trials=trials,
-            loss_scale=values["init_scale"], trust_remote_code=values["trust_remote_code"])
-        self._update_buttons()
-        return True
-
-    def stop_lab(self) -> None:
-        if self.lab_worker.is_running():
-            self.numerics_view.stop_button.setEnabled(False)
-            self.lab_worker.stop()
-
-    def _on_lab_stopped(self) -> None:
-        self.lab_worker.join()
-        self.numerics_view.set_busy(False)
-        self.numerics_view.lab_ended("Numerics lab stopped: its process was ended, nothing "
-                                     "was measured.")
-        self._update_buttons()
-
-    def _on_lab_finished(self, numerics: dict) -> None:
-        self.lab_worker.join()
-        self.numerics_view.lab_ended()
-        self.numerics_view.set_busy(False)
-        self._update_buttons()
-        self.numerics_view.show_numerics(numerics)
-        record = self.record
-        if record is not None and not self.worker.is_running() and record.run_id:
-            # the run's report and history entry carry the lab from now on
-            record.numerics = numerics
-            self.keep_in_history(record)
-            from engine.record.journal import append_numerics, journal_path
-
-            if journal_path(record.run_id).is_file():
-                append_numerics(journal_path(record.run_id), numerics)
-
-    def _on_lab_errored(self, message: str) -> None:
-        self.lab_worker.join()
-        self.numerics_view.lab_ended()
-        self.numerics_view.set_busy(False, f"Numerics lab failed: {message.splitlines()[0]}")
-        self._update_buttons()
-        self.log_line("error", f"numerics lab: {message}")
-        self.say(f"Numerics lab failed: {message}", "error")
-
     def log_line(self, level: str, message: str, precision: str | None = None) -> None:
         where = f"[{precision}] " if precision else ""
         self.log.appendPlainText(f"{level.upper():7} {where}{message}")
-
-    # --- live views, shared by a run started here and a watched one ---------------------
-
-    def reset_live(self, precisions: list[str], units: int) -> None:
-        """Empty trial rows of ``units`` progress units each, and the run's progress at 0."""
-        self.trial_table.reset(list(precisions), units)
-        self.verdict_banner.hide()  # the last run's: this one has none yet
-        self.run_progress.setRange(0, units * len(precisions))
-        self.run_progress.setValue(0)
-        self.run_progress.setFormat("run %p%")  # a report on show said "report"
-        self._latest_steps.clear()
-        self._phases.clear()
-        self._rounds = 1
-
-    def start_progress(self) -> None:
-        """The trial table and progress bar follow the steps at the redraw rate."""
-        self._latest_steps.clear()
-        self._progress_timer.start()
-
-    def stop_progress(self) -> None:
-        self._progress_timer.stop()
 
     # --- showing records -----------------------------------------------------------------
 

@@ -7,13 +7,14 @@ elementwise/normalisation, copy/cast, optimizer, GradScaler. On a GPU the time i
 kernels' device time, kernels are classified as Tensor Core or not from their names,
 and the gaps between kernels are the device's idle time.
 
-The analysis works on plain ``OpCall``/``DeviceSpan`` records so the CUDA logic is
-testable without a GPU.
+Here: running the profiler (``profile_step``), reading its events or a Chrome trace into
+the plain ``OpCall``/``DeviceSpan`` records of engine/measure/op_calls.py (so the CUDA logic
+is testable without a GPU), the analysis by op, dtype and category (``analyse``) and its
+text. What a kernel's name says is engine/measure/kernel_names.py.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,17 @@ from functools import cache
 import torch
 
 from engine.core.events import GemmShapeTime, KernelTime, OpTime, ProfiledStep
+from engine.measure.kernel_names import MATMUL_KINDS, KernelClass, classify_kernel
 from engine.measure.kernel_workspace import workspace_line
+from engine.measure.op_calls import (
+    DeviceSpan,
+    OpCall,
+    idle_gaps_us,
+    is_matmul,
+    odd_gemm,
+    odd_reason,
+    op_dtype,
+)
 from engine.measure.padding import padding_hint
 
 STEP_RANGE = "ampscope:step"
@@ -45,152 +56,9 @@ _KIND_CATEGORY = {"matmul": MATMUL, "attention": MATMUL, "matmul helper": MATMUL
                   "elementwise": ELEMENTWISE, "reduction/normalisation": ELEMENTWISE,
                   "foreach/optimizer": OPTIMIZER, "copy": COPY, "quantisation": COPY}
 
-_MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "_int_mm",
-               "addmv", "mv", "dot", "einsum", "convolution", "_convolution", "conv1d",
-               "conv2d", "scaled_dot_product_attention"}
-_MATMUL_PREFIXES = ("_scaled_dot_product_", "_flash_attention", "_efficient_attention",
-                    "cudnn_convolution", "mkldnn_convolution", "_cudnn_attention")
 _COPY_OPS = {"copy_", "_to_copy", "to", "clone", "contiguous", "cat", "stack", "_copy_from",
              "_copy_from_and_resize"}
 _NORM_WORDS = ("norm", "softmax")
-
-# profiler dtype names (c10 scalar type names) -> torch's names
-_DTYPE_NAMES = {
-    "float": "float32", "double": "float64", "c10::Half": "float16",
-    "c10::BFloat16": "bfloat16", "c10::Float8_e4m3fn": "float8_e4m3fn",
-    "c10::Float8_e5m2": "float8_e5m2", "signed char": "int8", "unsigned char": "uint8",
-    "long int": "int64", "int": "int32", "short int": "int16", "bool": "bool",
-}
-_FLOATING = ("float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
-
-# What a kernel's name says (a name is the only evidence a trace has). Tensor Core
-# families: MMA instructions (HMMA/IMMA, Hopper's wgmma, Blackwell's tcgen05), cuBLAS's
-# Hopper GEMM family nvjet (warpgroup MMA), tile names such as s16816/s1688, or a GEMM/
-# xmma/cutlass kernel whose name carries a half, bfloat16, 8-bit or TF32 input type
-# ("xmma_gemm_f32f32_f32f32" is plain fp32). SIMT templates, sgemm/dgemm and gemv do not.
-_TENSOR_CORE = re.compile(
-    r"wgmma|hmma|imma|tcgen05|nvjet|tensorop|s16816|s1688|h16816|h1688|i16832|i8816|"
-    r"(gemm|xmma|cutlass).*(f16|bf16|fp16|half|bfloat16|e4m3|e5m2|tf32|i8)|"
-    r"(f16|bf16|fp16|half|bfloat16|e4m3|e5m2|tf32).*(gemm|cutlass)", re.IGNORECASE)
-_NOT_TENSOR_CORE = re.compile(r"simt|gemv|dot_kernel|sgemm(?!.*tf32)|dgemm|scudnn|ffma|"
-                              r"gemm_4bit_inference|_f32f32_f32f32", re.IGNORECASE)
-_COMMUNICATION = re.compile(r"nccl", re.IGNORECASE)
-# Kernels that run beside a matmul but do no multiply-accumulate: cuBLASLt's split-K
-# reduction and epilogue, CUTLASS/cuDNN ReduceSplitK, FlashAttention's split-KV combine
-# and backward pre/post-processing (FlashAttention 2: flash_bwd_{dot_do_o,convert_dq,
-# clear_dkvaccum}_kernel; FlashAttention 3: FlashAttnBwdPreprocess/Postprocess,
-# FlashAttnFwdCombine), cuDNN's offset helpers.
-_MATMUL_HELPER = re.compile(
-    r"splitKreduce|ReduceSplitK|splitkv_combine|FwdCombine|flash_bwd_(dot_do_o|convert|clear)|"
-    r"BwdPreprocess|BwdPostprocess|prepare_varlen|epilogue::impl|compute\w*OffsetsKernel",
-    re.IGNORECASE)
-_TRITON = re.compile(r"\btriton_(poi|red|per|tem)_")
-_ATTENTION = re.compile(r"flash_fwd|flash_bwd|FlashAttn|fmha_cutlass|fmha_|AttentionKernel|"
-                        r"AttentionBackwardKernel", re.IGNORECASE)
-_GEMM = re.compile(r"gemm|gemv|xmma|wgmma|nvjet|cutlass|dot_kernel|scudnn", re.IGNORECASE)
-_QUANT = re.compile(r"quant", re.IGNORECASE)
-_MEM_EFF = re.compile(r"fmha_cutlass[FB]_(f32|f16|bf16)\w*?_sm(\d+)")
-_OTHER_KINDS = (
-    (re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|AdamFunctor", re.IGNORECASE),
-     "foreach/optimizer"),
-    (re.compile(r"reduce_kernel|norm|softmax", re.IGNORECASE), "reduction/normalisation"),
-    (re.compile(r"elementwise", re.IGNORECASE), "elementwise"),
-    (re.compile(r"memcpy|memset|copy", re.IGNORECASE), "copy"),
-)
-MATMUL_KINDS = ("matmul", "attention")
-
-
-@dataclass(frozen=True)
-class KernelClass:
-    """What one kernel name says: its kind, and for matmul kinds whether it ran on
-    Tensor Cores (None: not a matmul kind, or the name cannot tell) and why."""
-
-    kind: str  # matmul, attention, matmul helper, communication, quantisation, ...
-    tensor_core: bool | None
-    why: str
-
-
-def classify_kernel(name: str) -> KernelClass:
-    """The kind and Tensor Core verdict of a kernel, from its name alone."""
-    if _COMMUNICATION.search(name):
-        return KernelClass("communication", None, "NCCL collective")
-    if _MATMUL_HELPER.search(name):
-        return KernelClass("matmul helper", None, "reduction/epilogue beside a matmul, no MMA")
-    triton = _TRITON.search(name)
-    if triton:
-        kind = {"poi": "elementwise", "red": "reduction/normalisation",
-                "per": "reduction/normalisation", "tem": "matmul"}[triton.group(1)]
-        if kind != "matmul":
-            return KernelClass(kind, None, f"Triton {kind} kernel (inductor)")
-        # inductor names templates triton_tem_<fused ops>; tl.dot uses Tensor Cores only
-        # for half/8-bit/TF32 inputs, which the name does not carry
-        return KernelClass("matmul", None, "Triton template: the name does not say the "
-                                           "input dtype, so not whether tl.dot used MMA")
-    if _QUANT.search(name) and not _GEMM.search(name):
-        return KernelClass("quantisation", None, "(de)quantisation, no MMA")
-    if _ATTENTION.search(name):
-        mem_eff = _MEM_EFF.search(name)
-        if mem_eff:
-            # PyTorch's memory-efficient attention (from xformers) picks its MMA by input
-            # type and arch: fp32 on sm80+ is TF32 in 3 passes (OpMultiplyAddFastF32),
-            # half types use Tensor Cores from Volta on, anything else is SIMT FMA
-            # (pytorch/pytorch aten/src/ATen/native/transformers/cuda/mem_eff_attention/
-            # gemm_kernel_utils.h, DefaultGemmType)
-            dtype, sm = mem_eff.group(1), int(mem_eff.group(2))
-            if dtype == "f32" and sm >= 80:
-                return KernelClass("attention", True, "fp32 memory-efficient attention on "
-                                                      "sm80+: 3xTF32 on Tensor Cores")
-            if dtype != "f32" and sm >= 70:
-                return KernelClass("attention", True, "half-precision memory-efficient "
-                                                      "attention on Tensor Cores")
-            return KernelClass("attention", False, f"{dtype} memory-efficient attention "
-                                                   f"built for sm{sm}: SIMT, no Tensor Cores")
-        if _NOT_TENSOR_CORE.search(name):
-            return KernelClass("attention", False, "SIMT attention kernel")
-        # FlashAttention takes fp16/bf16 (fp8 in version 3) and multiplies with MMA only
-        return KernelClass("attention", True, "half-precision attention on Tensor Cores")
-    if _GEMM.search(name):
-        if _NOT_TENSOR_CORE.search(name):
-            return KernelClass("matmul", False, "SIMT/gemv or plain fp32 GEMM")
-        if re.search(r"nvjet_\w*?sss", name):
-            return KernelClass("matmul", None, "fp32 nvjet: the name does not say whether "
-                                               "TF32 was allowed")
-        if _TENSOR_CORE.search(name):
-            return KernelClass("matmul", True, "MMA family or half/8-bit/TF32 inputs")
-        return KernelClass("matmul", None, "the name carries no input type or MMA family")
-    for pattern, kind in _OTHER_KINDS:
-        if pattern.search(name):
-            return KernelClass(kind, None, kind)
-    return KernelClass("other", None, "other")
-
-
-@dataclass(frozen=True)
-class OpCall:
-    """One aten op call from the profiler, reduced to what the analysis needs."""
-
-    name: str  # "aten::addmm"
-    ancestors: tuple[str, ...]  # names of enclosing ranges/ops, innermost first
-    input_dtypes: tuple[str, ...]  # profiler names ("float", "c10::Half", "Scalar", ...)
-    self_cpu_us: float
-    kernels: tuple[tuple[str, float], ...] = ()  # (kernel name, device us) launched by it
-    shapes: tuple[tuple[int, ...], ...] = ()  # input shapes (matmuls only)
-
-
-@dataclass(frozen=True)
-class DeviceSpan:
-    """One kernel, memcpy or memset on the GPU timeline."""
-
-    start_us: float
-    end_us: float
-    name: str = ""
-    attributed: bool = True  # False: no CPU op enclosed its launch (the unattributed bucket)
-
-
-def op_dtype(input_dtypes: tuple[str, ...]) -> str:
-    """The op's dtype: its first floating input, else its first tensor input, else "-"."""
-    names = [_DTYPE_NAMES[d] for d in input_dtypes if d in _DTYPE_NAMES]
-    floating = [d for d in names if d in _FLOATING]
-    return (floating or names or ["-"])[0]
 
 
 @cache
@@ -204,34 +72,6 @@ def _pointwise(short: str) -> bool:
         return False
 
 
-_GEMM_LEAVES = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_int_mm"}
-
-
-def odd_gemm(call: OpCall, dtype: str) -> tuple[int, int, int, int] | None:
-    """(M, N, K, multiple) of a GEMM call whose M, N or K is not a multiple of 8 (16 for
-    fp8), the alignment Tensor Core kernels need to run at full speed; else None.
-    The same rule as the numerics lab's flagged GEMMs."""
-    short = call.name.removeprefix("aten::")
-    if short not in _GEMM_LEAVES:
-        return None
-    args = call.shapes[1:] if short in ("addmm", "baddbmm") else call.shapes  # skip the bias
-    mats = [s for s in args if len(s) >= 2]
-    if len(mats) < 2:
-        return None
-    a, b = mats[0], mats[1]
-    m, n, k = a[-2], b[-1], a[-1]
-    multiple = 16 if dtype.startswith("float8") else 8
-    if m % multiple or n % multiple or k % multiple:
-        return m, n, k, multiple
-    return None
-
-
-def _odd_reason(m: int, n: int, k: int, multiple: int) -> str:
-    odd = [f"{label}={v}" for label, v in zip("MNK", (m, n, k)) if v % multiple]
-    return (f"{', '.join(odd)} not a multiple of {multiple}: Tensor Cores need padding or a "
-            "slower kernel")
-
-
 def category(call: OpCall) -> str:
     """The op's category; the innermost optimizer/GradScaler/grad-norm range wins (the
     op itself may be such a range when a kernel was launched directly under it)."""
@@ -243,31 +83,13 @@ def category(call: OpCall) -> str:
         if name == GRAD_NORM_RANGE:
             return GRAD_NORM
     short = call.name.removeprefix("aten::")
-    if _is_matmul(call.name):
+    if is_matmul(call.name):
         return MATMUL
     if short in _COPY_OPS:
         return COPY
     if any(word in short for word in _NORM_WORDS) or _pointwise(short):
         return ELEMENTWISE
     return OTHER
-
-
-def tensor_core_kernel(name: str) -> bool:
-    """True when a kernel's name says it is a matmul that ran on Tensor Cores."""
-    return classify_kernel(name).tensor_core is True
-
-
-def idle_gaps_us(spans: list[DeviceSpan]) -> tuple[float, float]:
-    """(span from first start to last end, time in it with nothing running) in us."""
-    if not spans:
-        return 0.0, 0.0
-    ordered = sorted(spans, key=lambda s: s.start_us)
-    first, busy_end, idle = ordered[0].start_us, ordered[0].end_us, 0.0
-    for s in ordered[1:]:
-        if s.start_us > busy_end:
-            idle += s.start_us - busy_end
-        busy_end = max(busy_end, s.end_us)
-    return busy_end - first, idle
 
 
 @dataclass
@@ -366,7 +188,7 @@ def analyse(calls: list[OpCall], device_kind: str, step_wall_us: float,
     odd_rows = [
         GemmShapeTime(op=name, dtype=dtype, m=m, n=n, k=k, calls=a.calls, ms=a.us / 1e3,
                       tensor_core=a.extra["tc"] if gpu else None,
-                      reason=_odd_reason(m, n, k, mult))
+                      reason=odd_reason(m, n, k, mult))
         for (name, dtype, m, n, k, mult), a in sorted(odd.items(), key=lambda kv: -kv[1].us)
     ]
     tc_share, tc_reason = None, ("CPU run: no Tensor Cores" if not gpu else None)
@@ -417,11 +239,6 @@ def _ancestors(event) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _is_matmul(name: str) -> bool:
-    short = name.removeprefix("aten::")
-    return short in _MATMUL_OPS or short.startswith(_MATMUL_PREFIXES)
-
-
 def kineto_dtypes(prof) -> dict[int, list[str]]:
     """Each CPU op's input dtypes by its correlation id (a ``FunctionEvent``'s ``id``), from
     the profiler's own records (``_KinetoEvent.dtypes``): where torch's ``FunctionEvent``
@@ -455,12 +272,12 @@ def _work_dtypes(event, dtypes_by_id: dict[int, list[str]] | None = None) -> tup
     ``addmm`` before its cast -> the inner ``addmm``) recorded its inputs before the cast;
     the innermost matmul below it has the dtype that ran.
     """
-    if not _is_matmul(event.name):
+    if not is_matmul(event.name):
         return _input_dtypes(event, dtypes_by_id)
     found, pending = event, list(event.cpu_children)
     while pending:
         child = pending.pop(0)
-        if _is_matmul(child.name):
+        if is_matmul(child.name):
             found, pending = child, list(child.cpu_children)
         else:
             pending.extend(child.cpu_children)
@@ -515,7 +332,7 @@ def _calls_from(events, dtypes_by_id: dict[int, list[str]] | None = None,
                     input_dtypes=_work_dtypes(e, dtypes_by_id),
                     self_cpu_us=e.self_cpu_time_total,
                     kernels=tuple((k.name, float(k.duration)) for k in e.kernels),
-                    shapes=_shapes(e) if _is_matmul(e.name) else (),
+                    shapes=_shapes(e) if is_matmul(e.name) else (),
                 ))
         elif e.device_type == DeviceType.CUDA and _device_work(e):
             device.append(e)

@@ -7,7 +7,7 @@ Names are facts copied from those files; nothing of the files themselves is kept
 
 import pytest
 
-from engine.measure.kernels import MATMUL_KINDS, classify_kernel
+from engine.measure.kernel_names import MATMUL_KINDS, classify_kernel
 
 HTA = "facebookresearch/HolisticTraceAnalysis"
 HTA_A100_ALEXNET = (f"{HTA} tests/data/critical_path/alexnet/"

@@ -10,17 +10,9 @@ from engine.core.config import RunConfig
 from engine.core.events import TrialResult, from_dict, to_dict
 from engine.core.recipes import recipe
 from engine.measure.device import probe
-from engine.measure.kernels import (
-    MATMUL,
-    OPTIMIZER,
-    SCALER,
-    DeviceSpan,
-    OpCall,
-    analyse,
-    category,
-    idle_gaps_us,
-    tensor_core_kernel,
-)
+from engine.measure.kernel_names import tensor_core_kernel
+from engine.measure.kernels import MATMUL, OPTIMIZER, SCALER, analyse, category
+from engine.measure.op_calls import DeviceSpan, OpCall, idle_gaps_us
 from engine.models.load import load_model, make_batches
 from engine.numerics.optrace import GEMM_OPS, trace_ops
 from engine.run.trial import run_trial

@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import ampscope
+from ampscope.counting_step import COUNT_STEP
 from engine.record.journal import read_journal
 from engine.record.json_report import read_json
 
@@ -131,7 +132,7 @@ def test_grad_scaler_overflow_records_skips_and_halving(tmp_path):
     assert trial.precision == "fp16-amp"  # a GradScaler without autocast names fp16-amp
     assert [s.loss_scale for s in trial.steps] == scales
     assert [s.skipped for s in trial.steps] == skipped
-    assert trial.summary.skipped_steps == sum(skipped[ampscope.recorder.COUNT_STEP + 1:])
+    assert trial.summary.skipped_steps == sum(skipped[COUNT_STEP + 1:])
     # each skip halves the scale (backoff 0.5)
     for prev, s in zip([2.0**127] + scales, trial.steps):
         if s.skipped:

@@ -17,11 +17,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import ampscope
 import ampscope.recorder as recorder_mod
+from ampscope.counting_step import COUNT_STEP
 from engine.models.load import load_model
 from tests.engine.test_gpu_figures import mig_slice  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
-MEASURED_FROM = recorder_mod.COUNT_STEP + 1  # steps 0 (warm-up) and 1 (FLOP count) are not
+MEASURED_FROM = COUNT_STEP + 1  # steps 0 (warm-up) and 1 (FLOP count) are not
 
 
 def gpt2_tiny():

@@ -16,7 +16,8 @@ from PySide6.QtWidgets import QAbstractButton, QFileDialog, QMessageBox
 
 from engine.core.config import RunConfig
 from engine.core.events import TrialStarted
-from gui.main_window import LOADING, MainWindow
+from gui.main_window import MainWindow
+from gui.run_events import LOADING
 from tests.gui.clicks import (
     RUN_TIMEOUT_MS,
     choose,
