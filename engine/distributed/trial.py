@@ -51,6 +51,10 @@ POLL_S = 0.1
 # the first step, no new step from some rank for this many median steps ends the trial
 STALL_FACTOR = 20
 STALL_FLOOR_S = 300.0
+# a stalled trial's ranks are not waited for as long as a cancelled one's: the hung rank
+# will not stop when asked (torchrun would wait its own 30 s for it), and its peers, which
+# handle no SIGTERM, end at once
+STALL_GRACE_S = 5.0
 
 
 class _Follower:
@@ -215,7 +219,7 @@ def _follow(config: RunConfig, label: str, out_dir: Path, follower: _Follower, e
                 stalled = stall.stalled(follower)
             if (cancelled() or stalled) and deadline is None:
                 launcher.send_signal(signal.SIGTERM)  # torchrun's agent stops the ranks
-                deadline = time.monotonic() + CANCEL_GRACE_S
+                deadline = time.monotonic() + (STALL_GRACE_S if stalled else CANCEL_GRACE_S)
             if deadline is not None and time.monotonic() > deadline:
                 break
             time.sleep(POLL_S)

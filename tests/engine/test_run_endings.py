@@ -21,11 +21,16 @@ import psutil
 import pytest
 
 from engine.record.journal import read_journal
+from engine.run.runner import TERMINATE_GRACE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny", "--batch-size", "1", "--seq-len", "16", "--warmup", "1",
         "--device", "cpu"]
 POLL_S = 0.1
+# A stopped run ends a trial that does not stop on its own after TERMINATE_GRACE_S (the
+# longest timer, after SIGTERM's grace of as long): a step held three times that long
+# outlasts every timer the run has (the trial was once ended 30 s after a Ctrl-C).
+OUTLAST_S = 3 * TERMINATE_GRACE_S
 
 
 def _start(tmp_path: Path, *args: str, new_session: bool = False) -> subprocess.Popen:
@@ -61,6 +66,16 @@ def _wait_for_steps(proc: subprocess.Popen, tmp_path: Path, count: int,
         assert proc.poll() is None, proc.communicate()
         time.sleep(POLL_S)
     return psutil.Process(proc.pid).children(recursive=True)
+
+
+def _read_until(proc: subprocess.Popen, text: str) -> str:
+    """The CLI's stderr read line by line until ``text`` shows; returns what was read."""
+    seen = ""
+    while text not in seen:
+        line = proc.stderr.readline()
+        assert line, f"the CLI ended before it said {text!r}: {seen}"
+        seen += line
+    return seen
 
 
 def trial_processes(found: list[psutil.Process]) -> list[psutil.Process]:
@@ -141,11 +156,7 @@ def test_second_ctrl_c_stops_at_once_and_still_writes_the_report(tmp_path):
                   new_session=True)
     children = _wait_for_steps(proc, tmp_path, 3)
     os.killpg(proc.pid, signal.SIGINT)
-    seen = ""
-    while "Ctrl-C again" not in seen:  # a person presses twice, not within microseconds
-        line = proc.stderr.readline()
-        assert line, "the CLI ended before it acknowledged the first Ctrl-C"
-        seen += line
+    seen = _read_until(proc, "Ctrl-C again")  # a person presses twice, not within microseconds
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate()
     stderr = seen + stderr
@@ -295,13 +306,14 @@ def test_first_ctrl_c_waits_for_a_long_step_however_long(tmp_path):
     trial.suspend()
     try:
         os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(40)  # longer than the 30 s after which the trial used to be terminated
+        seen = _read_until(proc, "stopping after this step")  # the CLI took the Ctrl-C
+        time.sleep(OUTLAST_S)
         assert proc.poll() is None and trial.is_running()
         assert trial.status() == psutil.STATUS_STOPPED
     finally:
         trial.resume()
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 130, seen + stderr
     _assert_none_left(children)
     (fp32,) = _report(out)["trials"]
     assert fp32["status"] == "cancelled" and "stopped by the user after" in fp32["reason"]

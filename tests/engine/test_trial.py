@@ -19,6 +19,8 @@ def _config(**kw):
     return RunConfig(**base)
 
 
+# a test that reads no figure of the profiled step turns it off (profile_step=False):
+# it is one more step, under torch.profiler, after the ones the test reads
 def _run(precision, events=None, cancelled=lambda: False, **kw):
     sink = events if events is not None else []
     return run_trial(_config(**kw), precision, CPU, sink.append, cancelled)
@@ -60,7 +62,7 @@ def test_fp32_trial_measures_every_category_exactly():
 
 def test_loss_scale_halves_on_overflow_and_records_the_skip():
     # 2**100 times the loss overflows fp16 activation gradients on the first backward
-    result = _run("fp16-amp", init_scale=2.0**100, steps=2, warmup=0)
+    result = _run("fp16-amp", init_scale=2.0**100, steps=2, warmup=0, profile_step=False)
     warm, first, second = result.steps  # --warmup 0 still warms up one step
     assert warm.warmup and warm.skipped and warm.loss_scale == 2.0**99
     assert first.skipped and first.loss_scale == 2.0**98
@@ -71,7 +73,8 @@ def test_loss_scale_halves_on_overflow_and_records_the_skip():
 
 
 def test_loss_scale_grows_after_growth_interval():
-    result = _run("fp16-amp", init_scale=1024.0, growth_interval=2, steps=4, warmup=0)
+    result = _run("fp16-amp", init_scale=1024.0, growth_interval=2, steps=4, warmup=0,
+                  profile_step=False)
     # the first is the warm-up step --warmup 0 still runs
     assert [s.loss_scale for s in result.steps] == [1024.0, 2048.0, 2048.0, 4096.0, 4096.0]
     assert not any(s.skipped for s in result.steps)
@@ -80,7 +83,7 @@ def test_loss_scale_grows_after_growth_interval():
 
 def test_pure_fp16_trains_without_nan_and_says_why_eps_changed():
     events = []
-    result = _run("fp16", events, steps=3)
+    result = _run("fp16", events, steps=3, profile_step=False)
     assert result.status == "ok"
     assert all(s.loss == s.loss for s in result.steps)  # no NaN
     warnings = [e.message for e in events if isinstance(e, LogEvent) and e.level == "warning"]
@@ -102,7 +105,7 @@ def test_adam_epsilon_follows_the_trained_weights_dtype(monkeypatch, precision, 
     real = trial_mod.make_optimizer
     monkeypatch.setattr(trial_mod, "make_optimizer", keep)
     events = []
-    result = _run(precision, events, steps=1, warmup=0)
+    result = _run(precision, events, steps=1, warmup=0, profile_step=False)
     assert result.status == "ok", result.reason
     (optimizer,) = built
     trained = [p for g in optimizer.param_groups for p in g["params"]]
@@ -128,7 +131,7 @@ def test_other_cpu_recipes_run(precision):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw8bit"])
 def test_optimizers(optimizer):
-    result = _run("fp32", optimizer=optimizer, steps=1)
+    result = _run("fp32", optimizer=optimizer, steps=1, profile_step=False)
     assert result.status == "ok", result.reason
     if optimizer == "sgd":
         assert result.memory.optimizer_bytes == 0
