@@ -50,11 +50,13 @@ def _load(path: Path) -> dict:
 def analyse_file(path: Path, step_ms: float | None):
     """(the ProfiledStep of the trace, the device kind it ran on, the step analysed where the
     trace holds several, else None)."""
-    from engine.measure.kernels import _calls_from, analyse, trace_events_of
-    from engine.measure.step_basis import against_measured
     from engine.measure.trace_steps import last_step
 
-    raw, step = last_step(_load(path))
+    raw, step = last_step(_load(path))  # read and checked before torch loads: a bad file is
+    # refused at once
+    from engine.measure.kernels import _calls_from, analyse, trace_events_of
+    from engine.measure.step_basis import against_measured
+
     events = raw["traceEvents"] if isinstance(raw, dict) else raw
     kind = "cuda" if any(isinstance(e, dict) and e.get("cat") == "kernel" for e in events) \
         else "cpu"

@@ -35,6 +35,7 @@ from engine.measure.op_calls import (
     op_dtype,
 )
 from engine.measure.padding import padding_hint
+from engine.measure.trace_read import CPU_CATS, DEVICE_CATS, RUNTIME_CATS
 
 STEP_RANGE = "ampscope:step"
 _RANGE_PREFIXES = ("ampscope:", "Optimizer.", "ProfilerStep", "autograd::")
@@ -379,9 +380,6 @@ class TraceEvent:
                                                    for c in self.cpu_children)
 
 
-_CPU_CATS = ("cpu_op", "user_annotation")
-_RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
-_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def chrome_trace_events(path: str) -> list[TraceEvent]:
@@ -407,7 +405,7 @@ def trace_events_of(raw) -> list[TraceEvent]:
     threads: dict[tuple, list[TraceEvent]] = {}
     by_external: dict[int, TraceEvent] = {}
     for e in complete:
-        if e.get("cat") not in _CPU_CATS:
+        if e.get("cat") not in CPU_CATS:
             continue
         args = e.get("args", {})
         # its own id (len + 1): "External id" may be missing or shared by ranges
@@ -432,11 +430,11 @@ def trace_events_of(raw) -> list[TraceEvent]:
                 stack[-1].cpu_children.append(ev)
             stack.append(ev)
     launches = {e["args"]["correlation"]: e for e in complete
-                if e.get("cat") in _RUNTIME_CATS and "correlation" in e.get("args", {})}
+                if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {})}
     device: list[TraceEvent] = []
     owners: list[TraceEvent | None] = []
     for e in complete:
-        if e.get("cat") not in _DEVICE_CATS:
+        if e.get("cat") not in DEVICE_CATS:
             continue
         args = e.get("args", {})
         owner = by_external.get(int(args.get("External id", 0) or 0))

@@ -23,12 +23,15 @@ import re
 from pathlib import Path
 
 from engine.core.file_kind import open_to_read
-from engine.measure.kernels import _CPU_CATS, _DEVICE_CATS, _RUNTIME_CATS
 
 MAX_TRACE_BYTES = 2**30  # the JSON text, after gzip: a trace of up to 1 GiB is read
 MAX_EVENT_BYTES = 4 * 2**20  # one event's JSON: far above a kernel's name or a foreach op's
 _CHUNK = 2**20
-_KEPT_CATS = _CPU_CATS + _RUNTIME_CATS + _DEVICE_CATS
+# the Chrome trace categories torch.profiler writes: host ops, runtime launches, device work
+CPU_CATS = ("cpu_op", "user_annotation")
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_KEPT_CATS = CPU_CATS + RUNTIME_CATS + DEVICE_CATS
 _KEPT_ARGS = ("Input type", "Input Dims", "External id", "correlation")
 MAX_EVENTS = 8_000_000  # about three times a real 1 GiB trace's: each costs Python time
 _SPACE = re.compile(r"[ \t\r\n]*")

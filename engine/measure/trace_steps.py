@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.measure.kernels import _CPU_CATS, _DEVICE_CATS, _RUNTIME_CATS
+from engine.measure.trace_read import CPU_CATS, DEVICE_CATS, RUNTIME_CATS
 
 STEP_PREFIX = "ProfilerStep#"
 
@@ -34,7 +34,7 @@ def last_step(raw) -> tuple[object, TraceStep | None]:
     is, with None, when it holds fewer than two."""
     items = raw["traceEvents"] if isinstance(raw, dict) else raw
     ranges = sorted((e for e in items if e.get("ph") == "X" and "dur" in e
-                     and e.get("cat") in _CPU_CATS
+                     and e.get("cat") in CPU_CATS
                      and str(e.get("name", "")).startswith(STEP_PREFIX)),
                     key=lambda e: float(e["ts"]))
     if len(ranges) < 2:
@@ -49,16 +49,16 @@ def last_step(raw) -> tuple[object, TraceStep | None]:
         return e.get("args", {}).get("correlation")
 
     timed = [e for e in items if e.get("ph") == "X" and "dur" in e]
-    host = {id(e) for e in timed if e.get("cat") in _CPU_CATS + _RUNTIME_CATS and inside(e)}
-    launches = {correlation(e) for e in timed if e.get("cat") in _RUNTIME_CATS} - {None}
-    launched = {correlation(e) for e in timed if id(e) in host and e.get("cat") in _RUNTIME_CATS}
+    host = {id(e) for e in timed if e.get("cat") in CPU_CATS + RUNTIME_CATS and inside(e)}
+    launches = {correlation(e) for e in timed if e.get("cat") in RUNTIME_CATS} - {None}
+    launched = {correlation(e) for e in timed if id(e) in host and e.get("cat") in RUNTIME_CATS}
 
     def kept(e) -> bool:
         cat = e.get("cat")
-        if e.get("ph") != "X" or "dur" not in e or cat not in _CPU_CATS + _RUNTIME_CATS \
-                + _DEVICE_CATS:
+        if e.get("ph") != "X" or "dur" not in e or cat not in CPU_CATS + RUNTIME_CATS \
+                + DEVICE_CATS:
             return True  # metadata, flows, annotations: the analysis reads none of them
-        if cat in _DEVICE_CATS:  # by its launch; one with no launch in the trace, by time
+        if cat in DEVICE_CATS:  # by its launch; one with no launch in the trace, by time
             c = correlation(e)
             return c in launched if c in launches else lo <= float(e["ts"]) <= hi
         return id(e) in host
