@@ -5,7 +5,11 @@ count: a lazy import is still a dependency), so a new import that breaks the lay
 here with its file and line.
 
 Stages, bottom to top (docs/architecture.md):
-    core < measure < models < record < numerics < run = distributed < report < engine/*cli.py
+    core < measure < models < record < numerics < distributed < run < report < engine/*cli.py
+
+The runner starts distributed trials, so ``run`` sits above ``distributed``; what a rank
+shares with a one-process trial (the optimiser, the grad norm, the batch pool, the child
+process guard) lives in the stages below both.
 """
 
 from __future__ import annotations
@@ -15,12 +19,9 @@ from pathlib import Path
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 
-RANKS = {"core": 0, "measure": 1, "models": 2, "record": 3, "numerics": 4, "run": 5,
-         "distributed": 5, "report": 6}
-TOP = 7  # engine/cli.py and the other top-level entry points import every stage
-# packages of equal rank that may import each other (module circles are still refused):
-# a distributed trial is run by the runner, and its ranks run the trial's step
-PEERS = {frozenset({"run", "distributed"})}
+RANKS = {"core": 0, "measure": 1, "models": 2, "record": 3, "numerics": 4, "distributed": 5,
+         "run": 6, "report": 7}
+TOP = 8  # engine/cli.py and the other top-level entry points import every stage
 FORBIDDEN = ("gui", "ampscope", "PySide6", "pyqtgraph", "shiboken6")
 
 
@@ -75,12 +76,12 @@ def rank(module: str) -> int:
 
 
 def upward(edges: dict[str, dict[str, int]]) -> list[tuple[str, str, int]]:
-    """Imports of a stage above the importer's own (or of a same-rank stage not its peer)."""
+    """Imports of a stage at or above the importer's own (a stage's modules import each
+    other freely)."""
     bad = []
     for src, targets in edges.items():
         for dst, line in targets.items():
-            a, b = stage_of(src), stage_of(dst)
-            if a == b or frozenset({a, b}) in PEERS:
+            if stage_of(src) == stage_of(dst):
                 continue
             if rank(dst) >= rank(src):
                 bad.append((src, dst, line))
@@ -152,3 +153,11 @@ def test_the_checks_catch_what_they_look_for():
     assert upward(edges) == [("engine.measure.nvml", "engine.run.trial", 3)]
     assert cycles(edges) == [["engine.measure.nvml", "engine.run.trial"]]
     assert rank("engine.cli") == TOP and rank("engine.report.html") == RANKS["report"]
+
+
+def test_a_rank_never_imports_the_runners_stage():
+    """The runner starts distributed trials (a downward import); distributed importing run,
+    as its ranks once did for the trial's optimiser, is an upward one."""
+    edges = {"engine.distributed.rank_main": {"engine.run.trial": 45},
+             "engine.run.runner": {"engine.distributed.trial": 214}}
+    assert upward(edges) == [("engine.distributed.rank_main", "engine.run.trial", 45)]
