@@ -1,5 +1,5 @@
-"""The gradients' global L2 norm, summed in fp32: what a trial's step, a rank's step and the
-figures read as the grad norm."""
+"""The gradients' global L2 norm, summed in fp32, as a one-process trial's step and each
+rank's step report it."""
 
 from __future__ import annotations
 

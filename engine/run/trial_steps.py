@@ -1,6 +1,6 @@
 """A trial's timed steps: one optimiser step (named ranges for the profiled step), the warm-up
-and measured steps, each read back while the next one runs, the NVML energy window over the
-measured ones, and what torch.compile did for them."""
+and measured steps, each read back while the next one runs, the energy window (NVML, AMD SMI)
+over the measured ones, and what torch.compile did for them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""A trial's untimed measurements, each leaving the model, optimiser, scaler and RNG as it
-found them, and each costing only its own figure when it fails: the SQNR forward, the memory
-step (memory by category, or what a stopped trial held), the profiled step, the held-out
-loss and the lost updates."""
+"""A trial's untimed measurements: the SQNR forward, the memory step (memory by category, or
+what a stopped trial held), the profiled step, the held-out loss and the lost updates.
+
+The memory and profiled steps are optimiser steps as the timed ones are (the held-out loss
+counts them); the others leave the model, optimiser, scaler and RNG as they found them. A
+failure costs only its own figure, except in the memory step, which ends the trial unless
+it is the eager step of a compiled trial running out of memory."""
 
 from __future__ import annotations
 
@@ -46,6 +49,39 @@ def measure_quant_error(state: TrialState, model, batch: dict, device: torch.dev
     release(device)
 
 
+def memory_step(state: TrialState, model, loaded, optimizer, scaler, batches,
+                alloc: AllocatorTracker, emit, log) -> None:
+    """The memory step after the measured ones, and the memory model's prediction beside it
+    (``state.memory``, ``state.predicted``). A compiled trial whose eager memory step runs
+    out of memory keeps what it holds at rest and the allocator's peak."""
+    config, rec, info = state.config, state.rec, state.device_info
+    device = info.torch_device
+    state.phase(emit, "memory step")
+    try:
+        measured = tracked_step(config, rec, device, model, optimizer, scaler, batches)
+    except Exception as exc:
+        if not eager_oom_of_compiled(state, exc):
+            raise
+        optimizer.zero_grad(set_to_none=True)
+        state.memory = _compiled_peak_only(model, optimizer, batches[0], alloc, device, exc)
+        log(state.memory.notes, "warning")
+    else:
+        state.memory = memory_of_step(measured, alloc, info, state.compiled,
+                                      state.nvml_baseline_bytes)
+        state.memory_timeline = measured.timeline
+        if rec.quant and info.kind != "cuda":
+            state.notes.append(BNB_TEMPORARIES_NOTE)
+        if state.optimizer in TORCHAO_STEP:
+            state.notes.append(f"{state.optimizer}: the step that watches memory runs the "
+                               "optimizer eagerly (torch.compile refuses to trace under the "
+                               "memory watcher), so its scratch bytes are eager ones; the "
+                               "optimizer state is the same")
+    shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
+    predicted = predict_memory(rec, state.optimizer, shape, config.batch_size, config.seq_len,
+                               config.grad_checkpointing, device.type)
+    state.predicted = with_errors(predicted, state.memory)
+
+
 def tracked_step(config: RunConfig, rec: Recipe, device: torch.device, model, optimizer, scaler,
                  batches) -> memtrack.MeasuredPeak:
     """One more optimiser step, untimed, watched by engine.measure.memtrack from a steady state
@@ -76,31 +112,6 @@ def tracked_step(config: RunConfig, rec: Recipe, device: torch.device, model, op
     return watcher.result()
 
 
-def memory_at_rest(model, optimizer, batch, device) -> MemoryBreakdown:
-    """What a stopped trial held between steps: exact bytes, but not a peak."""
-    held = memtrack.MemoryWatcher(device).held_at_rest(model, optimizer, batch)
-    return MemoryBreakdown(
-        params_bytes=held["params"], buffers_bytes=held["buffers"],
-        quant_state_bytes=held["quant_state"], grads_bytes=held["grads"],
-        optimizer_bytes=held["optimizer"], inputs_bytes=held["inputs"],
-        activations_bytes=None,
-        activations_method="not measured: the run was stopped before the watched step",
-        total_bytes=sum(held.values()),
-        total_method="held at rest when the run was stopped (weights, optimiser state, "
-                     "batch); no step was watched, so this is not the peak",
-        notes="a stopped trial: its peak (activations, gradients in flight) was not measured")
-
-
-# the CPU peak is the dispatch-level tracker's: a buffer bitsandbytes allocates and frees
-# inside one of its ops is never seen (the audit of #23 found GPT-NeoX int8 with gradient
-# checkpointing 6.3% low, the other families under 1.5%); on CUDA the allocator's peak
-# counts them
-BNB_TEMPORARIES_NOTE = (
-    "measured peak may be low: bitsandbytes' temporaries inside one op (dequantised weight "
-    "tiles) are not seen by the tracker on this device; up to 6% was seen (GPT-NeoX int8 "
-    "with gradient checkpointing), under 1.5% on other families")
-
-
 def memory_of_step(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, info: DeviceInfo,
             compiled: bool, nvml_baseline_bytes: int | None = None) -> MemoryBreakdown:
     method = ("engine.measure.memtrack: every storage from allocation to release over one step; "
@@ -129,7 +140,17 @@ def memory_of_step(measured: memtrack.MeasuredPeak, alloc: AllocatorTracker, inf
     )
 
 
-def compiled_peak_only(model, optimizer, batch, alloc: AllocatorTracker, device,
+# the CPU peak is the dispatch-level tracker's: a buffer bitsandbytes allocates and frees
+# inside one of its ops is never seen (the audit of #23 found GPT-NeoX int8 with gradient
+# checkpointing 6.3% low, the other families under 1.5%); on CUDA the allocator's peak
+# counts them
+BNB_TEMPORARIES_NOTE = (
+    "measured peak may be low: bitsandbytes' temporaries inside one op (dequantised weight "
+    "tiles) are not seen by the tracker on this device; up to 6% was seen (GPT-NeoX int8 "
+    "with gradient checkpointing), under 1.5% on other families")
+
+
+def _compiled_peak_only(model, optimizer, batch, alloc: AllocatorTracker, device,
                         exc: Exception) -> MemoryBreakdown:
     """Memory of a compiled trial whose eager watched step ran out of memory: what is held
     at rest, and the allocator's peak over the compiled measured steps (GPU only)."""
@@ -149,6 +170,21 @@ def compiled_peak_only(model, optimizer, batch, alloc: AllocatorTracker, device,
               "what is held at rest")
 
 
+def memory_at_rest(model, optimizer, batch, device) -> MemoryBreakdown:
+    """What a stopped trial held between steps: exact bytes, but not a peak."""
+    held = memtrack.MemoryWatcher(device).held_at_rest(model, optimizer, batch)
+    return MemoryBreakdown(
+        params_bytes=held["params"], buffers_bytes=held["buffers"],
+        quant_state_bytes=held["quant_state"], grads_bytes=held["grads"],
+        optimizer_bytes=held["optimizer"], inputs_bytes=held["inputs"],
+        activations_bytes=None,
+        activations_method="not measured: the run was stopped before the watched step",
+        total_bytes=sum(held.values()),
+        total_method="held at rest when the run was stopped (weights, optimiser state, "
+                     "batch); no step was watched, so this is not the peak",
+        notes="a stopped trial: its peak (activations, gradients in flight) was not measured")
+
+
 def profiled_tail(state: TrialState, step_model, params, optimizer, scaler, batches, log,
                    cancelled, emit) -> None:
     if not state.config.profile_step:
@@ -156,34 +192,6 @@ def profiled_tail(state: TrialState, step_model, params, optimizer, scaler, batc
     elif not cancelled():
         state.phase(emit, "profiled step")
         _profiled_step(state, step_model, params, optimizer, scaler, batches, log)
-
-
-def untimed_tail(state: TrialState, model, params, optimizer, scaler, batch, held) -> None:
-    """After every step: the held-out loss, then the step that counts lost updates (it puts
-    the weights back). A failure here costs only these figures."""
-    config, device = state.config, state.device_info.torch_device
-    try:
-        with untouched(model, device):
-            after = held_out.loss(model, state.rec, held, device)
-        # warm-up, measured, the memory step, and every step the profiler ran (its shapes
-        # step, a memory snapshot's, and its schedule's), failed or not
-        steps = (warmup_steps(config.warmup) + config.steps + 1
-                 + state.profiled_steps_run)
-        state.heldout = held_out.result(state.heldout_before, after, held, steps,
-                                         config.data)
-    except Exception as exc:
-        state.heldout_reason = f"the held-out forward failed: {type(exc).__name__}: {exc}"
-    try:
-        with untouched(model, device):
-            state.lost_updates, reason = measure_lost_updates(
-                model, params, optimizer, state.optimizer, scaler, state.rec, batch, device,
-                config.lr)
-        state.lost_updates_reason = reason or ""
-    except Exception as exc:
-        optimizer.zero_grad(set_to_none=True)
-        state.lost_updates_reason = (f"the lost-update step failed: {type(exc).__name__}: "
-                                     f"{exc}")
-    release(device)
 
 
 def _profiled_step(state: TrialState, model, params, optimizer, scaler, batches, log) -> None:
@@ -215,34 +223,29 @@ def _profiled_step(state: TrialState, model, params, optimizer, scaler, batches,
         log(state.profiled_reason, "warning")
 
 
-def memory_step(state: TrialState, model, loaded, optimizer, scaler, batches,
-                alloc: AllocatorTracker, emit, log) -> None:
-    """The memory step after the measured ones, and the memory model's prediction beside it
-    (``state.memory``, ``state.predicted``). A compiled trial whose eager memory step runs
-    out of memory keeps what it holds at rest and the allocator's peak."""
-    config, rec, info = state.config, state.rec, state.device_info
-    device = info.torch_device
-    state.phase(emit, "memory step")
+def untimed_tail(state: TrialState, model, params, optimizer, scaler, batch, held) -> None:
+    """After every step: the held-out loss, then the step that counts lost updates (it puts
+    the weights back). A failure here costs only these figures."""
+    config, device = state.config, state.device_info.torch_device
     try:
-        measured = tracked_step(config, rec, device, model, optimizer, scaler, batches)
+        with untouched(model, device):
+            after = held_out.loss(model, state.rec, held, device)
+        # warm-up, measured, the memory step, and every step the profiler ran (its shapes
+        # step, a memory snapshot's, and its schedule's), failed or not
+        steps = (warmup_steps(config.warmup) + config.steps + 1
+                 + state.profiled_steps_run)
+        state.heldout = held_out.result(state.heldout_before, after, held, steps,
+                                         config.data)
     except Exception as exc:
-        if not eager_oom_of_compiled(state, exc):
-            raise
+        state.heldout_reason = f"the held-out forward failed: {type(exc).__name__}: {exc}"
+    try:
+        with untouched(model, device):
+            state.lost_updates, reason = measure_lost_updates(
+                model, params, optimizer, state.optimizer, scaler, state.rec, batch, device,
+                config.lr)
+        state.lost_updates_reason = reason or ""
+    except Exception as exc:
         optimizer.zero_grad(set_to_none=True)
-        state.memory = compiled_peak_only(model, optimizer, batches[0], alloc, device, exc)
-        log(state.memory.notes, "warning")
-    else:
-        state.memory = memory_of_step(measured, alloc, info, state.compiled,
-                                      state.nvml_baseline_bytes)
-        state.memory_timeline = measured.timeline
-        if rec.quant and info.kind != "cuda":
-            state.notes.append(BNB_TEMPORARIES_NOTE)
-        if state.optimizer in TORCHAO_STEP:
-            state.notes.append(f"{state.optimizer}: the step that watches memory runs the "
-                               "optimizer eagerly (torch.compile refuses to trace under the "
-                               "memory watcher), so its scratch bytes are eager ones; the "
-                               "optimizer state is the same")
-    shape = memory_shape(model, getattr(model, "config", loaded.config), dims(loaded.config))
-    predicted = predict_memory(rec, state.optimizer, shape, config.batch_size, config.seq_len,
-                               config.grad_checkpointing, device.type)
-    state.predicted = with_errors(predicted, state.memory)
+        state.lost_updates_reason = (f"the lost-update step failed: {type(exc).__name__}: "
+                                     f"{exc}")
+    release(device)
