@@ -1,6 +1,6 @@
 """What recording the memory timeline costs the memory step.
 
-The timeline lives only in the memory step (``engine.run.trial.tracked_step``, one untimed
+The timeline lives only in the memory step (``engine.run.trial_untimed.tracked_step``, one untimed
 step after the timed ones): the timed steps run no watcher at all, so it adds nothing to
 them. Within the memory step, the watcher logs one row per allocation change and thins
 the log at the end (engine/measure/memory_timeline.py). This runs the same watched

@@ -31,7 +31,10 @@ from engine.core.quiet import quiet_libraries  # noqa: E402
 from engine.core.recipes import autocast_for, recipe  # noqa: E402
 from engine.measure.device import probe  # noqa: E402
 from engine.models.load import load_model, make_batches  # noqa: E402
-from engine.run.trial import BATCH_POOL, adam_eps, make_optimizer, make_scaler, run_trial  # noqa: E402
+from engine.models.optimizers import adam_eps, make_optimizer  # noqa: E402
+from engine.models.training_data import BATCH_POOL  # noqa: E402
+from engine.run.trial import run_trial  # noqa: E402
+from engine.run.trial_setup import make_scaler  # noqa: E402
 
 
 def bare_loop(config: RunConfig, device: torch.device) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-# the engine's wording (engine/run/trial.py) of a profiled step that raised
+# the engine's wording (engine/run/trial_untimed.py) of a profiled step that raised
 _FAILED = re.compile(r"the profiled step failed: [A-Za-z_.]+(Error|Exception|Warning)\b")
 
 

@@ -25,7 +25,7 @@ def torchrun_argv(nproc_per_node: int, passthrough: list[str], out_dir: str) -> 
 def main() -> int:
     import signal
 
-    from engine.run.child import end_with_parent
+    from engine.core.child import end_with_parent
 
     # SIGTERM, not SIGKILL: torchrun's agent stops its ranks on SIGTERM before it exits
     end_with_parent(signal.SIGTERM)

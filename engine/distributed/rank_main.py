@@ -30,6 +30,7 @@ from engine.distributed.comm import CommCounter, expected_bytes
 from engine.distributed.memory import errors_pct, predict_rank_memory
 from engine.distributed.recipes import DistRecipe, dist_recipe
 from engine.measure.device import nvml_handle_of
+from engine.measure.grad_norm import fp32_norm
 from engine.measure.monitor import Monitor
 from engine.measure.trackers import (
     AllocatorTracker,
@@ -41,8 +42,8 @@ from engine.measure.trackers import (
 from engine.models.load import dims, load_model
 from engine.models.memory_model import predict_memory
 from engine.models.memory_model import shape_of as memory_shape
-from engine.models.training_data import training_batches
-from engine.run.trial import BATCH_POOL, adam_eps, fp32_norm, make_optimizer
+from engine.models.optimizers import adam_eps, make_optimizer
+from engine.models.training_data import BATCH_POOL, training_batches
 
 
 class _Journal:
@@ -485,7 +486,7 @@ def _measured_memory(model, optimizer, grads_bytes: int, activations: int, unsha
 
 
 def main() -> int:
-    from engine.run.child import end_with_parent
+    from engine.core.child import end_with_parent
 
     end_with_parent()  # a rank never outlives torchrun's agent, even one killed outright
     quiet_libraries()

@@ -634,7 +634,7 @@ def predict_memory(recipe: Recipe, optimizer: str, shape: ModelShape, batch_size
                              batch_size, seq_len, trainable_weight))
     largest = max(shape.trainable_sizes, default=0) * trainable_weight
     # torch's AdamW on the CPU: one tensor's scratch at a time (two of the largest); on a
-    # GPU trials run it fused (engine.run.trial.make_optimizer), one kernel that makes none;
+    # GPU trials run it fused (engine.models.optimizers.make_optimizer), one kernel that makes none;
     # the other optimisers' GPU steps hold every gradient's worth at once
     if optimizer == "sgd" or (optimizer == "adamw" and device_type == "cuda"):
         scratch = 0

@@ -22,6 +22,7 @@ from engine.models.load import (
     vocab_size,
 )
 
+BATCH_POOL = 8  # distinct training batches a trial (or a rank) cycles through its steps
 HELDOUT_SHARE = 10  # one token in this many, at the stream's end, is held out
 RANDOM_NAME = "uniform random tokens"
 

@@ -28,13 +28,15 @@ import torch
 
 @contextmanager
 def as_cuda():
-    """While entered, engine.run.trial's steps cast, attend and run int8 matmuls as CUDA."""
+    """While entered, a trial's steps (engine.run.trial_steps, trial_flops, trial_untimed) cast,
+    attend and run int8 matmuls as CUDA."""
     import bitsandbytes as bnb
 
-    import engine.run.trial as trial
+    from engine.core.recipes import autocast_for as cpu_autocast
+    from engine.run import trial_flops, trial_steps, trial_untimed
     from engine.run.plan_autocast import CudaAttention, CudaAutocast
 
-    cpu_autocast, cpu_matmul = trial.autocast_for, bnb.matmul
+    modules, cpu_matmul = (trial_steps, trial_flops, trial_untimed), bnb.matmul
 
     @contextmanager
     def autocast_for(rec, device):
@@ -49,8 +51,12 @@ def as_cuda():
         with torch.autocast("cpu", enabled=False):
             return cpu_matmul(*args, **kwargs)
 
-    trial.autocast_for, bnb.matmul = autocast_for, int8_matmul
+    for module in modules:
+        module.autocast_for = autocast_for
+    bnb.matmul = int8_matmul
     try:
         yield
     finally:
-        trial.autocast_for, bnb.matmul = cpu_autocast, cpu_matmul
+        for module in modules:
+            module.autocast_for = cpu_autocast
+        bnb.matmul = cpu_matmul

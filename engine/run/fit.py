@@ -254,8 +254,8 @@ def _probe_in_child(config: RunConfig, info: DeviceInfo, fraction: float | None,
                     out) -> None:
     import signal
 
+    from engine.core.child import end_with_parent
     from engine.core.quiet import quiet_libraries
-    from engine.run.child import end_with_parent
 
     end_with_parent()  # a probe never outlives fit, even one killed outright
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the search and ends us

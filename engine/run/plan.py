@@ -303,7 +303,7 @@ def _optimizer_on_fake(name: str, params: list, lr: float, eps: float, mode):
     tensor has none of: the maps are built here outside the fake mode (torchao caches
     its own; bitsandbytes' become fake tensors of the same size), and the step runs their
     registered fake kernels."""
-    from engine.run.trial import make_optimizer
+    from engine.models.optimizers import make_optimizer
 
     if name == "adamw8bit":
         optimizer = make_optimizer(name, params, lr, eps)
@@ -340,9 +340,12 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
 
     from engine.core.recipes import autocast_for, fp32_precision, recipe
     from engine.models.load import load_model, make_batches
+    from engine.models.optimizers import adam_eps
+    from engine.models.training_data import BATCH_POOL
     from engine.run.plan_autocast import CudaAttention, CudaAutocast, recompute_as_traced
     from engine.run.plan_quant import bitsandbytes_as, load_quantised
-    from engine.run.trial import BATCH_POOL, adam_eps, make_scaler, tracked_step
+    from engine.run.trial_setup import make_scaler
+    from engine.run.trial_untimed import tracked_step
 
     name, optim, reduce = split_label(precision)
     rec = step_rec = recipe(name)

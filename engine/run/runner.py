@@ -21,6 +21,14 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.core.child import (
+    StderrFile,
+    become_child,
+    describe_exit,
+    exit_child,
+    oom_kill_count,
+    sigint_blocked,
+)
 from engine.core.config import BF16_COMPUTE, BF16_EMULATED, RunConfig, recipe_name
 from engine.core.events import (
     ErrorEvent,
@@ -43,14 +51,6 @@ from engine.models import initial_weights, training_data
 from engine.models.model_health import preflight
 from engine.record.journal import JournalWriter, journal_path, runs_dir, summary_from_steps
 from engine.record.run_record import RunRecord
-from engine.run.child import (
-    StderrFile,
-    become_child,
-    describe_exit,
-    exit_child,
-    oom_kill_count,
-    sigint_blocked,
-)
 from engine.run.phase_clock import (
     BUILD,
     IMPORTS,

@@ -26,11 +26,11 @@ import sys
 import time
 from dataclasses import dataclass
 
+from engine.core.child import StderrFile, become_child, exit_child, sigint_blocked
 from engine.core.collector import imports_paused
 from engine.core.events import TrialFinished, TrialResult
 from engine.core.quiet import quiet_libraries
 from engine.record.bounded import traceback_text
-from engine.run.child import StderrFile, become_child, exit_child, sigint_blocked
 
 FORKSERVER_PRELOAD = ["engine.run.trial_preload"]
 START_TEXT = {  # the run's log says how its trial processes start
@@ -83,7 +83,7 @@ def server_death() -> str | None:
     itself when it starts the next trial's server."""
     from multiprocessing import forkserver
 
-    from engine.run.child import describe_exit
+    from engine.core.child import describe_exit
 
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     if pid is None:

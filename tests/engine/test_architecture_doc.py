@@ -79,15 +79,16 @@ def test_the_map_covers_the_reports_new_figures():
 def test_a_wrong_name_or_module_is_reported_with_its_line():
     text = (f"{SECTION}\n\n### Report charts (`report/charts.py`)\n"
             "- Loss -> `loss_chart`, `no_such_chart`\n"
-            "- Step time -> `run/trial.py` -> `_State._summary`, `_State.nope` (`ignored`)\n"
+            "- Step time -> `run/trial_state.py` -> `TrialState._summary`, `TrialState.nope` "
+            "(`ignored`)\n"
             "- Gone -> `run/no_such_module.py` -> `anything`\n## Next\n- x -> `cli.py` -> `y`\n")
     found = pairs(text)
     assert found == [(4, "engine.report.charts", "loss_chart"),
                      (4, "engine.report.charts", "no_such_chart"),
-                     (5, "engine.run.trial", "_State._summary"),
-                     (5, "engine.run.trial", "_State.nope"),
+                     (5, "engine.run.trial_state", "TrialState._summary"),
+                     (5, "engine.run.trial_state", "TrialState.nope"),
                      (6, "engine.run.no_such_module", "anything")]
     assert missing(found) == ["line 4: engine.report.charts has no no_such_chart",
-                              "line 5: engine.run.trial has no _State.nope",
+                              "line 5: engine.run.trial_state has no TrialState.nope",
                               "line 6: engine.run.no_such_module does not import: "
                               "No module named 'engine.run.no_such_module'"]

@@ -99,16 +99,16 @@ def test_presets_and_version_through_main_py():
 
 
 def test_failed_trials_exit_1_with_the_table_and_a_summary(monkeypatch, capsys):
-    import engine.run.trial as trial_mod
+    from engine.run import trial_setup
 
-    real = trial_mod.load_model
+    real = trial_setup.load_model
 
     def flaky(model, recipe, *a, **k):
         if recipe.precision in ("fp32", "bf16"):
             raise RuntimeError("driver fell over")
         return real(model, recipe, *a, **k)
 
-    monkeypatch.setattr(trial_mod, "load_model", flaky)
+    monkeypatch.setattr(trial_setup, "load_model", flaky)
     code = main(["profile", *TINY, "--precision", "fp32,bf16,fp16-amp,tf32"])
     captured = capsys.readouterr()
     assert code == 1

@@ -1,6 +1,6 @@
 """A FLOP count that fails part-way through the first warm-up step (a quantised kernel
-refusing FlopCounterMode) is followed by the same step run plainly (engine/run/trial.py,
-_counted_step). The failed attempt may have unscaled the gradients: the rerun must equal a
+refusing FlopCounterMode) is followed by the same step run plainly (engine/run/trial_flops.py,
+counted_step). The failed attempt may have unscaled the gradients: the rerun must equal a
 clean step, so the trial's losses, grad norms and loss scales equal those of a trial whose
 count succeeded. A failure once the optimizer step has begun (weights may be half updated)
 is not rerun on top: the trial ends with that error."""

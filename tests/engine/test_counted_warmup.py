@@ -1,5 +1,5 @@
-"""An eager trial counts its FLOPs in its first warm-up step (engine/run/trial.py,
-_counted_step) instead of an uncounted forward+backward of their own: FlopCounterMode is
+"""An eager trial counts its FLOPs in its first warm-up step (engine/run/trial_flops.py,
+counted_step) instead of an uncounted forward+backward of their own: FlopCounterMode is
 active for that step's optimizer step and for no other, and the count equals that of a
 separate forward+backward per micro-batch (the probe it replaces; engine.measure.flops's
 counting is checked against formulas in test_flops.py), on GPT-2 and Llama, in fp32 and

@@ -29,8 +29,11 @@ from engine.measure.device import DeviceInfo, probe
 from engine.measure.monitor import Monitor
 from engine.measure.trackers import AllocatorTracker, NvmlTracker, ScalarReadback, StepTimer
 from engine.models.load import load_model, make_batches
+from engine.models.optimizers import make_optimizer
+from engine.run import trial_setup, trial_steps, trial_untimed
 from engine.run.runner import Runner
-from engine.run.trial import make_optimizer, run_trial
+from engine.run.trial import run_trial
+from engine.run.trial_state import TrialState
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = probe("cpu")
@@ -232,7 +235,7 @@ def test_memory_reads_nvml_and_reserved_at_the_same_moment(monkeypatch):
     measured = memtrack.MeasuredPeak(peak_bytes=7_000, at_peak=dict.fromkeys(categories, 0),
                                      phase="backward")
     info = dataclasses.replace(CPU, kind="cuda", index=0)
-    mem = trial_mod._memory(measured, Alloc(), info, False, 0)
+    mem = trial_untimed.memory_of_step(measured, Alloc(), info, False, 0)
     assert mem.context_gap_bytes == 9_500 - 8_000  # not 9_500 - the 12_000 peak reserved
     assert mem.reserved_at_nvml_read_bytes == 8_000 and mem.nvml_method == "by pid"
     assert mem.peak_allocated_bytes == 10_000 and mem.total_bytes == 7_000
@@ -243,8 +246,8 @@ def test_energy_per_step_and_token_come_from_the_counter_delta(monkeypatch, fake
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     info = dataclasses.replace(CPU, kind="cuda", index=0, uuid="aaaa")
     config = _config(steps=4, batch_size=2, seq_len=32)
-    state = trial_mod._State(config, RECIPES["bf16-amp"], info)
-    window = trial_mod._EnergyWindow(state)
+    state = TrialState(config, RECIPES["bf16-amp"], info)
+    window = trial_steps._EnergyWindow(state)
     fake_nvml.energy_mj = 1_000_000
     window.begin()
     for _ in range(4):
@@ -265,12 +268,12 @@ def test_energy_is_na_with_the_reason_on_the_cpu():
 
 
 def _step(i, skipped, ms):
-    return trial_mod.StepSample("fp16-amp", i, False, 1.0, ms, 1.0, None, None, None, None,
+    return trial_steps.StepSample("fp16-amp", i, False, 1.0, ms, 1.0, None, None, None, None,
                                 1.0, skipped, 1.0, 0.0)
 
 
 def test_skipped_steps_are_left_out_of_the_median_and_counted():
-    state = trial_mod._State(_config(), RECIPES["fp16-amp"], CPU)
+    state = TrialState(_config(), RECIPES["fp16-amp"], CPU)
     state.steps = [_step(0, True, 1.0), _step(1, False, 10.0), _step(2, True, 1.0),
                    _step(3, False, 12.0), _step(4, False, 11.0)]
     summary = state._summary()
@@ -328,8 +331,8 @@ def test_a_cuda_trial_builds_a_fused_optimizer(monkeypatch):
         seen.update(kw)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(trial_mod, "make_optimizer", spy)
-    monkeypatch.setattr(trial_mod, "load_model", lambda *a, **k: _loaded_tiny())
+    monkeypatch.setattr(trial_setup, "make_optimizer", spy)
+    monkeypatch.setattr(trial_setup, "load_model", lambda *a, **k: _loaded_tiny())
     info = dataclasses.replace(CPU, kind="cuda", index=0)
     monkeypatch.setattr(DeviceInfo, "torch_device", property(lambda self: torch.device("cpu")))
     monkeypatch.setattr(DeviceInfo, "device_context", lambda self: torch.no_grad())

@@ -125,7 +125,7 @@ def test_the_report_names_the_hook_that_ran_on_gloo(ddp_report):
 
 
 def test_ddp_losses_equal_one_process_on_the_same_global_batch(ddp_report, single_report):
-    # the one-process trial warms up one step whatever --warmup says (engine/run/trial.py);
+    # the one-process trial warms up one step whatever --warmup says (engine/run/trial_steps.py);
     # the ranks do not, so their two steps are its warm-up step and its first measured one
     one = _trial(single_report, "fp32")["steps"][:2]
     ddp = _trial(ddp_report, "fp32")

@@ -141,9 +141,9 @@ def check_no_host_sync_in_steps() -> dict:
     """
     import torch
 
-    import engine.run.trial as trial_mod
+    from engine.run import trial_steps
 
-    real = trial_mod._train_steps
+    real = trial_steps.train_steps
 
     def strict(*args, **kwargs):
         torch.cuda.set_sync_debug_mode("error")
@@ -152,8 +152,8 @@ def check_no_host_sync_in_steps() -> dict:
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
-    trial_mod._train_steps = strict
-    trial_mod._drain = lambda info: None  # drains the GPU on purpose, between windows
+    trial_steps.train_steps = strict
+    trial_steps._drain = lambda info: None  # drains the GPU on purpose, between windows
     result, _ = _trial("fp16-amp", model="bert-base", batch_size=2, seq_len=128)
     return {"status": result.status, "reason": result.reason,
             "skipped": result.summary.skipped_steps if result.summary else None}

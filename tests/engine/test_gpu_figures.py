@@ -19,6 +19,7 @@ from engine.core.config import RunConfig
 from engine.measure import gating, nvml
 from engine.measure.device import DeviceInfo, probe
 from engine.models.load import load_model
+from engine.run import trial_steps
 from engine.run.trial import run_trial
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,13 +147,13 @@ def test_the_gpm_window_opens_after_the_warmup_drained_and_closes_after_the_last
         mig_slice, monkeypatch):
     info, _ = mig_slice
     calls = []
-    real_step = trial_mod._step
+    real_step = trial_steps.step
 
     def step(*args):
         calls.append(f"step {args[-1]}")
         return real_step(*args)
 
-    monkeypatch.setattr(trial_mod, "_step", step)
+    monkeypatch.setattr(trial_steps, "step", step)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("drain"))
     monkeypatch.setattr(trial_mod.GpmWindow, "start", lambda self: calls.append("gpm start"))
     real_stop = trial_mod.GpmWindow.stop

@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
-from engine.run.trial import _foreach_norm_takes_dtype, fp32_norm
+from engine.measure.grad_norm import _foreach_norm_takes_dtype, fp32_norm
 from tests.engine.families import FAMILIES
 
 

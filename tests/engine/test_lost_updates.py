@@ -16,7 +16,7 @@ import torch
 from engine.core.recipes import autocast_for, recipe
 from engine.measure import lost_updates
 from engine.models.load import load_model, make_batches
-from engine.run.trial import adam_eps, make_optimizer
+from engine.models.optimizers import adam_eps, make_optimizer
 from tests.engine.families import FAMILIES
 
 LR = 1e-4

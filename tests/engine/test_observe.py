@@ -21,10 +21,11 @@ import pytest
 import torch
 import transformers as tf
 
-import engine.run.trial as trial_mod
 from engine.core.config import TORCHAO_STEP, RunConfig
 from engine.core.events import StepSample
 from engine.core.recipes import recipe
+from engine.models.training_data import BATCH_POOL
+from engine.run import trial_setup, trial_untimed
 from engine.run.runner import Runner
 
 H, HEADS, F, V = 96, 6, 200, 700
@@ -73,8 +74,8 @@ class _Seen:
     def __init__(self, monkeypatch):
         self.load_args = self.optimizer = self.scaler = None
         self.rng_end = None
-        load, make_opt, make_scaler = (trial_mod.load_model, trial_mod.make_optimizer,
-                                       trial_mod.make_scaler)
+        load, make_opt, make_scaler = (trial_setup.load_model, trial_setup.make_optimizer,
+                                       trial_setup.make_scaler)
 
         def load_model(*a, **kw):
             self.load_args = (a, kw)
@@ -91,11 +92,11 @@ class _Seen:
         def release(device):  # the trial's last call: what the RNG holds at its end
             self.rng_end = torch.get_rng_state()
 
-        monkeypatch.setattr(trial_mod, "load_model", load_model)
-        monkeypatch.setattr(trial_mod, "make_optimizer", make_optimizer)
-        monkeypatch.setattr(trial_mod, "make_scaler", make_scaler_)
-        self._release = trial_mod._release
-        monkeypatch.setattr(trial_mod, "_release", lambda d: (release(d), self._release(d)))
+        monkeypatch.setattr(trial_setup, "load_model", load_model)
+        monkeypatch.setattr(trial_setup, "make_optimizer", make_optimizer)
+        monkeypatch.setattr(trial_setup, "make_scaler", make_scaler_)
+        self._release = trial_untimed.release
+        monkeypatch.setattr(trial_untimed, "release", lambda d: (release(d), self._release(d)))
 
 
 def _plain_loop(seen: _Seen, precision: str, steps: list[int], batches: list[dict]):
@@ -105,7 +106,7 @@ def _plain_loop(seen: _Seen, precision: str, steps: list[int], batches: list[dic
     torch._dynamo.reset()  # compiles as the trial did (torchao's optimizers compile their step)
     a, kw = seen.load_args
     torch.manual_seed(0)
-    model = trial_mod.load_model(*a, **kw).model  # the same weights: loading is not measured
+    model = trial_setup.load_model(*a, **kw).model  # the same weights: loading is not measured
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = seen.optimizer
@@ -164,10 +165,10 @@ def test_a_trial_trains_as_a_plain_loop(family, precision, folders, tmp_path, mo
     from engine.models.training_data import training_batches
 
     a, kw = seen.load_args
-    loaded = trial_mod.load_model(*a, **kw)
+    loaded = trial_setup.load_model(*a, **kw)
     samples = [e for e in events if isinstance(e, StepSample)]
     n = len(samples)
-    pool = training_batches(loaded, config, min(trial_mod.BATCH_POOL, n), "cpu")
+    pool = training_batches(loaded, config, min(BATCH_POOL, n), "cpu")
     # warm-up and measured steps, the memory step (first batch), the profiled step
     profiled = 1 if result.profiled_step is not None else 0  # one step on the CPU
     order = [i % len(pool) for i in range(n)] + [0] + [n % len(pool)] * profiled

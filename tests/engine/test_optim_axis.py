@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import engine.run.trial as trial_mod
 from engine.core.config import RunConfig, parse_precisions
 from engine.measure.device import probe
 from engine.models.load import load_config, resolve_source
+from engine.run import trial_setup, trial_untimed
 from engine.run.plan import PlanConfig
 from engine.run.trial import run_trial
 from tests.engine.families import FAMILIES
@@ -175,12 +175,12 @@ def test_torchao_state_is_filed_as_optimizer_state_by_its_storage(tmp_path, monk
         return real_profile(step, device, live_bytes, *args)
 
     real, real_batches, real_profile, real_load = (
-        trial_mod.make_optimizer, trial_mod.training_batches, trial_mod.profile_step,
-        trial_mod.load_model)
-    monkeypatch.setattr(trial_mod, "load_model", keep_model)
-    monkeypatch.setattr(trial_mod, "make_optimizer", keep)
-    monkeypatch.setattr(trial_mod, "training_batches", keep_batches)
-    monkeypatch.setattr(trial_mod, "profile_step", profiled)
+        trial_setup.make_optimizer, trial_setup.training_batches, trial_untimed.profile_step,
+        trial_setup.load_model)
+    monkeypatch.setattr(trial_setup, "load_model", keep_model)
+    monkeypatch.setattr(trial_setup, "make_optimizer", keep)
+    monkeypatch.setattr(trial_setup, "training_batches", keep_batches)
+    monkeypatch.setattr(trial_untimed, "profile_step", profiled)
     model = "tiny"
     if family != "tiny":
         FAMILIES[family]().save_pretrained(tmp_path)
@@ -244,8 +244,8 @@ def test_lora_adapters_take_low_bit_state_too(monkeypatch, label):
         made.append(real(*args, **kw))
         return made[-1]
 
-    real = trial_mod.make_optimizer
-    monkeypatch.setattr(trial_mod, "make_optimizer", keep)
+    real = trial_setup.make_optimizer
+    monkeypatch.setattr(trial_setup, "make_optimizer", keep)
     config = RunConfig(model="tiny", precisions=(label,), batch_size=2, seq_len=32, steps=1,
                        warmup=1, device="cpu", isolation="inline", profile_step=False)
     result = run_trial(config, label, CPU, lambda e: None, lambda: False)

@@ -23,12 +23,12 @@ import pytest
 import torch
 
 import engine.measure.device as device_mod
-import engine.run.trial as trial_mod
 from engine.core.recipes import recipe
 from engine.measure import amd_smi, peak_choice, peaks
 from engine.measure.device import probe
 from engine.measure.monitor import Monitor
 from engine.measure.trackers import AmdSmiTracker
+from engine.run import trial_steps
 
 # torch.cuda.get_device_properties on an MI300X (ROCm reports it as 9.4, 304 CUs)
 MI300X = SimpleNamespace(name="AMD Instinct MI300X", major=9, minor=4,
@@ -197,7 +197,7 @@ def test_the_mi300x_row_of_the_peak_table_is_the_trials_denominator(mi300x):
 def test_energy_of_the_measured_steps_comes_from_the_amdsmi_accumulator(mi300x):
     fake, info = mi300x
     state = SimpleNamespace(device_info=info, energy=None, round_index=0)
-    window = trial_mod._EnergyWindow(state)
+    window = trial_steps._EnergyWindow(state)
     window.begin()
     window.count(True), window.count(True)
     fake.energy_ticks += 65_536  # the accumulator advanced by this many ticks
@@ -239,7 +239,7 @@ def test_a_gpu_without_the_amdsmi_energy_counter_says_so(mi300x):
 
     fake.amdsmi_get_energy_count = not_supported
     state = SimpleNamespace(device_info=info, energy=None, round_index=0)
-    trial_mod._EnergyWindow(state).begin()
+    trial_steps._EnergyWindow(state).begin()
     joules, _, method = state.energy
     assert joules is None
     assert method == ("this GPU or driver has no AMD SMI energy counter (amdsmi_get_energy_count "

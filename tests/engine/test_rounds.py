@@ -116,9 +116,9 @@ def test_live_record_keeps_earlier_rounds_while_a_later_one_runs():
 
 
 def test_a_failed_round_ends_its_precision_and_keeps_the_earlier_rounds(monkeypatch):
-    import engine.run.trial as trial_mod
+    from engine.run import trial_setup
 
-    real, loads = trial_mod.load_model, []
+    real, loads = trial_setup.load_model, []
 
     def second_fp32_load_fails(model, recipe, *a, **k):
         loads.append(recipe.precision)
@@ -126,7 +126,7 @@ def test_a_failed_round_ends_its_precision_and_keeps_the_earlier_rounds(monkeypa
             raise RuntimeError("driver fell over")
         return real(model, recipe, *a, **k)
 
-    monkeypatch.setattr(trial_mod, "load_model", second_fp32_load_fails)
+    monkeypatch.setattr(trial_setup, "load_model", second_fp32_load_fails)
     events = []
     record = Runner(_config(interleave="on", rounds=2), events.append).run()
     fp32, bf16 = record.trials

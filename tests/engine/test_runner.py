@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-import engine.run.trial as trial_mod
 from engine.core.config import RunConfig
 from engine.core.events import (
     ErrorEvent,
@@ -17,6 +16,7 @@ from engine.core.events import (
     TrialStarted,
 )
 from engine.record.run_record import RunRecord
+from engine.run import trial_setup, trial_state
 from engine.run.runner import Runner
 
 
@@ -51,14 +51,14 @@ def test_bad_input_is_an_error_event_then_value_error():
 
 
 def test_a_failing_trial_does_not_stop_the_run(monkeypatch):
-    real = trial_mod.load_model
+    real = trial_setup.load_model
 
     def flaky(model, recipe, *a, **k):
         if recipe.precision == "fp32":
             raise RuntimeError("driver fell over")
         return real(model, recipe, *a, **k)
 
-    monkeypatch.setattr(trial_mod, "load_model", flaky)
+    monkeypatch.setattr(trial_setup, "load_model", flaky)
     record = Runner(_config()).run()
     assert [(t.precision, t.status) for t in record.trials] == [("fp32", "error"), ("bf16", "ok")]
     assert record.status == "ok"
@@ -178,7 +178,7 @@ def test_a_device_side_assert_is_that_trials_error_and_the_next_trial_runs(tmp_p
     ],
 )
 def test_failures_are_classified(exc, status, fragment):
-    got_status, reason = trial_mod.failure(exc)
+    got_status, reason = trial_state.failure(exc)
     assert got_status == status and fragment in reason
 
 

@@ -2,10 +2,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import engine.run.trial as trial_mod
 from engine.core.config import RunConfig
 from engine.core.events import LogEvent, StepSample
 from engine.measure.device import probe
+from engine.run import trial_setup, trial_steps, trial_untimed
 from engine.run.trial import run_trial
 from tests.engine.families import FAMILIES
 
@@ -102,8 +102,8 @@ def test_adam_epsilon_follows_the_trained_weights_dtype(monkeypatch, precision, 
         built.append(real(*args, **kw))
         return built[-1]
 
-    real = trial_mod.make_optimizer
-    monkeypatch.setattr(trial_mod, "make_optimizer", keep)
+    real = trial_setup.make_optimizer
+    monkeypatch.setattr(trial_setup, "make_optimizer", keep)
     events = []
     result = _run(precision, events, steps=1, warmup=0, profile_step=False)
     assert result.status == "ok", result.reason
@@ -158,7 +158,7 @@ def test_exception_becomes_error_status(monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("weights corrupted")
 
-    monkeypatch.setattr(trial_mod, "load_model", boom)
+    monkeypatch.setattr(trial_setup, "load_model", boom)
     result = _run("fp32")
     assert result.status == "error" and "RuntimeError: weights corrupted" in result.reason
     assert ", in boom\n" in result.traceback  # where it raised, for a bug report
@@ -166,7 +166,7 @@ def test_exception_becomes_error_status(monkeypatch):
 
 def test_oom_keeps_the_steps_measured_before_it(monkeypatch):
     calls = {"n": 0}
-    real = trial_mod.StepTimer.stop
+    real = trial_steps.StepTimer.stop
 
     def stop(self):
         calls["n"] += 1
@@ -174,7 +174,7 @@ def test_oom_keeps_the_steps_measured_before_it(monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(self)
 
-    monkeypatch.setattr(trial_mod.StepTimer, "stop", stop)
+    monkeypatch.setattr(trial_steps.StepTimer, "stop", stop)
     result = _run("fp32", steps=5)
     assert result.status == "oom" and "2.00 GiB" in result.reason
     assert len(result.steps) == 2
@@ -236,8 +236,8 @@ def test_a_folder_with_weights_trains_without_the_key_value_cache(tmp_path, monk
         loaded.append(real(*args, **kw))
         return loaded[-1]
 
-    real = trial_mod.load_model
-    monkeypatch.setattr(trial_mod, "load_model", keep)
+    real = trial_setup.load_model
+    monkeypatch.setattr(trial_setup, "load_model", keep)
     saved = _run("fp32", model=_folder(tmp_path / "w", family, weights=True), steps=1,
                  warmup=0, profile_step=False)
     bare = _run("fp32", model=_folder(tmp_path / "c", family, weights=False), steps=1,
@@ -262,14 +262,14 @@ def test_cpu_int8_recipe_text_names_the_matmuls_that_ran(tmp_path, family):
 
 
 def _keep(monkeypatch, name):
-    """Calls of ``engine.run.trial.<name>`` run as before; what they return is kept."""
-    kept, real = [], getattr(trial_mod, name)
+    """Calls of ``engine.run.trial_setup.<name>`` run as before; what they return is kept."""
+    kept, real = [], getattr(trial_setup, name)
 
     def call(*args, **kw):
         kept.append(real(*args, **kw))
         return kept[-1]
 
-    monkeypatch.setattr(trial_mod, name, call)
+    monkeypatch.setattr(trial_setup, name, call)
     return kept
 
 
@@ -302,7 +302,7 @@ def test_checkpointing_counts_each_layers_saved_rng_state(tmp_path, family):
 def test_bf16_grad_norm_is_summed_in_fp32(tmp_path, monkeypatch, family):
     optimizers = _keep(monkeypatch, "make_optimizer")
     norms = []
-    real_make = trial_mod.make_optimizer  # the keeping wrapper
+    real_make = trial_setup.make_optimizer  # the keeping wrapper
 
     def with_hook(*args, **kw):
         opt = real_make(*args, **kw)
@@ -311,7 +311,7 @@ def test_bf16_grad_norm_is_summed_in_fp32(tmp_path, monkeypatch, family):
             torch.cat([p.grad.float().flatten() for p in trained])))))
         return opt
 
-    monkeypatch.setattr(trial_mod, "make_optimizer", with_hook)
+    monkeypatch.setattr(trial_setup, "make_optimizer", with_hook)
     result = _run("bf16", model=_folder(tmp_path, family, weights=False), steps=3, warmup=0,
                   profile_step=False)
     assert result.status == "ok", result.reason
@@ -328,13 +328,13 @@ def test_profiled_step_peak_counts_int8_row_scales(tmp_path, monkeypatch, family
 
     models, optimizers = _keep(monkeypatch, "load_model"), _keep(monkeypatch, "make_optimizer")
     batches, live = _keep(monkeypatch, "training_batches"), []
-    real_profile = trial_mod.profile_step
+    real_profile = trial_untimed.profile_step
 
     def profile(step, device, live_bytes, *args):
         live.append(live_bytes)
         return real_profile(step, device, live_bytes, *args)
 
-    monkeypatch.setattr(trial_mod, "profile_step", profile)
+    monkeypatch.setattr(trial_untimed, "profile_step", profile)
     result = _run("int8", model=_folder(tmp_path, family, weights=False), steps=1, warmup=0)
     assert result.status == "ok" and result.profiled_step is not None, result.reason
     model = models[0].model

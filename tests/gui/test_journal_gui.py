@@ -101,16 +101,16 @@ def test_file_open_reads_a_journal(qtbot, window, monkeypatch):
 
 
 def test_failed_trials_are_counted_in_the_status_bar(qtbot, window, monkeypatch):
-    import engine.run.trial as trial_mod
+    from engine.run import trial_setup
 
-    real = trial_mod.load_model
+    real = trial_setup.load_model
 
     def flaky(model, recipe, *a, **k):
         if recipe.precision == "fp32":
             raise RuntimeError("driver fell over")
         return real(model, recipe, *a, **k)
 
-    monkeypatch.setattr(trial_mod, "load_model", flaky)
+    monkeypatch.setattr(trial_setup, "load_model", flaky)
     config = RunConfig(model="tiny", precisions=("fp32", "bf16"), batch_size=1, seq_len=16,
                        steps=1, warmup=0, device="cpu", isolation="inline")
     with qtbot.waitSignal(window.record_shown, timeout=300_000):
