@@ -18,6 +18,7 @@ import torch
 from torch.profiler import record_function
 
 from engine.core.config import (
+    AUTO,
     TORCHAO_STEP,
     WARMUP_RAISED_NOTE,
     RunConfig,
@@ -79,6 +80,7 @@ from engine.models.memory_model import shape_of as memory_shape
 from engine.models.training_data import training_batches
 from engine.record.bounded import traceback_text
 from engine.record.summary import summarise
+from engine.run import fp8_auto
 from engine.run.step_undo import StepUndo
 from engine.run.timed_memory import timed_peak
 
@@ -259,6 +261,7 @@ class _State:
     lost_updates_reason: str = "not measured: the trial ended before its untimed tail"
 
     memory_timeline: object = None  # the memory step's MemoryTimeline
+    fp8_auto: dict | None = None  # an ":auto" recipe's layers (engine/run/fp8_auto.py)
 
     def phase(self, emit, phase: str) -> None:
         emit(PhaseChanged(self.rec.precision, phase, time.time(), self.round_index))
@@ -309,6 +312,7 @@ class _State:
 
             memory_timeline=self.memory_timeline,
             traceback=traceback,
+            fp8_auto=self.fp8_auto,
         )
 
     def _summary(self) -> TrialSummary:
@@ -349,7 +353,9 @@ def run_trial(
                    step_offset=len(prior_steps), flops=prior_flops)
     reason = (device_info.unsupported_reason(base_precision(precision))
               or optimizer_reason(state.optimizer, device_info.kind)
-              or _shape_reason(config, rec, device_info.verdict(precision)))
+              or _shape_reason(config, rec, device_info.verdict(precision))
+              or (fp8_auto.card_reason(precision, config.payoff_card, device_info.kind)
+                  if rec.keep_high == AUTO else None))
     if reason:
         return state.result("unsupported", reason)
     # before this trial touches the GPU: the fallback when NVML shows no pid of ours
@@ -424,16 +430,22 @@ def _measure(state: _State, emit, cancelled) -> bool:
     rates = matmul_peak.for_device(info)
     torch.manual_seed(config.seed)
 
+    auto = (fp8_auto.choose(config, rec.precision, info.name, info.kind)
+            if rec.keep_high == AUTO else None)
     loaded = load_model(config.model, rec, device, config.seed, config.trust_remote_code,
                         config.lora_r, config.grad_checkpointing,
-                        initial_weights=config.initial_weights)
+                        initial_weights=config.initial_weights,
+                        keep_bf16=auto.keep_bf16 if auto else None)
     model = loaded.model
+    if auto:  # which layers ran float8, read from the converted model
+        state.fp8_auto = fp8_auto.summary(auto, model)
+        state.notes.append(fp8_auto.note(rec.precision, state.fp8_auto))
     state.footprint_bytes, state.footprint_note = loaded.footprint_bytes, loaded.footprint_note
     state.dtype_map = inventory.dtype_map(model)
     state.module_tree = inventory.module_tree(model, high_dtype=_compute_dtype(rec))
     state.param_count, state.trainable_params = inventory.count_params(model)
     state.lora = loaded.lora
-    if rec.fp8:
+    if rec.fp8 and not (auto and not state.fp8_auto["converted"]):  # else said above
         state.notes.append(float8_scaling(model) or "no Linear layer had float8-compatible "
                            "shapes: every matmul ran in bf16")
     if rec.mx:
