@@ -337,6 +337,10 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
     if data:
         _say("\n".join(textwrap.wrap(data, TABLE_WIDTH, subsequent_indent="  ",
                                       break_on_hyphens=False)))
+    from engine.run.fp8_auto import auto_notes
+
+    for note in auto_notes(record.trials):  # the layers each ':auto' recipe converted
+        _say("\n".join(textwrap.wrap(note, TABLE_WIDTH, subsequent_indent="  ")))
     mfu = format_mfu(record.trials)
     if mfu:
         _say(mfu)

@@ -186,6 +186,10 @@ class CompareView(QWidget):
         self.tables.addTab(self.quant_error, "Quantisation error (SQNR)")
         self.timeline = MemoryTimelineView()  # each precision's memory step, side by side
         self.tables.addTab(self.timeline, "Memory across the step")
+        from gui.payoff_view import PayoffView
+
+        self.payoff = PayoffView()  # would fp8 pay on the card the run ran on
+        self.tables.addTab(self.payoff, "fp8 payoff")
         splitter.addWidget(self.tables)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(2, 1)
@@ -225,6 +229,7 @@ class CompareView(QWidget):
         self.model.set_rows(rows)
         self.quant_error.show_record(record, {r.precision: r.final_loss_diff_vs_fp32 for r in rows})
         self.timeline.show_record(record)
+        self.payoff.show_record(record)
         reasons = [note, baseline_reason(record)]
         self.note.setText("  ".join(r for r in reasons if r))
         suggestion = f" Suggestion: {verdict.suggestion}." if verdict.suggestion else ""

@@ -127,3 +127,8 @@ def note(label: str, auto: dict) -> str:
     text = head + f"converted {len(done)} of {len(done) + len(kept)} layers: " + ", ".join(
         f"{n} (x{auto['speedup'].get(n, float('nan')):.2f})" for n in done)
     return text + (f"; kept in bf16: {', '.join(kept)}" if kept else "")
+
+
+def auto_notes(trials) -> list[str]:
+    """The note of each ':auto' trial that picked its layers (for the CLI, after the table)."""
+    return [note(t.precision, t.fp8_auto) for t in trials if getattr(t, "fp8_auto", None)]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
@@ -93,13 +95,14 @@ def _verdict(entry, label, card, name, model, batch, seq) -> str:
             f"{big['k']} x {big['n']}) is below break-even (x{big['speedup']:.2f}){after}")
 
 
-def _groups(rows: list[dict]) -> list[tuple[str, dict]]:
-    """Layers with the same leaf name and shape, as one line (``*.mlp.up_proj``)."""
+def layer_groups(rows: list[dict]) -> list[tuple[str, dict]]:
+    """Layers with the same name but for their block numbers, and the same shape, as one line
+    (``32 x model.layers.*.mlp.up_proj``): GPT-2's attention and MLP ``c_proj`` stay apart."""
     seen: dict = {}
     for r in rows:
-        leaf = r["name"].rsplit(".", 1)[-1]
-        seen.setdefault((leaf, r["k"], r["n"]), (r, []))[1].append(r["name"])
-    return [(names[0] if len(names) == 1 else f"{len(names)} x *.{key[0]}", r)
+        pattern = re.sub(r"(?<=\.)\d+(?=\.)", "*", r["name"])
+        seen.setdefault((pattern, r["k"], r["n"]), (r, []))[1].append(r["name"])
+    return [(names[0] if len(names) == 1 else f"{len(names)} x {key[0]}", r)
             for key, (r, names) in seen.items()]
 
 
@@ -136,7 +139,7 @@ def payoff_lines(data: dict) -> list[str]:
             lines.append(f"  {card}, {label} ({calibration}): {step_text}")
             if entry.get("verdict"):
                 lines.append(f"    {entry['verdict']}")
-            for name, r in _groups(entry["layers"]):
+            for name, r in layer_groups(entry["layers"]):
                 verdict = "pays" if r["pays"] else "does not pay"
                 lines.append(f"    {verdict:12} x{r['speedup']:.2f}  {name} "
                              f"({r['m']} x {r['k']} x {r['n']}): {r['why']}")

@@ -91,6 +91,7 @@ def test_auto_converts_the_layers_that_pay_on_the_named_card(family, tmp_path):
     (note,) = [n for n in trial["notes"] if n.startswith("fp8:auto: the payoff of")]
     assert "predicted, not measured" in note
     assert all(name in note for name in pays)  # converted and kept, each named
+    assert " ".join(note.split()) in " ".join(run.stdout.split())  # the CLI prints it
     scaling = next(n for n in trial["notes"] if n.startswith("float8 scaling"))
     assert f"of {sum(pays.values())} Linear layers" in scaling
 
