@@ -25,12 +25,12 @@ from PySide6.QtWidgets import (
 
 from gui.plain_text import plain_label
 
-PREDICTED = ("Predicted, not measured: each Linear layer's three training GEMMs (forward, "
-             "grad-input, grad-weight) with their operands' casts, against bf16, at M = tokens "
-             "per micro-batch, by a model calibrated on torchao's published H100 tables and "
-             "this project's H200 GPT-2 run. Measured figures would come from timing each "
-             "distinct (M, K, N) shape in bf16 and fp8 on the card itself; AmpScope does not "
-             "time them yet, so none is shown.")
+PREDICTED = ("Would fp8 pay here? Every figure is predicted, not measured: each Linear "
+             "layer's three training GEMMs (forward, grad-input, grad-weight) with their "
+             "operands' casts against bf16, at M = tokens per micro-batch, by a model calibrated "
+             "on torchao's published H100 tables and this project's H200 GPT-2 run. Measured "
+             "figures would come from timing each distinct (M, K, N) shape in bf16 and fp8 on "
+             "the card itself; AmpScope does not time them yet.")
 HEADERS = ("Layers", "M x K x N", "Speed-up (predicted)", "Pays?", "Why")
 
 
@@ -95,8 +95,6 @@ class PayoffView(QWidget):
         self.worker = PayoffWorker(self)
         self.worker.ready.connect(self._on_ready)
         self.worker.failed.connect(self._on_failed)
-        self.title = plain_label("Would fp8 pay here? (predicted, not measured)")
-        self.title.setStyleSheet("font-weight: bold")
         self.basis = plain_label(PREDICTED)
         self.basis.setStyleSheet("color: #555555")
         self.status = plain_label("Plan (or open a run) to see, layer by layer, whether fp8 "
@@ -122,7 +120,7 @@ class PayoffView(QWidget):
         self.table.setWordWrap(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        for widget in (self.title, self.basis, self.status, self.choice, self.verdict,
+        for widget in (self.basis, self.status, self.choice, self.verdict,
                        self.filter, self.auto, self.table):
             layout.addWidget(widget)
 

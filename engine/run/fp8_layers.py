@@ -19,9 +19,11 @@ def linear_layers(model: str, tokens: int) -> list[Layer]:
     that AmpScope's float8 recipes convert, built on the meta device, with M = ``tokens``.
     The recipes keep the LM head (often tied to the embedding) and any layer with a
     dimension not divisible by 16 (engine.models.load._fp8_filter) in bf16."""
-    from transformers.pytorch_utils import Conv1D
-
+    from engine.models.hf import load_transformers
     from engine.models.load import load_config, model_class, resolve_source
+
+    load_transformers()  # under its lock: the window's device probe may be importing it too
+    from transformers.pytorch_utils import Conv1D
 
     config, task = load_config(resolve_source(model))
     with torch.device("meta"):

@@ -81,7 +81,7 @@ def test_plan_tab_shows_the_payoff_per_card_and_recipe(qtbot, window):
     with qtbot.waitSignal(view.payoff.finished, timeout=RUN_TIMEOUT_MS):
         click(view.plan_button)
     payoff = view.payoff
-    assert payoff.basis.text() == PREDICTED and "predicted" in payoff.title.text()
+    assert payoff.basis.text() == PREDICTED and "predicted, not measured" in PREDICTED
     preset = next(p["config"] for p in json.loads((RESOURCES / "presets.json").read_text())
                   ["presets"] if p["name"] == "tiny")
     layers = _layers(tf.GPT2Config(**preset))
