@@ -27,22 +27,27 @@ def _recipe(label: str) -> str:
     return split_keep(split_label(label)[0])[0]
 
 
-def card_reason(label: str, card: str | None, device_kind: str) -> str | None:
-    """Why ``label`` (an ":auto" recipe) cannot pick its layers on ``card`` (None: the
-    trial's own device, of ``device_kind``), or None."""
-    if card is None:
+def card_reason(label: str, card: str | None, device_kind: str,
+                device_name: str | None = None) -> str | None:
+    """Why ``label`` (an ":auto" recipe) cannot pick its layers on ``card`` (None: the GPU
+    the trial runs on, named ``device_name`` where known), or None."""
+    named = card is not None
+    if not named:
         if device_kind != "cuda":
             return (f"{label} converts the layers predicted to pay on a GPU, and this trial "
                     f"runs on the CPU: {CARD_HINT}")
-        return None
+        if device_name is None:  # the trial checks the GPU's own name
+            return None
+        card = device_name
+    which = "(--card)" if named else "(the GPU this trial runs on)"
     if peak_entry(card) is None:
         known = ", ".join(g["name"] for g in table()["gpus"])
-        return f"unknown card '{card[:80]}' (--card): choose from {known}"
+        return f"unknown card '{card[:80]}' {which}: {CARD_HINT}; choose from {known}"
     recipes, reason = card_recipes(card)
     if reason or _recipe(label) not in [r.label for r in recipes]:
-        return (f"{label}: {peak_entry(card)['name']} has no payoff table for "
+        return (f"{label}: {peak_entry(card)['name']} {which} has no payoff table for "
                 f"{_recipe(label)} ({reason or 'no fp8 rate in resources/peak_flops.json'}): "
-                "name a card with fp8 (--card)")
+                f"{CARD_HINT}")
     return None
 
 
@@ -77,7 +82,7 @@ class AutoChoice:
 
 def choose(config: RunConfig, label: str, device_name: str, device_kind: str) -> AutoChoice:
     """The payoff table of ``label``'s recipe for the trial's shape on its card."""
-    reason = card_reason(label, config.payoff_card, device_kind)
+    reason = card_reason(label, config.payoff_card, device_kind, device_name)
     if reason:
         raise ValueError(reason)
     card = config.payoff_card or device_name

@@ -354,8 +354,8 @@ def run_trial(
     reason = (device_info.unsupported_reason(base_precision(precision))
               or optimizer_reason(state.optimizer, device_info.kind)
               or _shape_reason(config, rec, device_info.verdict(precision))
-              or (fp8_auto.card_reason(precision, config.payoff_card, device_info.kind)
-                  if rec.keep_high == AUTO else None))
+              or (fp8_auto.card_reason(precision, config.payoff_card, device_info.kind,
+                                       device_info.name) if rec.keep_high == AUTO else None))
     if reason:
         return state.result("unsupported", reason)
     # before this trial touches the GPU: the fallback when NVML shows no pid of ours

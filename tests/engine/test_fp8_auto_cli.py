@@ -106,7 +106,7 @@ def test_auto_on_the_cpu_needs_a_card_with_fp8(tmp_path):
                    "--device", "cpu")
     assert run.returncode == 2
     (line,) = run.stderr.strip().splitlines()
-    assert "NVIDIA T4 has no payoff table for fp8" in line and "--card" in line
+    assert "NVIDIA T4 (--card) has no payoff table for fp8" in line and "--card" in line
     run = _profile(tmp_path, "--model", "tiny", "--precision", "fp8-rowwise-gw-hp:auto",
                    "--device", "cpu")
     assert run.returncode == 2 and "':auto' follows one of fp8, fp8-rowwise" in run.stderr
