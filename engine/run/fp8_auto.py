@@ -128,7 +128,8 @@ def note(label: str, auto: dict) -> str:
     head = (f"{label}: the payoff of {auto['card']} ({auto['card_source']}) at "
             f"{auto['tokens']} tokens per micro-batch (predicted, not measured): ")
     if not done:
-        return head + f"no layer pays, all {len(kept)} stayed in bf16 (this trial is bf16-amp)"
+        return head + (f"no layer pays, all {len(kept)} stayed in bf16 (its matmuls ran as "
+                       "bf16-amp's)")
     text = head + f"converted {len(done)} of {len(done) + len(kept)} layers: " + ", ".join(
         f"{n} (x{auto['speedup'].get(n, float('nan')):.2f})" for n in done)
     return text + (f"; kept in bf16: {', '.join(kept)}" if kept else "")

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from engine.measure.fp8_payoff import Layer, break_even_tokens, card_recipes, payoff
+from engine.measure.peaks import _entry as peak_entry
 
 # the 16-bit recipes whose step the GEMMs are weighed against, best first
 SIXTEEN_BIT = ("bf16-amp", "bf16", "fp16-amp", "fp16")
@@ -170,7 +171,11 @@ def report_payoff(record) -> dict:
             step = (trial.summary.median_step_ms,
                     f"this run's {label} step (measured median, {how})")
             break
-    reason = card_recipes(card)[1]
+    reason, lookup = card_recipes(card)[1], card
+    named = config.get("payoff_card")  # the card an ':auto' recipe weighed (--card)
+    if reason and isinstance(named, str) and not card_recipes(named)[1]:
+        # that card's table, as the trial used it; this run's step is not that card's
+        card, lookup, step, reason = peak_entry(named)["name"], named, None, None
     if reason:  # a CPU, or a card with no low-precision rate: no model to build
         return {card: {"reason": reason}}
     tokens = (config.get("batch_size") or 1) * (config.get("seq_len") or 1)
@@ -179,7 +184,7 @@ def report_payoff(record) -> dict:
     except Exception as exc:  # noqa: BLE001 (a derived key never stops a report's export:
         # a user's own model, a folder since deleted, a hub id not cached here)
         return {card: {"reason": f"the model's Linear layers are not known here: {exc}"}}
-    data = payoff(layers, [(card, card)], {card: step} if step else None)
-    add_verdicts(data, {card: card}, config["model"], config.get("batch_size") or 1,
+    data = payoff(layers, [(card, lookup)], {card: step} if step else None)
+    add_verdicts(data, {card: lookup}, config["model"], config.get("batch_size") or 1,
                  config.get("seq_len") or 1)
     return data

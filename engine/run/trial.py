@@ -428,10 +428,11 @@ def _measure(state: _State, emit, cancelled) -> bool:
             f"machine, cached in {matmul_peak.cache_path()})")
     # before the model: the GPU's memory is free for it, and the seed below is untouched
     rates = matmul_peak.for_device(info)
-    torch.manual_seed(config.seed)
-
+    # an ':auto' recipe's layers, from a skeleton built before the seed below is set
     auto = (fp8_auto.choose(config, rec.precision, info.name, info.kind)
             if rec.keep_high == AUTO else None)
+    torch.manual_seed(config.seed)
+
     loaded = load_model(config.model, rec, device, config.seed, config.trust_remote_code,
                         config.lora_r, config.grad_checkpointing,
                         initial_weights=config.initial_weights,

@@ -81,7 +81,8 @@ def test_auto_converts_the_layers_that_pay_on_the_named_card(family, tmp_path):
                    "--warmup", "0", "--device", "cpu", "--isolation", "inline", "--data",
                    "random", "--no-kernel-profile", "--no-quant-error", "--out", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
-    (trial,) = json.loads(out.read_text())["trials"]
+    report = json.loads(out.read_text())
+    (trial,) = report["trials"]
     assert trial["status"] == "ok", trial["reason"]
     auto = trial["fp8_auto"]
     assert auto["card"] == CARD and "this trial ran on the CPU" in auto["card_source"]
@@ -92,6 +93,8 @@ def test_auto_converts_the_layers_that_pay_on_the_named_card(family, tmp_path):
     assert "predicted, not measured" in note
     assert all(name in note for name in pays)  # converted and kept, each named
     assert " ".join(note.split()) in " ".join(run.stdout.split())  # the CLI prints it
+    # the report's payoff table is the card's the trial weighed (on the CPU: --card's)
+    assert set(report["payoff"][CARD]["fp8"]["keep_bf16"]) == set(auto["kept_bf16"])
     scaling = next(n for n in trial["notes"] if n.startswith("float8 scaling"))
     assert f"of {sum(pays.values())} Linear layers" in scaling
 

@@ -6,7 +6,11 @@ labelled predicted."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +25,8 @@ from gui.main_window import MainWindow
 from gui.payoff_view import PREDICTED
 from tests.engine.test_h200_reports import unpack
 from tests.gui.clicks import RUN_TIMEOUT_MS, choose, click, click_tab, type_into
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -133,3 +139,42 @@ def test_compare_tab_shows_the_payoff_of_the_h200_run(qtbot, window, tmp_path, m
     assert payoff.table.isVisible()
     assert all(header.sectionViewportPosition(c) < payoff.table.viewport().width()
                for c in range(payoff.table.columnCount()))
+
+
+def test_compare_tab_names_the_layers_an_auto_trial_converted(qtbot, window, tmp_path,
+                                                             monkeypatch):
+    """A CPU run of fp8:auto weighed on an H20 (--card), opened: the payoff tab shows the
+    H20's table and what the trial converted (at 64 tokens, nothing: every layer bf16)."""
+    out = tmp_path / "auto.json"
+    run = subprocess.run(
+        [sys.executable, "main.py", "profile", "--model", "tiny", "--precision", "fp8:auto",
+         "--card", "H20", "--batch-size", "2", "--seq-len", "32", "--steps", "1", "--warmup",
+         "0", "--device", "cpu", "--isolation", "inline", "--data", "random",
+         "--no-kernel-profile", "--no-quant-error", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+        env={**os.environ, "AMPSCOPE_DATA_DIR": str(tmp_path / "data"),
+             "AMPSCOPE_CACHE_DIR": str(tmp_path / "cache")})
+    assert run.returncode == 0, run.stdout + run.stderr
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        staticmethod(lambda *a, **k: (str(out), "")))
+    file_menu = window.menuBar().actions()[0].menu()
+    open_action = next(a for a in file_menu.actions() if a.text().startswith("&Open"))
+    with qtbot.waitSignal(window.record_shown, timeout=RUN_TIMEOUT_MS):
+        open_action.trigger()
+    click_tab(window.tabs, "Compare")
+    payoff = window.compare_view.payoff
+    qtbot.waitUntil(lambda: payoff.choice.count() > 0, timeout=RUN_TIMEOUT_MS)
+    click_tab(window.compare_view.tables, "fp8 payoff")
+    preset = next(p["config"] for p in json.loads((RESOURCES / "presets.json").read_text())
+                  ["presets"] if p["name"] == "tiny")
+    layers = _layers(tf.GPT2Config(**preset))
+    expected = _expected(layers, 2 * 32, "fp8", "NVIDIA H20")
+    assert not any(p.pays for p in expected.values())
+    choose(payoff.choice, f"NVIDIA H20 · fp8: step n/a (predicted), 0 of {len(expected)} "
+                          "layers pay")
+    _check_rows(payoff, expected)
+    assert payoff.auto.isVisible()
+    assert payoff.auto.text() == (
+        "fp8:auto: the payoff of NVIDIA H20 (--card; this trial ran on the CPU) at 64 tokens "
+        f"per micro-batch (predicted, not measured): no layer pays, all {len(expected)} stayed "
+        "in bf16 (its matmuls ran as bf16-amp's)")
