@@ -11,7 +11,6 @@ table is built in a thread (it builds the model's skeleton), never in the window
 from __future__ import annotations
 
 import threading
-import traceback
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import (
@@ -44,28 +43,20 @@ class PayoffWorker(QObject):
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.generation = 0
-        self._thread: threading.Thread | None = None
 
-    def start(self, compute, auto=()) -> int:
+    def start(self, compute, auto=()) -> None:
         self.generation += 1
-        self._thread = threading.Thread(target=self._run, args=(self.generation, compute, auto),
-                                        name="ampscope-payoff", daemon=True)
-        self._thread.start()
-        return self.generation
+        threading.Thread(target=self._run, args=(self.generation, compute, auto),
+                         name="ampscope-payoff", daemon=True).start()
 
     def _run(self, generation: int, compute, auto) -> None:
         try:
             data = compute()
         except Exception as exc:  # noqa: BLE001 (shown in the view; the window stays up)
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            self.failed.emit(generation, f"n/a: the payoff table could not be built: {first}"
-                             f"\n{traceback.format_exc()}")
+            self.failed.emit(generation, f"n/a: the payoff table could not be built: {first}")
             return
         self.ready.emit(generation, data, list(auto))
-
-    def join(self, timeout_s: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
 
 
 def _cell(text: str, tooltip: str = "") -> QTableWidgetItem:
@@ -140,6 +131,13 @@ class PayoffView(QWidget):
                 if getattr(t, "fp8_auto", None)]
         self._ask(lambda: report_payoff(record), auto)
 
+    def clear(self, text: str) -> None:
+        """Nothing shown but ``text`` (a new plan began): a table asked for before is
+        dropped when it comes."""
+        self.worker.generation += 1
+        self.show_payoff({})
+        self.status.setText(text)
+
     def _ask(self, compute, auto=()) -> None:
         self.status.setText("Building the payoff table…")
         self.status.show()
@@ -150,7 +148,7 @@ class PayoffView(QWidget):
     def _on_failed(self, generation: int, message: str) -> None:
         if generation == self.worker.generation:
             self.show_payoff({})
-            self.status.setText(message.splitlines()[0])
+            self.status.setText(message)
             self.finished.emit()
 
     def _on_ready(self, generation: int, data: dict, auto: list) -> None:

@@ -281,6 +281,7 @@ class PlanView(QWidget):
         self.table.setRowCount(0)
         self._recipes = len(config.precisions)
         self._cards = config.cards
+        self.payoff.clear("The fp8 payoff table follows when the plan finishes.")
         self.status.setText(f"Planning {', '.join(config.precisions)}: starting…")
         self.plan_button.setEnabled(False)
         self.stop_button.setEnabled(True)
