@@ -82,13 +82,16 @@ def _verdict(entry, label, card, name, model, batch, seq) -> str:
     step_text = "" if step is None else f" (step x{step:.3f})"
     if paying and len(paying) == len(rows):
         return f"{label} would pay for {where}{step_text}: every converted layer pays"
+    if paying and step is None:  # no 16-bit step: the layers' verdicts only
+        return (f"{label} would pay for {len(paying)} of {len(rows)} layers of {where} (the "
+                "filter below keeps the rest in bf16); the step's gain is n/a without a "
+                "16-bit step to weigh them against")
     if paying:
-        only = ("" if step is None else
-                f"; converting only those, step x{entry['step_speedup_paying_only']:.3f}")
-        verb = "would" if step is None or step > 1.0 else "would not"
+        verb = "would" if step > 1.0 else "would not"
         return (f"{label} {verb} pay for {where} converting every layer{step_text}: "
                 f"{len(paying)} of {len(rows)} layers pay (the filter below keeps the rest "
-                f"in bf16){only}")
+                f"in bf16); converting only those, step "
+                f"x{entry['step_speedup_paying_only']:.3f}")
     big = max(rows, key=lambda r: r["k"] * r["n"])
     from_tokens = break_even_tokens(big["k"], big["n"], label, name, big["m"])
     after = ("" if from_tokens is None else

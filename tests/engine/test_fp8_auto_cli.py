@@ -95,6 +95,9 @@ def test_auto_converts_the_layers_that_pay_on_the_named_card(family, tmp_path):
     assert " ".join(note.split()) in " ".join(run.stdout.split())  # the CLI prints it
     # the report's payoff table is the card's the trial weighed (on the CPU: --card's)
     assert set(report["payoff"][CARD]["fp8"]["keep_bf16"]) == set(auto["kept_bf16"])
+    assert report["payoff"][CARD]["fp8"]["verdict"].startswith(
+        f"fp8 would pay for {sum(pays.values())} of {len(pays)} layers of {folder} at "
+        f"{BATCH} x {SEQ} on {CARD}")
     scaling = next(n for n in trial["notes"] if n.startswith("float8 scaling"))
     assert f"of {sum(pays.values())} Linear layers" in scaling
 
