@@ -108,12 +108,28 @@ class PayoffView(QWidget):
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
         self.table.verticalHeader().hide()
+        # one line a row: the pane below Compare's charts holds a few more of them
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
         self.table.setWordWrap(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         for widget in (self.basis, self.status, self.choice, self.verdict,
                        self.filter, self.auto, self.table):
             layout.addWidget(widget)
+
+    def wanted_height(self, rows: int = 6) -> int:
+        """The height that shows the text whole and ``rows`` layer rows (Compare gives its
+        lower pane this much when the tab is chosen)."""
+        width = max(self.width(), 400)
+        spacing = self.layout().spacing()
+        shown = [w for w in (self.basis, self.status, self.choice, self.verdict, self.filter,
+                             self.auto) if not w.isHidden()]
+        text = sum(w.heightForWidth(width) if w.hasHeightForWidth() else w.sizeHint().height()
+                   for w in shown)
+        table = (rows * self.table.verticalHeader().defaultSectionSize()
+                 + self.table.horizontalHeader().sizeHint().height()
+                 + 2 * self.table.frameWidth())
+        return text + table + spacing * len(shown)
 
     # --- asking -------------------------------------------------------------------------
 
