@@ -134,11 +134,13 @@ def test_compare_tab_shows_the_payoff_of_the_h200_run(qtbot, window, tmp_path, m
                               f"{len(expected)} layers pay")
         _check_rows(payoff, expected)
         assert "this run's bf16-amp step (measured median, compiled)" in payoff.verdict.text()
-    # legible at 1366 x 768: every column begins inside the table's view
-    header = payoff.table.horizontalHeader()
-    assert payoff.table.isVisible()
-    assert all(header.sectionViewportPosition(c) < payoff.table.viewport().width()
-               for c in range(payoff.table.columnCount()))
+    # legible at 1366 x 768: every row (four kinds of layer) whole, every column begun
+    table = payoff.table
+    assert table.isVisible() and table.rowCount() == 4
+    qtbot.waitUntil(lambda: table.viewport().height() >= 4 * table.rowHeight(0))
+    header = table.horizontalHeader()
+    assert all(header.sectionViewportPosition(c) < table.viewport().width()
+               for c in range(table.columnCount()))
 
 
 def test_compare_tab_names_the_layers_an_auto_trial_converted(qtbot, window, tmp_path,
