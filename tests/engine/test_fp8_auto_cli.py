@@ -117,3 +117,12 @@ def test_auto_on_the_cpu_needs_a_card_with_fp8(tmp_path):
                    "--device", "cpu")
     assert run.returncode == 2 and "':auto' follows one of fp8, fp8-rowwise" in run.stderr
     assert not (tmp_path / "data" / "runs").exists()  # nothing half-written
+
+
+def test_plan_refuses_an_auto_recipe_and_says_what_to_plan(tmp_path):
+    run = subprocess.run([sys.executable, "main.py", "plan", "--model", "tiny", "--precision",
+                          "bf16-amp,fp8-rowwise:auto", "--card", "H100 SXM"], cwd=ROOT,
+                         capture_output=True, text=True, check=False, env=_env(tmp_path))
+    assert run.returncode == 2
+    (line,) = run.stderr.strip().splitlines()
+    assert "fp8-rowwise:auto picks its layers per card: plan fp8-rowwise" in line
