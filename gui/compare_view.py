@@ -186,6 +186,11 @@ class CompareView(QWidget):
         self.tables.addTab(self.quant_error, "Quantisation error (SQNR)")
         self.timeline = MemoryTimelineView()  # each precision's memory step, side by side
         self.tables.addTab(self.timeline, "Memory across the step")
+        from gui.payoff_view import PayoffView
+
+        self.payoff = PayoffView()  # would fp8 pay on the card the run ran on
+        self.tables.addTab(self.payoff, "fp8 payoff")
+        self.payoff.finished.connect(lambda: self._room_for_timeline(0))  # its text came
         splitter.addWidget(self.tables)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(2, 1)
@@ -199,17 +204,20 @@ class CompareView(QWidget):
         layout.addWidget(splitter, 1)
 
     def _room_for_timeline(self, _index: int) -> None:
-        """The memory timeline's plots need height: choosing its tab gives the lower pane
-        what it needs, taken from the bar charts above; leaving it gives them back."""
-        if self.tables.currentWidget() is not self.timeline:
+        """The memory timeline's plots (and the fp8 payoff's rows) need height: choosing its
+        tab gives the lower pane what it needs, taken from the bar charts above; leaving it
+        gives them back."""
+        tall = (self.timeline, self.payoff)  # tabs that need more than the pane's default
+        if self.tables.currentWidget() not in tall:
             if self._sizes_before_timeline is not None:
                 self.split.setSizes(self._sizes_before_timeline)
                 self._sizes_before_timeline = None
             return
         sizes = self.split.sizes()
-        need = self.timeline.wanted_height() + self.tables.tabBar().height() + 8
+        need = self.tables.currentWidget().wanted_height() + self.tables.tabBar().height() + 8
         if sizes[2] < need and sum(sizes) > need:
-            self._sizes_before_timeline = sizes
+            if self._sizes_before_timeline is None:  # the sizes before any tall tab
+                self._sizes_before_timeline = sizes
             self.split.setSizes([sum(sizes) - need - sizes[1], sizes[1], need])
 
     # --- filling ---------------------------------------------------------------------
@@ -225,6 +233,7 @@ class CompareView(QWidget):
         self.model.set_rows(rows)
         self.quant_error.show_record(record, {r.precision: r.final_loss_diff_vs_fp32 for r in rows})
         self.timeline.show_record(record)
+        self.payoff.show_record(record)
         reasons = [note, baseline_reason(record)]
         self.note.setText("  ".join(r for r in reasons if r))
         suggestion = f" Suggestion: {verdict.suggestion}." if verdict.suggestion else ""

@@ -232,6 +232,11 @@ class PlanView(QWidget):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(self.scroll)
+        from gui.payoff_view import PayoffView
+
+        self.payoff = PayoffView()  # would fp8 pay, layer by layer, on each card planned
+        layout.addWidget(self.payoff)
+        self._cards: tuple[str, ...] = ()  # as the finished plan was asked for them
         self._layout = layout
         self._timeline = None  # each recipe's traced step across time: built on first plan
 
@@ -275,6 +280,8 @@ class PlanView(QWidget):
         self.last_result = None  # the progress counts this plan's recipes
         self.table.setRowCount(0)
         self._recipes = len(config.precisions)
+        self._cards = config.cards
+        self.payoff.clear("The fp8 payoff table follows when the plan finishes.")
         self.status.setText(f"Planning {', '.join(config.precisions)}: starting…")
         self.plan_button.setEnabled(False)
         self.stop_button.setEnabled(True)
@@ -326,6 +333,7 @@ class PlanView(QWidget):
         self.plan_button.setEnabled(True)
         self.stop_button.setEnabled(False)
         self.show_result(result)
+        self.payoff.show_plan(result, self._cards)
 
     def show_result(self, result) -> None:
         from engine.run.plan import size_text

@@ -57,6 +57,9 @@ def add_parser(sub) -> None:
                         "(uniform random tokens) or FILE: UTF-8 text, nanoGPT's uint16 .bin "
                         "or a 1-D integer .npy of token ids; the last 10%% is held out")
     p.add_argument("--out", help="report file: .json, .csv or .html")
+    p.add_argument("--card", help="the card whose predicted fp8 payoff an ':auto' recipe "
+                   "(fp8:auto, fp8-rowwise:auto) converts by, e.g. \"H100 SXM\" (see "
+                   "'plan'); default: the GPU the trial runs on; required on the CPU")
     p.add_argument("--numerics", action="store_true",
                    help="after the trials, run the numerics lab on the first precision and "
                         "add it (with advice citing the trials) to the report")
@@ -90,9 +93,12 @@ def run(args) -> int:
         device=args.device, isolation=args.isolation, seed=args.seed,
         trust_remote_code=args.trust_remote_code, interleave=args.interleave, rounds=args.rounds,
         profile_step=not args.no_kernel_profile, trace_dir=_trace_dir(args),
-        quant_error=not args.no_quant_error, data=args.data,
+        quant_error=not args.no_quant_error, data=args.data, payoff_card=args.card,
         **distributed_config(args),
     )
+    from engine.run.fp8_auto import check_auto
+
+    check_auto(config)  # an ':auto' recipe needs a card with fp8 to pick its layers by
     from engine.core.collector import imports_paused
 
     with imports_paused():  # torch, transformers, the report writer: seconds of imports
@@ -195,6 +201,10 @@ def _finish(record, runner, out, signals, trace: str | None = None, wide: bool =
     if data:
         say("\n".join(textwrap.wrap(data, TABLE_WIDTH, subsequent_indent="  ",
                                      break_on_hyphens=False)))
+    from engine.run.fp8_auto import auto_notes
+
+    for note in auto_notes(record.trials):  # the layers each ':auto' recipe converted
+        say("\n".join(textwrap.wrap(note, TABLE_WIDTH, subsequent_indent="  ")))
     mfu = format_mfu(record.trials)
     if mfu:
         say(mfu)

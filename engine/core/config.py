@@ -64,6 +64,10 @@ INTERLEAVE: tuple[str, ...] = ("auto", "on", "off")  # see engine/run/rounds.py
 # are converted (torchao's module filter); the recipes whose conversion takes that filter
 KEEP_HIGH: tuple[str, ...] = ("keep-ends", "keep-attn")
 PER_LAYER_RECIPES: tuple[str, ...] = ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp")
+# ":auto": convert only the layers the payoff model (engine/measure/fp8_payoff.py) predicts
+# to pay on the card; the recipes it has a calibrated model for (engine/run/fp8_auto.py)
+AUTO = "auto"
+AUTO_RECIPES: tuple[str, ...] = ("fp8", "fp8-rowwise")
 # --data: the built-in text (engine/models/corpus.py), uniform random tokens, or a file's path
 DATA_DOCS, DATA_RANDOM = "docs", "random"
 DATA_HINT = ("pass a UTF-8 text file, token ids as a .bin (nanoGPT's uint16) or a 1-D integer "
@@ -118,7 +122,11 @@ def parse_precisions(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
     for label in names:
         name, optim, reduce = split_label(label)
         name, keep = split_keep(name)
-        if keep is not None and (keep not in KEEP_HIGH or name not in PER_LAYER_RECIPES):
+        if keep == AUTO and name not in AUTO_RECIPES:
+            raise ValueError(f"'{label}': ':auto' follows one of {', '.join(AUTO_RECIPES)} "
+                             "(the recipes with a calibrated payoff model), e.g. "
+                             "fp8-rowwise:auto")
+        if keep not in (None, AUTO) and (keep not in KEEP_HIGH or name not in PER_LAYER_RECIPES):
             raise ValueError(f"'{label}': a ':keep-...' suffix takes one of "
                              f"{', '.join(':' + k for k in KEEP_HIGH)} after one of "
                              f"{', '.join(PER_LAYER_RECIPES)}, e.g. fp8:keep-ends")
@@ -230,6 +238,9 @@ class RunConfig:
     last_round: bool = True
     # what the trials train and measure held-out loss on: DATA_DOCS, DATA_RANDOM or a file
     data: str = DATA_DOCS
+    # the card whose payoff table an ":auto" recipe converts by (--card); None: the GPU the
+    # trial runs on (engine/run/fp8_auto.py)
+    payoff_card: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -297,6 +308,10 @@ class RunConfig:
             raise ValueError(f"the stall timeout must be above 0 and at most a week in seconds "
                              f"(got {stall!r}): set --stall-timeout")
         object.__setattr__(self, "torchrun_args", tuple(self.torchrun_args))
+        auto = [p for p in self.precisions if split_keep(split_label(p)[0])[1] == AUTO]
+        if auto and self.strategy != "none":
+            raise ValueError(f"{auto[0]}: ':auto' recipes run in one process: leave out "
+                             "--strategy, or name the layers with :keep-ends or :keep-attn")
         fsdp_only = [p for p in self.precisions if base_precision(p) in FSDP2_ONLY]
         if fsdp_only and self.strategy != "fsdp2":
             raise ValueError(f"{fsdp_only[0]} all-gathers FSDP2's sharded parameters in float8: "

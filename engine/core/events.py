@@ -739,6 +739,9 @@ class TrialResult:
     # cut past the reader's text limit (engine.record.bounded); ``reason`` is its one line.
     # None when no exception ended it (and in older reports)
     traceback: str | None = None
+    # an ":auto" recipe's card, layers converted and kept in bf16 (engine/run/fp8_auto.py);
+    # None for every other recipe
+    fp8_auto: dict | None = None
 
 
 @dataclass(frozen=True)

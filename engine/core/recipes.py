@@ -157,6 +157,9 @@ KEEP_TEXT = {
                  "head) keep their Linear layers in bf16",
     "keep-attn": "the attention blocks keep their Linear layers (q/k/v and output "
                  "projections) in bf16; the MLPs run fp8",
+    "auto": "only the Linear layers the payoff model predicts to pay at the trial's tokens "
+            "per micro-batch on the card (--card, else the GPU it runs on) run fp8; the "
+            "rest stay in bf16",
 }
 
 

@@ -486,6 +486,7 @@ def load_model(
     grad_checkpointing: bool = False,
     train: bool = True,
     initial_weights: str | None = None,
+    keep_bf16: frozenset[str] | None = None,
 ) -> LoadedModel:
     """Load ``model`` as the precision's recipe prescribes, on ``device``.
 
@@ -493,6 +494,8 @@ def load_model(
     checkpointing); without it, it is just loaded, as the footprint command wants.
     ``initial_weights``: the run's fp32 initial weights (engine.models.initial_weights),
     loaded and cast in place of a random init when the source has no weights of its own.
+    ``keep_bf16``: the Linear layers an fp8 recipe leaves in bf16, as an ":auto" recipe chose
+    them (engine/run/fp8_auto.py); None: the recipe's own ":keep-..." rule.
     """
     recipe = precision if isinstance(precision, Recipe) else get_recipe(precision)
     device = torch.device(device)
@@ -526,7 +529,7 @@ def load_model(
         from torchao.float8 import convert_to_float8_training
 
         conv1d_to_linear(net)
-        kept = kept_high(net, recipe.keep_high)  # a ":keep-..." recipe's bf16 layers
+        kept = kept_high(net, recipe.keep_high) if keep_bf16 is None else keep_bf16
         convert_to_float8_training(
             net, config=float8_config(recipe),
             module_filter_fn=lambda mod, fqn: fqn not in kept and _fp8_filter(mod, fqn))

@@ -28,7 +28,7 @@ PRECISION_COLORS: dict[str, str] = {
 
 _REDUCE_TINT = {"bf16": 0.35, "fp16": 0.55, "fp32": 0.15}  # share of white mixed in
 # a "recipe:keep-..." label (layers kept in bf16): lighter still, beside its recipe
-_KEEP_TINT = {"keep-ends": 0.2, "keep-attn": 0.3}
+_KEEP_TINT = {"keep-ends": 0.2, "keep-attn": 0.3, "auto": 0.4}
 # a "recipe+optim" label: its recipe's colour darkened by a share of black per optimizer
 _OPTIM_SHADE = {"adamw": 0.1, "sgd": 0.2, "adamw8bit": 0.3, "adamw8bit-ao": 0.4,
                 "adamw4bit": 0.55, "adamw-fp8": 0.45, "adamw-bf16-sr": 0.25}

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
 from engine.measure.fp8_payoff import Layer, break_even_tokens, card_recipes, payoff
+from engine.measure.peaks import _entry as peak_entry
 
 # the 16-bit recipes whose step the GEMMs are weighed against, best first
 SIXTEEN_BIT = ("bf16-amp", "bf16", "fp16-amp", "fp16")
@@ -17,9 +20,11 @@ def linear_layers(model: str, tokens: int) -> list[Layer]:
     that AmpScope's float8 recipes convert, built on the meta device, with M = ``tokens``.
     The recipes keep the LM head (often tied to the embedding) and any layer with a
     dimension not divisible by 16 (engine.models.load._fp8_filter) in bf16."""
-    from transformers.pytorch_utils import Conv1D
-
+    from engine.models.hf import load_transformers
     from engine.models.load import load_config, model_class, resolve_source
+
+    load_transformers()  # under its lock: the window's device probe may be importing it too
+    from transformers.pytorch_utils import Conv1D
 
     config, task = load_config(resolve_source(model))
     with torch.device("meta"):
@@ -77,13 +82,16 @@ def _verdict(entry, label, card, name, model, batch, seq) -> str:
     step_text = "" if step is None else f" (step x{step:.3f})"
     if paying and len(paying) == len(rows):
         return f"{label} would pay for {where}{step_text}: every converted layer pays"
+    if paying and step is None:  # no 16-bit step: the layers' verdicts only
+        return (f"{label} would pay for {len(paying)} of {len(rows)} layers of {where} (the "
+                "filter below keeps the rest in bf16); the step's gain is n/a without a "
+                "16-bit step to weigh them against")
     if paying:
-        only = ("" if step is None else
-                f"; converting only those, step x{entry['step_speedup_paying_only']:.3f}")
-        verb = "would" if step is None or step > 1.0 else "would not"
+        verb = "would" if step > 1.0 else "would not"
         return (f"{label} {verb} pay for {where} converting every layer{step_text}: "
                 f"{len(paying)} of {len(rows)} layers pay (the filter below keeps the rest "
-                f"in bf16){only}")
+                f"in bf16); converting only those, step "
+                f"x{entry['step_speedup_paying_only']:.3f}")
     big = max(rows, key=lambda r: r["k"] * r["n"])
     from_tokens = break_even_tokens(big["k"], big["n"], label, name, big["m"])
     after = ("" if from_tokens is None else
@@ -93,13 +101,14 @@ def _verdict(entry, label, card, name, model, batch, seq) -> str:
             f"{big['k']} x {big['n']}) is below break-even (x{big['speedup']:.2f}){after}")
 
 
-def _groups(rows: list[dict]) -> list[tuple[str, dict]]:
-    """Layers with the same leaf name and shape, as one line (``*.mlp.up_proj``)."""
+def layer_groups(rows: list[dict]) -> list[tuple[str, dict]]:
+    """Layers with the same name but for their block numbers, and the same shape, as one line
+    (``32 x model.layers.*.mlp.up_proj``): GPT-2's attention and MLP ``c_proj`` stay apart."""
     seen: dict = {}
     for r in rows:
-        leaf = r["name"].rsplit(".", 1)[-1]
-        seen.setdefault((leaf, r["k"], r["n"]), (r, []))[1].append(r["name"])
-    return [(names[0] if len(names) == 1 else f"{len(names)} x *.{key[0]}", r)
+        pattern = re.sub(r"(?<=\.)\d+(?=\.)", "*", r["name"])
+        seen.setdefault((pattern, r["k"], r["n"]), (r, []))[1].append(r["name"])
+    return [(names[0] if len(names) == 1 else f"{len(names)} x {key[0]}", r)
             for key, (r, names) in seen.items()]
 
 
@@ -136,7 +145,7 @@ def payoff_lines(data: dict) -> list[str]:
             lines.append(f"  {card}, {label} ({calibration}): {step_text}")
             if entry.get("verdict"):
                 lines.append(f"    {entry['verdict']}")
-            for name, r in _groups(entry["layers"]):
+            for name, r in layer_groups(entry["layers"]):
                 verdict = "pays" if r["pays"] else "does not pay"
                 lines.append(f"    {verdict:12} x{r['speedup']:.2f}  {name} "
                              f"({r['m']} x {r['k']} x {r['n']}): {r['why']}")
@@ -165,7 +174,11 @@ def report_payoff(record) -> dict:
             step = (trial.summary.median_step_ms,
                     f"this run's {label} step (measured median, {how})")
             break
-    reason = card_recipes(card)[1]
+    reason, lookup = card_recipes(card)[1], card
+    named = config.get("payoff_card")  # the card an ':auto' recipe weighed (--card)
+    if reason and isinstance(named, str) and not card_recipes(named)[1]:
+        # that card's table, as the trial used it; this run's step is not that card's
+        card, lookup, step, reason = peak_entry(named)["name"], named, None, None
     if reason:  # a CPU, or a card with no low-precision rate: no model to build
         return {card: {"reason": reason}}
     tokens = (config.get("batch_size") or 1) * (config.get("seq_len") or 1)
@@ -174,7 +187,7 @@ def report_payoff(record) -> dict:
     except Exception as exc:  # noqa: BLE001 (a derived key never stops a report's export:
         # a user's own model, a folder since deleted, a hub id not cached here)
         return {card: {"reason": f"the model's Linear layers are not known here: {exc}"}}
-    data = payoff(layers, [(card, card)], {card: step} if step else None)
-    add_verdicts(data, {card: card}, config["model"], config.get("batch_size") or 1,
+    data = payoff(layers, [(card, lookup)], {card: step} if step else None)
+    add_verdicts(data, {card: lookup}, config["model"], config.get("batch_size") or 1,
                  config.get("seq_len") or 1)
     return data

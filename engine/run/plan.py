@@ -108,6 +108,13 @@ class PlanConfig:
                              f"{', '.join(STRATEGIES)}")
         if not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1:
             raise ValueError("--nproc-per-node must be 1 or more")
+        from engine.run.fp8_auto import is_auto
+
+        auto = [p for p in self.precisions if is_auto(p)]
+        if auto:  # its layers differ per card, and the table below the plan lists them
+            raise ValueError(f"{auto[0]} picks its layers per card: plan {auto[0].split(':')[0]} "
+                             "(the fp8 payoff table below the plan says which layers pay on "
+                             "each card), then profile it with --card")
         if self.strategy == "none":
             if self.nproc_per_node > 1:
                 raise ValueError("several ranks need a strategy: set --strategy ddp or fsdp2")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.core.config import TORCHAO_STEP, RunConfig, base_precision
+from engine.core.config import AUTO, TORCHAO_STEP, RunConfig, base_precision
 from engine.core.events import FlopsInfo, LogEvent, StepSample, TrialResult
 from engine.core.recipes import compiles, fp32_precision, library_sync_notes, recipe
 from engine.measure import matmul_peak, nvml, peak_choice
@@ -29,7 +29,7 @@ from engine.measure.untouched import untouched
 from engine.models import heldout as held_out
 from engine.models.optimizers import optimizer_reason
 from engine.record.bounded import traceback_text
-from engine.run import trial_flops, trial_setup, trial_steps, trial_untimed
+from engine.run import fp8_auto, trial_flops, trial_setup, trial_steps, trial_untimed
 from engine.run.trial_state import TrialState, failure
 
 # why a round before an interleaved precision's last has no held-out loss or lost updates:
@@ -61,7 +61,9 @@ def run_trial(
                        round_index=round_index, step_offset=len(prior_steps), flops=prior_flops)
     reason = (device_info.unsupported_reason(base_precision(precision))
               or optimizer_reason(state.optimizer, device_info.kind)
-              or trial_setup.shape_reason(config, rec, device_info.verdict(precision)))
+              or trial_setup.shape_reason(config, rec, device_info.verdict(precision))
+              or (fp8_auto.card_reason(precision, config.payoff_card, device_info.kind,
+                                       device_info.name) if rec.keep_high == AUTO else None))
     if reason:
         return state.result("unsupported", reason)
     # before this trial touches the GPU: the fallback when NVML shows no pid of ours
@@ -96,9 +98,12 @@ def _measure(state: TrialState, emit, cancelled) -> bool:
             f"machine, cached in {matmul_peak.cache_path()})")
     # before the model: the GPU's memory is free for it, and the seed below is untouched
     rates = matmul_peak.for_device(info)
+    # an ':auto' recipe's layers, from a skeleton built before the seed below is set
+    auto = (fp8_auto.choose(config, rec.precision, info.name, info.kind)
+            if rec.keep_high == AUTO else None)
     torch.manual_seed(config.seed)
 
-    loaded = trial_setup.load(state, log)
+    loaded = trial_setup.load(state, log, auto)
     model = loaded.model
     if cancelled():
         return True

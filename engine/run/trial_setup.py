@@ -21,6 +21,7 @@ from engine.models.load import (
 )
 from engine.models.optimizers import adam_eps, make_optimizer, trainable_dtype
 from engine.models.training_data import BATCH_POOL, training_batches
+from engine.run import fp8_auto
 from engine.run.trial_state import TrialState
 
 
@@ -65,19 +66,24 @@ def make_scaler(rec: Recipe, device: torch.device, config: RunConfig):
     return cls(device.type, init_scale=config.init_scale, growth_interval=config.growth_interval)
 
 
-def load(state: TrialState, log) -> LoadedModel:
-    """The model at the trial's precision; what it holds goes into ``state``."""
+def load(state: TrialState, log, auto=None) -> LoadedModel:
+    """The model at the trial's precision; what it holds goes into ``state``. ``auto``: an
+    ':auto' recipe's layer choice (engine/run/fp8_auto.py), the others kept in bf16."""
     config, rec, device = state.config, state.rec, state.device_info.torch_device
     loaded = load_model(config.model, rec, device, config.seed, config.trust_remote_code,
                         config.lora_r, config.grad_checkpointing,
-                        initial_weights=config.initial_weights)
+                        initial_weights=config.initial_weights,
+                        keep_bf16=auto.keep_bf16 if auto else None)
     model = loaded.model
+    if auto:  # which layers ran float8, read from the converted model
+        state.fp8_auto = fp8_auto.summary(auto, model)
+        state.notes.append(fp8_auto.note(rec.precision, state.fp8_auto))
     state.footprint_bytes, state.footprint_note = loaded.footprint_bytes, loaded.footprint_note
     state.dtype_map = inventory.dtype_map(model)
     state.module_tree = inventory.module_tree(model, high_dtype=_compute_dtype(rec))
     state.param_count, state.trainable_params = inventory.count_params(model)
     state.lora = loaded.lora
-    if rec.fp8:
+    if rec.fp8 and not (auto and not state.fp8_auto["converted"]):  # else said above
         state.notes.append(float8_scaling(model) or "no Linear layer had float8-compatible "
                            "shapes: every matmul ran in bf16")
     if rec.mx:

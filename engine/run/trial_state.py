@@ -75,6 +75,7 @@ class TrialState:
     lost_updates_reason: str = "not measured: the trial ended before its untimed tail"
 
     memory_timeline: object = None  # the memory step's MemoryTimeline
+    fp8_auto: dict | None = None  # an ":auto" recipe's layers (engine/run/fp8_auto.py)
 
     def phase(self, emit, phase: str) -> None:
         emit(PhaseChanged(self.rec.precision, phase, time.time(), self.round_index))
@@ -125,6 +126,7 @@ class TrialState:
 
             memory_timeline=self.memory_timeline,
             traceback=traceback,
+            fp8_auto=self.fp8_auto,
         )
 
     def _summary(self) -> TrialSummary:

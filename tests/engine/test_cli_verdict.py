@@ -57,7 +57,7 @@ def test_help_and_presets_describe_every_precision():
                            "nf4", "fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8", "nvfp4",
                            "fp8-fsdp-ag", "+adamw", "+sgd",
                            "+adamw8bit", "+adamw8bit-ao", "+adamw4bit", "+adamw-fp8",
-                           "+adamw-bf16-sr", ":keep-ends", ":keep-attn"]
+                           "+adamw-bf16-sr", ":keep-ends", ":keep-attn", ":auto"]
     width = max(map(len, texts))
     for args in (["presets"], ["profile", "--help"], ["footprint", "--help"]):
         run = subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True,

@@ -50,7 +50,7 @@ def test_gpt2_small_on_an_h200_gains_nothing_and_the_table_says_why(tmp_path):
     page = tmp_path / "plan.html"
     text = plan("gpt2", 8, "H200", "--out", str(page))
     assert "fp8 payoff" in text
-    lines = [ln for ln in text.splitlines() if "*.c_" in ln]
+    lines = [ln for ln in text.splitlines() if "transformer.h.*." in ln]
     assert lines and all("8192 x " in ln for ln in lines)  # M = 8 x 1024 tokens
     assert any("does not pay" in ln and "below break-even" in ln for ln in lines)
     data = json.loads(plan("gpt2", 8, "H200", "--json"))
