@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from engine.core.config import RunConfig, base_precision
+from engine.core.config import AUTO, RunConfig, base_precision
 
 GIB = 2**30
 CHILD_TIMEOUT_S = 120  # a child importing torch and starting CUDA: seconds, on a slow disk more
@@ -104,7 +104,10 @@ def check(config: RunConfig) -> FitCheck:
     if config.strategy != "none":
         return FitCheck(None, None, None, device, "a distributed run's memory is per rank: "
                         "`plan --strategy` predicts it")
-    plan = PlanConfig(model=config.model, precisions=config.precisions, batch_size=1,
+    # an ':auto' recipe converts some of fp8's layers, chosen per card (the plan refuses it):
+    # its bound is its recipe's with every layer converted
+    asked = {p.replace(f":{AUTO}", "", 1): p for p in config.precisions}
+    plan = PlanConfig(model=config.model, precisions=tuple(asked), batch_size=1,
                       seq_len=config.seq_len, grad_checkpointing=config.grad_checkpointing,
                       optimizer=config.optimizer, history=False, max_batch=0)
     largest: tuple[int, str] | None = None
@@ -116,7 +119,7 @@ def check(config: RunConfig) -> FitCheck:
                 config.batch_size, config.seq_len, config.grad_checkpointing,
                 "cuda" if device.startswith("cuda") else "cpu").total_bytes
             if largest is None or predicted > largest[0]:
-                largest = (predicted, precision)
+                largest = (predicted, asked.get(precision, precision))
     except Exception as exc:  # noqa: BLE001 (the run itself reports what is wrong, better)
         return FitCheck(None, None, None, device, f"memory not predicted: {exc}")
     free, name, note = free_bytes(device)
