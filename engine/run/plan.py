@@ -626,8 +626,8 @@ def _plan(config: PlanConfig, log, on_trial=lambda result: None) -> PlanResult:
             if batch not in peaks:
                 log(f"{precision}: probing micro-batch {batch}")
                 if method == "traced":
-                    peaks[batch] = trace_any(config, precision, batch, trace_step, log)[0] \
-                        .memory.peak_bytes + buckets
+                    peaks[batch] = trace_any(config, precision, batch, trace_step, log,
+                                             timeline=False)[0].memory.peak_bytes + buckets
                 elif method == "memory model":
                     peaks[batch] = _fallback(config, precision, batch).total_bytes
                 else:
