@@ -56,6 +56,20 @@ def _keep(totals: np.ndarray, starts: np.ndarray, max_points: int | None) -> np.
     return np.array(sorted(keep))
 
 
+def _frees_in_order(rows: np.ndarray, category: np.ndarray, entered: int) -> np.ndarray:
+    """The rows with each run of storages freed together (no op between them, same
+    segment and module) in one order, by category and size: the order weak references
+    report them in is arbitrary, and a scaled plan (engine.run.plan_scale_timeline)
+    matches one step's changes against another's."""
+    free = rows[:, 2] < 0
+    key = rows[:, [0, 3, 4]]
+    same = np.append(False, (key[1:] == key[:-1]).all(axis=1) & free[1:] & free[:-1])
+    run = np.cumsum(~same)
+    run[:entered] = -1  # what the step began with stays as logged
+    order = np.lexsort((np.arange(len(rows)), rows[:, 2], category, run))
+    return rows[order]
+
+
 def build_timeline(log: Sequence[tuple[int, int, int, int, int]], entered: int,
                    record_categories: Sequence[int], categories: Sequence[str],
                    segments: Sequence[str], modules: Sequence[str | None], ops: int,
@@ -67,6 +81,7 @@ def build_timeline(log: Sequence[tuple[int, int, int, int, int]], entered: int,
     max_points = _THIN_TO.get() if max_points == -1 else max_points
     rows = np.asarray(log, dtype=np.int64).reshape(-1, 5)
     final = np.asarray(record_categories or [0], dtype=np.int64)
+    rows = _frees_in_order(rows, final[rows[:, 1]], entered)
     category = final[rows[:, 1]]
     delta = rows[:, 2]
     step = slice(entered, None)

@@ -60,12 +60,13 @@ def test_cli_scaled_timeline_equals_the_full_trace(tmp_path, family, recipes, ex
     for s, f in zip(scaled, full, strict=True):
         assert s["scaling"].startswith("scaled"), s["scaling"]
         st, ft = s["memory_timeline"], f["memory_timeline"]
-        # the same moments kept: every point's bytes, phase and place in the step
+        # the same moments kept: every point's bytes, phase, module and place in the step
         assert len(st["points"]) == len(ft["points"]) and st["changes"] == ft["changes"]
         assert _segments(st) == _segments(ft)
         assert st["ops"] == ft["ops"] and st["peak_index"] == ft["peak_index"]
         for sp, fp in zip(st["points"], ft["points"], strict=True):
-            assert sp["op_index"] == fp["op_index"]
+            assert (sp["op_index"], sp["phase"], sp["module"]) == \
+                (fp["op_index"], fp["phase"], fp["module"])
             for a, b in zip(sp["category_bytes"], fp["category_bytes"], strict=True):
                 assert abs(a - b) <= 0.005 * max(b, 1), (s["precision"], sp, fp)
         # the scaled peak is the table's, its categories the table's at the peak
