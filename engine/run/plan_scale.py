@@ -120,7 +120,7 @@ def trace_any(config, precision: str, batch: int, trace, log=lambda msg: None,
               timeline: bool = True):
     """(TracedStep, how it was made): scaled from cut models where the layers repeat
     alike, else one trace of the whole model. ``trace(config, precision, batch)`` traces one
-    step (engine.run.plan's, passed in: plan imports this module); ``timeline`` False: a
+    step (engine.run.plan_trace's, passed in by engine.run.plan); ``timeline`` False: a
     scaled step has no timeline (a batch probe needs only the peak)."""
     from engine.measure.memory_timeline import unthinned
 
