@@ -179,12 +179,12 @@ def scale_timeline(timelines: list, points: tuple, repeats: int, prefix: int, pe
     held = start[0] + more * (start[1] - start[0])
     first_ops = [t.points[0].op_index for t in (t1, t2)]
     ops = first_ops[0] + more * (first_ops[1] - first_ops[0])
-    full = []
-    for step, delta, phase, module in _extend(a, b, *found, more, period, first_new):
-        held = held + np.asarray(delta, dtype=np.int64)
-        ops += step
-        full.append(MemoryTimelinePoint(op_index=ops, phase=phase,
-                                        category_bytes=held.tolist(), module=module))
+    changes = _extend(a, b, *found, more, period, first_new)
+    steps = (ops + np.cumsum([c[0] for c in changes])).tolist()
+    totals = (held + np.cumsum(np.asarray([c[1] for c in changes], dtype=np.int64),
+                               axis=0)).tolist()
+    full = [MemoryTimelinePoint(op_index=at, phase=phase, category_bytes=bytes_, module=module)
+            for at, bytes_, (_, _, phase, module) in zip(steps, totals, changes, strict=True)]
     scaled = thin(full, t1.categories, t1.ops + more * (t2.ops - t1.ops))
     return dataclasses.replace(scaled, method=(
         f"{scaled.method}; scaled: the cut model's changes with one repeat's more applied "
