@@ -116,7 +116,7 @@ def card_text(card) -> tuple[str, str]:
     gib = abs(card.headroom_bytes) / 2**30
     text = (f"fits, {gib:.2f} GiB headroom" if card.fits
             else f"does not fit, short {gib:.2f} GiB")
-    from engine.run.plan import duration_text
+    from engine.run.plan_text import duration_text
 
     batch = "n/a" if card.max_batch is None else str(card.max_batch)
     step = ("n/a" if card.predicted_step_ms is None
@@ -129,7 +129,7 @@ def card_text(card) -> tuple[str, str]:
 
 def measured_text(trial) -> tuple[str, str]:
     """The measured twin's peak, and a tooltip with every category beside the traced."""
-    from engine.run.plan import side_by_side, size_text
+    from engine.run.plan_text import side_by_side, size_text
 
     m = trial.measured
     if m is None:
@@ -336,8 +336,8 @@ class PlanView(QWidget):
         self.payoff.show_plan(result, self._cards)
 
     def show_result(self, result) -> None:
-        from engine.run.plan import size_text
         from engine.run.plan_answer import answer_lines
+        from engine.run.plan_text import size_text
 
         self.last_result = result
         lines = answer_lines(result)

@@ -63,7 +63,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.models.model_health import check_model
     from engine.run.fit import parse_bytes
-    from engine.run.plan import PlanConfig, format_plan, plan
+    from engine.run.plan import PlanConfig, plan
+    from engine.run.plan_text import format_plan
 
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix.lower() not in (".json", ".html"):
@@ -113,7 +114,7 @@ def plan_html(result) -> str:
     """The answer first: recipe x card, fits or not, with headroom."""
     from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
     from engine.report.charts import plan_timeline_html
-    from engine.run.plan import duration_text, measured_over_predicted, size_text
+    from engine.run.plan_text import duration_text, measured_over_predicted, size_text
 
     cards = [c.card for c in result.trials[0].cards] if result.trials else []
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cards)
@@ -161,7 +162,7 @@ def plan_html(result) -> str:
 
 
 def _measured_cell(trial) -> str:
-    from engine.run.plan import size_text
+    from engine.run.plan_text import size_text
 
     m = trial.measured
     if m is None:
@@ -172,7 +173,7 @@ def _measured_cell(trial) -> str:
 
 def _side_by_side_html(result) -> str:
     """Traced vs measured, category by category, for each recipe a real trial exists for."""
-    from engine.run.plan import side_by_side
+    from engine.run.plan_text import side_by_side
 
     parts = []
     for t in result.trials:

@@ -155,9 +155,7 @@ def plan_series(trial) -> TimelineSeries | None:
         return None
     levels = [Level("usable", f"{c.card} usable", c.usable_bytes) for c in trial.cards
               if c.usable_bytes is not None]
-    # a scaled plan's timeline is its largest cut model's step: its peak is not the table's
-    cut = ", the cut model" if (trial.scaling or "").startswith("scaled") else ""
-    traced = series(trial.memory_timeline, f"{trial.precision} (traced{cut})", levels)
+    traced = series(trial.memory_timeline, f"{trial.precision} (traced)", levels)
     measured = trial.measured
     if measured is None or measured.memory_timeline is None:
         return traced

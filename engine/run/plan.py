@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
@@ -52,11 +50,11 @@ from engine.measure import flops as flops_mod
 from engine.measure.peaks import _entry as peak_entry
 from engine.measure.peaks import memory_bandwidth, peak_flops, table
 from engine.measure.traffic import CONVENTION as TRAFFIC_CONVENTION
-from engine.measure.traffic import FUSED_CONVENTION, ByteCounter
+from engine.measure.traffic import FUSED_CONVENTION
 from engine.record.bounded import cut
-from engine.run.plan_autocast import CPU_POLICY, POLICY
 from engine.run.plan_measured import MeasuredTrial, find_measured, read_report
 from engine.run.plan_timeline import traced_timeline
+from engine.run.plan_trace import trace_step, traced_policy
 
 # What CUDA holds outside the allocator (context, loaded kernels, cuBLAS handles); a
 # stated allowance, not a measurement: `profile` on the card reports its context gap.
@@ -241,189 +239,6 @@ class PlanResult:
 def trial_optimizer(config: PlanConfig, precision: str) -> str:
     """The optimiser a trial label trains with: its '+OPTIM' suffix, else --optimizer."""
     return split_label(precision)[1] or config.optimizer
-
-
-@contextmanager
-def _unpacked_rows():
-    """Tell transformers' mask builder what the real step finds: no packed sequences.
-
-    transformers reads the position ids' values to see whether a row packs several
-    sequences, and takes a fake tensor for "maybe packed": it then builds a full mask,
-    which turns off SDPA's causal kernel and its grouped-query path (key/value heads are
-    repeated and saved, for every layer). engine.models.load.make_batches passes no position
-    ids, so the model's own are 0..n-1 in every row: one sequence per row, which is what
-    the same function returns for the real batch.
-    """
-    from transformers import masking_utils
-
-    real = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = real
-
-
-class _NoReadScaler:
-    """Drives a GradScaler without reading its inf check: a fake tensor has no value.
-
-    ``GradScaler.step`` reads found-inf with ``.item()`` to decide whether to skip; the
-    steady state a trial watches is a step that did not skip, which is what this runs.
-    """
-
-    def __init__(self, scaler):
-        self.scaler = scaler
-
-    def scale(self, loss):
-        return self.scaler.scale(loss)
-
-    def step(self, optimizer):
-        self.scaler.unscale_(optimizer)
-        optimizer.step()
-
-    def update(self):
-        self.scaler.update()
-
-
-@contextmanager
-def _fake_world(world: int):
-    """FSDP2's device mesh over ``world`` ranks of torch's fake process group (collectives
-    return at once and move nothing), made before the fake mode (a mesh reads real
-    values) and taken down after the trace."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise ValueError("a process group is already running here: plan --strategy needs a "
-                         "process of its own")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    try:
-        yield init_device_mesh("cpu", (world,))
-    finally:
-        dist.destroy_process_group()
-
-
-def _optimizer_on_fake(name: str, params: list, lr: float, eps: float, mode):
-    """engine.run.trial's optimiser over fake parameters. bitsandbytes' and torchao's low-bit
-    AdamWs build their quantisation maps from real values (``.tolist()``), which a fake
-    tensor has none of: the maps are built here outside the fake mode (torchao caches
-    its own; bitsandbytes' become fake tensors of the same size), and the step runs their
-    registered fake kernels."""
-    from engine.models.optimizers import make_optimizer
-
-    if name == "adamw8bit":
-        optimizer = make_optimizer(name, params, lr, eps)
-        optimizer.name2qmap = {k: mode.from_tensor(v) for k, v in optimizer.name2qmap.items()}
-        return optimizer
-    if name in ("adamw8bit-ao", "adamw4bit"):
-        from torchao.optim import subclass_4bit, subclass_8bit
-
-        for module in (subclass_8bit, subclass_4bit):  # lru_cache'd: the step reuses them
-            module.get_qmap_signed()
-            module.get_qmap_unsigned()
-    with mode:
-        return make_optimizer(name, params, lr, eps)
-
-
-class TracedStep(NamedTuple):
-    memory: object  # engine.measure.memtrack.MeasuredPeak
-    flops_by_peak_dtype: dict  # one optimiser step's forwards and backwards
-    bytes_moved: int  # engine.measure.traffic's count over the watched step, optimiser included
-    bytes_moved_fused: int  # the same, as a compiled step moves it (FUSED_CONVENTION)
-
-
-def trace_step(config: PlanConfig, precision: str, batch_size: int) -> TracedStep:
-    """One steady-state training step, traced; under FSDP2, rank 0's step in a fake world
-    of ``nproc_per_node`` ranks."""
-    with ExitStack() as stack:
-        mesh = (stack.enter_context(_fake_world(config.nproc_per_node))
-                if config.strategy == "fsdp2" else None)
-        return _trace(config, precision, batch_size, mesh)
-
-
-def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from engine.core.recipes import autocast_for, fp32_precision, recipe
-    from engine.models.load import load_model, make_batches
-    from engine.models.optimizers import adam_eps
-    from engine.models.training_data import BATCH_POOL
-    from engine.run.plan_autocast import CudaAttention, CudaAutocast, recompute_as_traced
-    from engine.run.plan_quant import bitsandbytes_as, load_quantised
-    from engine.run.trial_setup import make_scaler
-    from engine.run.trial_untimed import tracked_step
-
-    name, optim, reduce = split_label(precision)
-    rec = step_rec = recipe(name)
-    run = config.run_config(batch_size)
-    device = torch.device("cpu")
-    mode = FakeTensorMode()
-    # bitsandbytes' layers as the card (or the CPU) runs them; nothing for other recipes
-    quant = bitsandbytes_as(config.trace_as == "card") if rec.quant else nullcontext()
-    with fp32_precision(rec), mode:
-        load = load_quantised if rec.quant else load_model
-        loaded = load(config.model, rec, device, run.seed, run.trust_remote_code,
-                      run.lora_r, config.grad_checkpointing)
-        model = loaded.model
-        if config.strategy == "fsdp2":
-            from engine.distributed.rank_main import _scaler, _wrap
-            from engine.distributed.recipes import dist_recipe
-
-            drec = dist_recipe(f"{name}@{reduce}" if reduce else name, "fsdp2")
-            model, _, _ = _wrap(model, drec, device, mesh)
-            # FSDP2 casts by its MixedPrecisionPolicy instead of autocast, as a rank does
-            step_rec = dataclasses.replace(rec, autocast_dtype=None)
-        params = [p for p in model.parameters() if p.requires_grad]
-    eps = adam_eps(params)  # reads the trained dtypes with a real tensor: outside the mode
-    optimizer = _optimizer_on_fake(optim or config.optimizer, params, run.lr, eps, mode)
-    with fp32_precision(rec), mode:
-        scaler = (_scaler(drec, device, run) if config.strategy == "fsdp2"
-                  else make_scaler(rec, device, run))
-        scaler = _NoReadScaler(scaler) if scaler is not None else None
-    # one batch per micro-batch, as a trial cycles through its pool of distinct batches
-    real = make_batches(loaded.config, loaded.task, batch_size, config.seq_len,
-                        min(BATCH_POOL, config.grad_accum), run.seed, device)
-    # the card's autocast casts, on top of the CPU's autocast region (it acts only there),
-    # and its attention kernels
-    casts = traced_policy(config, step_rec) == POLICY
-    cuda = CudaAutocast() if casts else nullcontext()
-    attention = CudaAttention() if config.trace_as == "card" else nullcontext()
-    recompute_as_traced(model, casts, config.trace_as == "card")
-    with fp32_precision(rec), mode, quant, _unpacked_rows(), cuda, attention:
-        batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
-
-        # a warm-up step, its forward and backward counted as a trial's probe counts them
-        # (apart from the watched step: FlopCounterMode's module hooks keep checkpointed
-        # layers' recomputed tensors alive); it leaves the optimiser's state in place
-        def probe():
-            with autocast_for(step_rec, device):
-                loss = model(**batches[0]).loss
-            (scaler.scale(loss) if scaler else loss).backward()
-
-        # the card runs fp32 matmuls on its tf32 tensor cores where the recipe allows it
-        counted = flops_mod.count_flops(probe, tf32=rec.tf32)
-        with torch.compiler.set_stance("force_eager"):  # torchao's step, as tracked_step
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        with ByteCounter() as traffic:  # the watched step's bytes: no module hooks
-            measured = tracked_step(run, step_rec, device, model, optimizer, scaler, batches)
-    # FLOPs of one optimiser step: every micro-batch's forward and backward
-    return TracedStep(measured,
-                      {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()},
-                      traffic.bytes_moved, traffic.bytes_moved_fused)
-
-
-def traced_policy(config: PlanConfig, rec) -> str | None:
-    """The autocast op lists a trace of ``rec`` follows: the cards' (CUDA's) or, with
-    ``trace_as="cpu"``, the CPU's; None where the step has no autocast region."""
-    if rec.autocast_dtype is None:
-        return None
-    return CPU_POLICY if config.trace_as == "cpu" else POLICY
 
 
 def meta_shape(config: PlanConfig, precision: str):
@@ -636,8 +451,8 @@ def _plan(config: PlanConfig, log, on_trial=lambda result: None) -> PlanResult:
             if batch not in peaks:
                 log(f"{precision}: probing micro-batch {batch}")
                 if method == "traced":
-                    peaks[batch] = trace_any(config, precision, batch, trace_step, log)[0] \
-                        .memory.peak_bytes + buckets
+                    peaks[batch] = trace_any(config, precision, batch, trace_step, log,
+                                             timeline=False)[0].memory.peak_bytes + buckets
                 elif method == "memory model":
                     peaks[batch] = _fallback(config, precision, batch).total_bytes
                 else:
@@ -695,10 +510,6 @@ _PRECOMPUTE = (
     "truth value, which a fake tensor does not have; each all-gather computes its weight's "
     "scale instead, which differs by a few scalars, not in the float8 bytes gathered")
 
-_DDP_NOTE = ("; DDP's gradient buckets computed, not traced: DDP cannot run on a fake "
-             "process group")
-
-
 def _with_ddp_buckets(memory: MemoryBreakdown, buckets: int, world: int) -> MemoryBreakdown:
     """One DDP rank: the single-process step plus the gradient buckets DDP allocates when
     it wraps the model (a copy of every gradient, in its dtype). DDP cannot run on the fake
@@ -713,145 +524,3 @@ def _with_ddp_buckets(memory: MemoryBreakdown, buckets: int, world: int) -> Memo
         notes=(f"{memory.notes}; DDP rank of {world}: every rank holds the whole model, "
                "gradients and optimizer state, so the figure does not depend on the world "
                "size"))
-
-
-def _gib(value: int | None) -> str:
-    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
-
-
-# the rows of traced vs measured: the peak, then its categories
-SIDE_BY_SIDE = (("peak", "total_bytes"), ("params", "params_bytes"),
-                ("buffers", "buffers_bytes"), ("quant state", "quant_state_bytes"),
-                ("grads", "grads_bytes"),
-                ("optimizer", "optimizer_bytes"), ("inputs", "inputs_bytes"),
-                ("weight copies", "weight_copies_bytes"), ("activations", "activations_bytes"),
-                ("temporaries", "temporaries_bytes"))
-
-
-def size_text(value: int | None) -> str:
-    """Bytes in GiB from 1 GiB up, else MiB: a tiny model's figures stay readable."""
-    if value is None:
-        return "n/a"
-    return _gib(value) if abs(value) >= 2**30 else f"{value / 2**20:.2f} MiB"
-
-
-def duration_text(ms: float | None) -> str:
-    """A step time a person reads at a glance: '0.42 ms', '107 ms', '1.83 s', '2 min 5 s'."""
-    if ms is None:
-        return "n/a"
-    if ms < 1000:
-        return f"{ms:.2g} ms" if ms < 10 else f"{ms:.0f} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.3g} s"
-    minutes, seconds = divmod(round(ms / 1000), 60)
-    return f"{minutes} min {seconds} s"
-
-
-def peak_phase_note(memory) -> str:
-    """Where the peak falls, which explains its categories: in the optimizer step, or late
-    in backward, the activations are already freed (0 B there is right, not missing)."""
-    if memory is None or not memory.peak_phase:
-        return ""
-    note = f"; the peak falls in {memory.peak_phase}"
-    if memory.peak_phase != "forward" and not memory.activations_bytes:
-        note += (", after backward freed the activations" if memory.peak_phase == "optimizer"
-                 else ", once the activations it used were freed")
-    return note
-
-
-def difference_text(traced: int | None, measured: int | None) -> str:
-    """Traced minus measured, as a share of the measured figure."""
-    if traced is None or measured is None:  # a distributed trial keeps fewer categories
-        return "n/a"
-    if measured == 0:
-        return "equal" if traced == 0 else f"+{size_text(traced)}"
-    return f"{(traced - measured) / measured:+.1%}"
-
-
-def side_by_side(trial: PlanTrial) -> list[tuple[str, str, str, str]]:
-    """(row, traced, measured, difference) for a trial with a measured twin."""
-    rows = []
-    for label, name in SIDE_BY_SIDE:
-        traced = getattr(trial.memory, name) if trial.memory else None
-        measured = getattr(trial.measured.memory, name)
-        rows.append((label, size_text(traced), size_text(measured),
-                     difference_text(traced, measured)))
-    return rows
-
-
-def measured_over_predicted(trial: PlanTrial, card: CardVerdict) -> float | None:
-    """The measured twin's median step over this card's roofline, where the twin ran on
-    this card (a lower bound holds when it is 1 or more); None otherwise."""
-    m = trial.measured
-    if m is None or m.step_ms is None or card.predicted_step_ms is None:
-        return None
-    ran_on = peak_entry(m.device)
-    if ran_on is None or ran_on["name"] != peak_entry(card.card)["name"]:
-        return None
-    return m.step_ms / card.predicted_step_ms
-
-
-def _measured_lines(trial: PlanTrial) -> list[str]:
-    m = trial.measured
-    if m is None:
-        return ["  measured: no real trial of this model, shape and recipe in the run history "
-                "(profile it to compare)"]
-    lines = [f"  traced vs measured: run {m.run_id} on {m.device}", f"    from {m.source}",
-             f"    {'':<14}{'traced':>12}{'measured':>12}{'traced vs measured':>20}"]
-    lines += [f"    {row:<14}{t:>12}{r:>12}{d:>20}" for row, t, r, d in side_by_side(trial)]
-    if m.step_ms is not None:
-        lines.append(f"    step: measured {duration_text(m.step_ms)} (median) on {m.device}")
-    return lines
-
-
-def format_plan(result: PlanResult) -> str:
-    accum = (f" x {result.grad_accum} micro-batches (gradients accumulated)"
-             if result.grad_accum > 1 else "")
-    world = (f", {result.strategy.upper()} rank 0 of {result.nproc_per_node} (per-rank figures"
-             f"{_DDP_NOTE if result.strategy == 'ddp' else ''})"
-             if result.strategy != "none" else "")
-    from engine.run.plan_answer import answer_lines
-
-    lines = answer_lines(result)
-    lines += [f"plan: {result.model}, batch {result.batch_size} x {result.seq_len} tokens"
-             f"{accum}{world}, {result.optimizer}"
-             f"{', gradient checkpointing' if result.grad_checkpointing else ''}"
-             f"; CUDA context allowance {_gib(result.context_bytes)}"]
-    for trial in result.trials:
-        mem = trial.memory
-        head = f"{trial.precision}: peak {size_text(mem.total_bytes if mem else None)} " \
-               f"({trial.method})"
-        if mem is not None:
-            head += (f"; params {size_text(mem.params_bytes)}, grads "
-                     f"{size_text(mem.grads_bytes)}, optimizer {size_text(mem.optimizer_bytes)}, "
-                     f"weight copies {size_text(mem.weight_copies_bytes)}, activations "
-                     f"{size_text(mem.activations_bytes)}, temporaries "
-                     f"{size_text(mem.temporaries_bytes)}")
-            if mem.quant_state_bytes:  # bitsandbytes' scales and code books
-                head += f", quant state {size_text(mem.quant_state_bytes)}"
-            head += peak_phase_note(mem)
-        lines.append(head)
-        if trial.autocast_policy:
-            lines.append(f"  autocast traced: {trial.autocast_policy}")
-        if trial.scaling:
-            lines.append(f"  {trial.scaling}")
-        if trial.reason:
-            lines.append(f"  note: {trial.reason}")
-        lines += _measured_lines(trial)
-        for c in trial.cards:
-            if c.fits is None:
-                lines.append(f"  {c.card}: n/a ({c.reason})")
-                continue
-            verdict = "fits" if c.fits else "does not fit"
-            room = "headroom" if c.fits else "short by"
-            batch = "n/a" if c.max_batch is None else str(c.max_batch)
-            step = (f"{duration_text(c.predicted_step_ms)} ({c.bound}-bound roofline)"
-                    if c.predicted_step_ms is not None else c.prediction_model)
-            nominal = (" (the datasheet's nominal capacity: CUDA reports less)"
-                       if c.memory_kind == "datasheet" else "")
-            ratio = measured_over_predicted(trial, c)
-            ratio = "" if ratio is None else f"; measured / predicted {ratio:.2f}"
-            lines.append(f"  {c.card}: {verdict} in {_gib(c.usable_bytes)} usable{nominal}, "
-                         f"{room} {_gib(abs(c.headroom_bytes))}; largest micro-batch {batch}; "
-                         f"predicted step {step}{ratio}")
-    return "\n".join(lines)

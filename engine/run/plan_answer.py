@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from engine.core.config import base_precision, split_label
+from engine.core.config import TORCHAO_STEP, base_precision, split_label
 
 GIB = 2**30
 # what a rung changes in the asked configuration: (label, PlanConfig fields, precision or None)
@@ -33,8 +33,10 @@ QUANTISED = ("int8", "nf4")
 # the recipes in the words people use: frozen quantised weights, trained LoRA adapters
 QUANTISED_WORDS = {"int8": "LoRA on 8-bit weights (int8)",
                    "nf4": "QLoRA with 4-bit weights (nf4)"}
+# torchao's 4-bit AdamW is a per-recipe optimiser ('RECIPE+adamw4bit'), not an --optimizer:
+# its lever changes the recipe's label, and the distributed strategies refuse such labels
 OPTIMIZER_LEVERS = (("adamw8bit", "8-bit AdamW (--optimizer adamw8bit)"),
-                    ("adamw4bit", "4-bit AdamW (--optimizer adamw4bit)"))
+                    ("adamw4bit", "4-bit AdamW (--precision {recipe}+adamw4bit)"))
 FSDP2_WORLDS = (2, 4, 8)
 DATASHEET_NOTE = ("the card's memory is its datasheet's nominal capacity, more than CUDA "
                   "reports (about 1%, 7% with ECC on)")
@@ -88,13 +90,20 @@ def _candidates(config, asked) -> list[tuple[str, list[_Candidate], tuple]]:
                       [_Candidate("with gradient checkpointing", p, ckpt) for p in plain],
                       _STATIC))
     for optim, text in OPTIMIZER_LEVERS:
-        if config.optimizer == optim:
+        per_recipe = optim in TORCHAO_STEP
+        if config.optimizer == optim or (per_recipe and config.strategy != "none"):
             continue
-        cands = [_Candidate(f"with {text}", p, {"optimizer": optim}) for p in plain]
+
+        def cand(p, label, changes, optim=optim, per_recipe=per_recipe):
+            if per_recipe:
+                return _Candidate(label.format(recipe=p), f"{p}+{optim}", changes)
+            return _Candidate(label, p, {"optimizer": optim, **changes})
+
+        cands = [cand(p, f"with {text}", {}) for p in plain]
         if ckpt:
-            cands += [_Candidate(f"with {text}{ckpt_text}", p, {"optimizer": optim, **ckpt})
-                      for p in plain]
-        rungs.append((text, cands, ("params", "buffers", "quant_state", "grads")))
+            cands += [cand(p, f"with {text}{ckpt_text}", ckpt) for p in plain]
+        rungs.append((text.format(recipe="RECIPE"), cands,
+                      ("params", "buffers", "quant_state", "grads")))
     asked_names = {base_precision(t.precision) for t in asked}
     quant = []
     for name in QUANTISED:
@@ -176,7 +185,13 @@ def _change_words(cand: _Candidate) -> str:
     checkpointing', 'fp32 with 8-bit AdamW (--optimizer adamw8bit)'."""
     if cand.label.startswith("as "):  # a quantised recipe: its words name it
         return cand.label[len("as "):]
-    return f"{cand.precision} {cand.label}"
+    return f"{_asked(cand)} {cand.label}"
+
+
+def _asked(cand: _Candidate) -> str:
+    """The recipe asked that a candidate changes (a per-recipe optimiser's label has it
+    before the '+')."""
+    return cand.precision.partition("+")[0]
 
 
 def _accum_text(config, largest: int) -> str:
@@ -232,27 +247,27 @@ def _card_answer(config, result, card: str, typed: str, verdicts, plan_candidate
     for _rung, cands, keep in _candidates(config, asked):
         found = []
         for cand in cands:
-            base = by_precision.get(cand.precision)
+            base = by_precision.get(_asked(cand))
             bound = _static_bytes(base.memory, keep) if keep and base else None
             if bound is not None:  # FSDP2 shards it: each rank holds at least its share
                 bound //= cand.changes.get("nproc_per_node", 1)
             if bound is not None and bound > usable:
-                tried.append(f"{cand.precision} {cand.label}: skipped, what it keeps is "
+                tried.append(f"{_asked(cand)} {cand.label}: skipped, what it keeps is "
                              f"{_size(bound)} already, over {_size(usable)} usable")
                 continue
             trial = plan_candidate(cand, (typed,))
             if isinstance(trial, str):
-                tried.append(f"{cand.precision} {cand.label}: not planned ({trial})")
+                tried.append(f"{_asked(cand)} {cand.label}: not planned ({trial})")
                 continue
             v = trial.cards[0]
             if v.fits is None:
-                tried.append(f"{cand.precision} {cand.label}: n/a ({v.reason})")
+                tried.append(f"{_asked(cand)} {cand.label}: n/a ({v.reason})")
             elif v.fits:
                 found.append((cand, trial, v))
-                tried.append(f"{cand.precision} {cand.label}: fits, "
+                tried.append(f"{_asked(cand)} {cand.label}: fits, "
                              f"{_size(v.headroom_bytes)} headroom ({trial.method})")
             else:
-                tried.append(f"{cand.precision} {cand.label}: short by "
+                tried.append(f"{_asked(cand)} {cand.label}: short by "
                              f"{_size(-v.headroom_bytes)} ({trial.method})")
         if found:
             (cand, trial, v), why = _roomiest(found, lambda f: f[0].precision,

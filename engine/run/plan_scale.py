@@ -8,7 +8,8 @@ two, and the third checks it: where every figure grows by the same amount per re
 (within what would move the full model's figure by 0.1%) and the peak falls in the same
 phase, the figures are extended to the full count of repeats; otherwise the cut is tried
 at 2, 3 and 4 repeats, and then the model is traced whole. ``full_trace`` traces it whole
-from the start. The timeline shown is the largest cut model's (its layers repeat too).
+from the start. The memory timeline is extended change by change the same way
+(engine.run.plan_scale_timeline); where it does not extend alike, neither does the plan.
 
 Mixture-of-experts layers: torch's grouped matmul has no fake kernel for float32 inputs,
 so the trace routes transformers' experts through its own grouped-matmul fallback op (one
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 SAMPLES = ((1, 2, 3), (2, 3, 4))
 # a figure's growth per repeat may differ between the samples by at most this share of the
@@ -56,9 +57,12 @@ def _figures(step) -> dict:
     return flat
 
 
-def extend(samples: list, points: tuple, repeats: int):
+def extend(samples: list, points: tuple, repeats: int, pattern=None):
     """The TracedStep of ``repeats`` repeats from steps traced at ``points`` repeats, or
-    (None, why) where a figure does not grow alike per repeat."""
+    (None, why) where a figure does not grow alike per repeat; its timeline scaled from the
+    cut steps' unthinned ones where ``pattern`` is given, else None."""
+    from engine.run.plan_scale_timeline import scale_timeline
+
     a, b, c = (_figures(s) for s in samples)
     phases = {s.memory.phase for s in samples}
     if len(phases) > 1:
@@ -72,9 +76,14 @@ def extend(samples: list, points: tuple, repeats: int):
         if abs(step2 - step1) * (repeats - n3) > TOLERANCE * max(abs(value), 1):
             return None, f"{' '.join(map(str, key))} does not grow alike per repeat"
         out[key] = value if key[0] == "flops" else round(value)
-    last = samples[-1]
+    last, timeline = samples[-1], None
+    if pattern is not None:
+        timeline, why = scale_timeline([s.memory.timeline for s in samples], points, repeats,
+                                       pattern.prefix, pattern.period)
+        if timeline is None:
+            return None, f"the memory timeline: {why}"
     memory = dataclasses.replace(
-        last.memory, peak_bytes=out[("peak",)], start_bytes=out[("start",)],
+        last.memory, timeline=timeline, peak_bytes=out[("peak",)], start_bytes=out[("start",)],
         at_peak={k: out[("at_peak", k)] for k in last.memory.at_peak},
         at_phase_start={p: {k: out[("phase_start", p, k)] for k in cats}
                         for p, cats in last.memory.at_phase_start.items()})
@@ -107,10 +116,14 @@ def scaling_pattern(config):
     return pattern, model_config, why
 
 
-def trace_any(config, precision: str, batch: int, trace, log=lambda msg: None):
+def trace_any(config, precision: str, batch: int, trace, log=lambda msg: None,
+              timeline: bool = True):
     """(TracedStep, how it was made): scaled from cut models where the layers repeat
     alike, else one trace of the whole model. ``trace(config, precision, batch)`` traces one
-    step (engine.run.plan's, passed in: plan imports this module)."""
+    step (engine.run.plan_trace's, passed in by engine.run.plan); ``timeline`` False: a
+    scaled step has no timeline (a batch probe needs only the peak)."""
+    from engine.measure.memory_timeline import unthinned
+
     with experts_traceable():
         pattern, model_config, why = scaling_pattern(config)
         for points in SAMPLES if pattern else ():
@@ -120,14 +133,16 @@ def trace_any(config, precision: str, batch: int, trace, log=lambda msg: None):
             for n in points:
                 log(f"{precision}: tracing {pattern.cut_layers(n)} of {pattern.layers} "
                     f"layers at batch {batch}")
-                steps.append(_cut_trace(trace, config, precision, batch, model_config, pattern, n))
-            scaled, why = extend(steps, points, pattern.repeats)
+                with unthinned() if timeline else nullcontext():
+                    steps.append(_cut_trace(trace, config, precision, batch, model_config,
+                                            pattern, n))
+            scaled, why = extend(steps, points, pattern.repeats, pattern if timeline else None)
             if scaled is not None:
                 cuts = ", ".join(str(pattern.cut_layers(n)) for n in points)
                 return scaled, (
                     f"scaled: traced the model cut to {cuts} of its {pattern.layers} layers "
                     f"({pattern.describe()}); every figure grows alike per repeat (checked "
-                    "at the third cut) and is extended to the full count; the timeline is "
-                    "the largest cut model's")
+                    "at the third cut) and is extended to the full count, the memory "
+                    "timeline change by change")
         log(f"{precision}: tracing the whole model at batch {batch}")
         return trace(config, precision, batch), f"traced whole: {why}"

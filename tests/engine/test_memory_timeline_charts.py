@@ -94,12 +94,13 @@ def _phases(timeline: dict) -> list[str]:
 
 
 def test_plan_traces_llama3_8b_on_an_rtx_4090_with_its_timeline(tmp_path):
-    # traced whole: a scaled plan's timeline is its cut model's step (said in its title)
+    # the default plan: scaled from cut models, its timeline extended to the 32 layers
     run = _cli(tmp_path, "plan", "--model", "llama-3-8b", "--precision", "bf16-amp",
-               "--batch-size", "1", "--seq-len", "2048", "--card", "RTX 4090", "--full-trace",
+               "--batch-size", "1", "--seq-len", "2048", "--card", "RTX 4090",
                "--max-batch", "0", "--json", "--quiet", "--out", str(tmp_path / "plan.html"))
     assert run.returncode == 0, run.stderr
     trial = json.loads(run.stdout)["trials"][0]
+    assert trial["scaling"].startswith("scaled"), trial["scaling"]
     timeline, memory = trial["memory_timeline"], trial["memory"]
     totals = [sum(p["category_bytes"]) for p in timeline["points"]]
     assert max(totals) == memory["total_bytes"] == timeline["peak_bytes"]
@@ -110,7 +111,7 @@ def test_plan_traces_llama3_8b_on_an_rtx_4090_with_its_timeline(tmp_path):
     # 32 decoder layers, each named where its forward made the bytes
     layers = {p["module"].split(".")[2] for p in timeline["points"]
               if p["module"] and p["module"].startswith("model.layers.")}
-    assert len(layers) > 16
+    assert len(layers) > 16 and layers <= {str(i) for i in range(32)}
     page = (tmp_path / "plan.html").read_text(encoding="utf-8")
     assert "Memory across one training step (traced)" in page
     assert "NVIDIA GeForce RTX 4090 usable" in _texts(page)

@@ -12,7 +12,8 @@ import transformers as tf
 
 from engine.core.config import RunConfig
 from engine.measure.device import probe
-from engine.run.plan import PlanConfig, plan, trace_step
+from engine.run.plan import PlanConfig, plan
+from engine.run.plan_trace import trace_step
 from engine.run.trial import run_trial
 from tests.engine.families import FAMILIES
 

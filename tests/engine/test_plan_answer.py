@@ -133,7 +133,7 @@ def test_a_misspelt_name_gets_did_you_mean():
 
 
 def test_step_times_read_in_units():
-    from engine.run.plan import duration_text
+    from engine.run.plan_text import duration_text
 
     assert [duration_text(v) for v in (0.123, 7.5, 107.4, 1834.0, 125_000.0, None)] == [
         "0.12 ms", "7.5 ms", "107 ms", "1.83 s", "2 min 5 s", "n/a"]

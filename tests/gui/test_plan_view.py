@@ -6,7 +6,7 @@ from PySide6.QtTest import QTest
 
 from engine.core.config import RunConfig
 from engine.measure.device import probe
-from engine.run.plan import duration_text
+from engine.run.plan_text import duration_text
 from engine.run.trial import run_trial
 from gui.main_window import MainWindow
 from tests.gui.clicks import choose, click, type_into
@@ -266,7 +266,8 @@ def test_plan_tab_gives_every_recipe_planned_a_row(qtbot, window, tmp_path):
     import dataclasses
     import json
 
-    from engine.run.plan import format_plan, plan
+    from engine.run.plan import plan
+    from engine.run.plan_text import format_plan
 
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "llama", "hidden_size": 8192, "intermediate_size": 16384,
