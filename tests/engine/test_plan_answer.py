@@ -240,12 +240,12 @@ def test_cli_answer_plans_each_card_its_own_change(tmp_path):
     t4, rtx = json.loads(run.stdout)["answers"]
     assert t4["precision"] == "nf4", t4["text"]  # 8-bit AdamW is short on the T4
     # judged per card, traced once: the progress lines name each change planned (per card)
-    # and each step traced
-    planned = [x for x in run.stderr.splitlines() if x.startswith("plan: answer: planning ")]
-    traced = [x for x in run.stderr.splitlines() if ": tracing " in x]
-    assert "plan: answer: planning fp32 with 8-bit AdamW (--optimizer adamw8bit)" in planned
-    assert len(planned) > len(set(planned)), planned  # a change planned for both cards
-    assert len(traced) == 1 + len(set(planned)), run.stderr  # the recipe asked, each change
+    # and each step traced; the 4090's changes, all planned for the T4 first, trace nothing
+    lines = run.stderr.splitlines()
+    planned = [x for x in lines if x.startswith("plan: answer: planning ")]
+    again = next(i for i, x in enumerate(lines) if x in planned and x in lines[:i])
+    assert lines[again] == "plan: answer: planning fp32 with 8-bit AdamW (--optimizer adamw8bit)"
+    assert not [x for x in lines[again:] if ": tracing " in x], run.stderr
     from engine.run.plan import PlanConfig, plan
 
     eight_bit = PlanConfig(model=model, precisions=("fp32",), batch_size=1, seq_len=64,
