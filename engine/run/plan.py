@@ -54,7 +54,7 @@ from engine.measure.traffic import FUSED_CONVENTION
 from engine.record.bounded import cut
 from engine.run.plan_measured import MeasuredTrial, find_measured, read_report
 from engine.run.plan_timeline import traced_timeline
-from engine.run.plan_trace import trace_step, traced_policy
+from engine.run.plan_trace import traced_policy
 
 # What CUDA holds outside the allocator (context, loaded kernels, cuBLAS handles); a
 # stated allowance, not a measurement: `profile` on the card reports its context gap.
@@ -377,19 +377,23 @@ def plan(config: PlanConfig, log=lambda msg: None, on_trial=lambda result: None)
     result so far after each recipe asked is judged."""
     from engine.models.model_health import check_model
     from engine.run.plan_answer import answer
+    from engine.run.plan_memo import TraceMemo
 
     check_model(config.model, config.seq_len)  # an unknown model: its reason, first
-    result = _plan(config, log, on_trial)
+    memo = TraceMemo()  # a lever planned for several cards is traced once
+    result = _plan(config, log, on_trial, memo)
     levers: list = []
     answers = answer(config, result,
-                     lambda c, lg: _plan(dataclasses.replace(c, levers=False), lg), log,
-                     planned_out=levers)
+                     lambda c, lg: _plan(dataclasses.replace(c, levers=False), lg, memo=memo),
+                     log, planned_out=levers)
     return dataclasses.replace(result, answers=answers, lever_trials=levers)
 
 
-def _plan(config: PlanConfig, log, on_trial=lambda result: None) -> PlanResult:
+def _plan(config: PlanConfig, log, on_trial=lambda result: None, memo=None) -> PlanResult:
     from engine.core.recipes import recipe
-    from engine.run.plan_scale import trace_any
+    from engine.run.plan_memo import TraceMemo
+
+    memo = memo or TraceMemo()
 
     reports = [(path, read_report(path)) for path in config.measured]  # bad files: say first
     trials = []
@@ -406,8 +410,8 @@ def _plan(config: PlanConfig, log, on_trial=lambda result: None) -> PlanResult:
         if reason is None:
             start = time.perf_counter()
             try:
-                (measured, by_dtype, bytes_moved, fused), scaling = trace_any(
-                    config, precision, config.batch_size, trace_step, log)
+                (measured, by_dtype, bytes_moved, fused), scaling = memo.trace(
+                    config, precision, config.batch_size, log)
             except Exception as exc:  # a custom op without a fake kernel
                 reason = f"fake tensors could not trace it: {type(exc).__name__}: {exc}"
             else:
@@ -451,8 +455,8 @@ def _plan(config: PlanConfig, log, on_trial=lambda result: None) -> PlanResult:
             if batch not in peaks:
                 log(f"{precision}: probing micro-batch {batch}")
                 if method == "traced":
-                    peaks[batch] = trace_any(config, precision, batch, trace_step, log,
-                                             timeline=False)[0].memory.peak_bytes + buckets
+                    peaks[batch] = memo.trace(config, precision, batch, log,
+                                              timeline=False)[0].memory.peak_bytes + buckets
                 elif method == "memory model":
                     peaks[batch] = _fallback(config, precision, batch).total_bytes
                 else:

@@ -165,9 +165,11 @@ def _cli(*args, timeout=600):
 
 
 def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
+    # --no-levers: the answer's changes (each quantised recipe, traced at 8B's widths) are
+    # test_plan_answer.py's; this test reads the traced step and the card's verdict
     run = _cli("--model", "llama-3-8b", "--precision", "bf16-amp", "--batch-size", "1",
                "--seq-len", "2048", "--card", "RTX 4090", "--max-batch", "0", "--json",
-               "--quiet", "--out", str(tmp_path / "plan.html"))
+               "--quiet", "--no-levers", "--out", str(tmp_path / "plan.html"))
     assert run.returncode == 0, run.stderr
     data = json.loads(run.stdout)
     trial = data["trials"][0]
@@ -367,12 +369,15 @@ def test_cli_fsdp2_and_ddp_per_rank_bytes_equal_hand_counts(tmp_path, family):
         assert mem["at_phase_start_bytes"]["optimizer"]["grads"] == 4 * shard
         assert mem["optimizer_bytes"] == 8 * shard + 4 * len(shapes)
 
-    single = {t["precision"]: t["memory"] for t in cli()["trials"]}
+    # the one-process step, planned directly in the test's process (as the CLI plans it)
+    single = {t.precision: t.memory for t in plan(PlanConfig(
+        model=source, precisions=("fp32", "bf16-amp"), batch_size=1, seq_len=16,
+        cards=("RTX 4090",), max_batch=0, history=False, levers=False)).trials}
     ddp = cli("--strategy", "ddp", "--nproc-per-node", str(world))
     for trial in ddp["trials"]:
         mem = trial["memory"]
         assert mem["params_bytes"] == 4 * n
-        assert mem["total_bytes"] == single[trial["precision"]]["total_bytes"] + 4 * n
+        assert mem["total_bytes"] == single[trial["precision"]].total_bytes + 4 * n
         assert "computed, not traced" in mem["total_method"]
         card = trial["cards"][0]
         assert card["headroom_bytes"] == card["usable_bytes"] - mem["total_bytes"]

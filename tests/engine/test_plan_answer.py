@@ -29,12 +29,17 @@ def _model(tmp_path, family: str) -> str:
     return str(tmp_path / family)
 
 
-def _peak(model: str, *extra, batch: int = BATCH) -> int:
-    run = _cli("--model", model, "--precision", "fp32", "--batch-size", str(batch),
-               "--seq-len", str(SEQ), "--card", "RTX 4090", "--max-batch", "0",
-               "--no-history", "--no-levers", "--json", "--quiet", *extra)
-    assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout)["trials"][0]["memory"]["total_bytes"]
+def _peak(model: str, batch: int = BATCH, **changes) -> int:
+    """The step's peak planned directly, the reference an answer's figures are checked
+    against: engine.run.plan.plan, which the CLI calls, run in the test's own process (a
+    process of its own would add seconds of imports to each reference; the answers
+    themselves come from the real CLI)."""
+    from engine.run.plan import PlanConfig, plan
+
+    config = PlanConfig(model=model, precisions=("fp32",), batch_size=batch, seq_len=SEQ,
+                        cards=("RTX 4090",), max_batch=0, history=False, levers=False,
+                        **changes)
+    return plan(config).trials[0].memory.total_bytes
 
 
 def _size(value: int) -> str:
@@ -51,7 +56,7 @@ def test_cli_answer_first_names_checkpointing_when_only_it_fits(tmp_path, family
     checkpointing: the first line says no recipe fits as asked and names the recipe with
     checkpointing, with the room the checkpointed step planned on its own leaves."""
     model = _model(tmp_path, family)
-    plain, ckpt = _peak(model), _peak(model, "--grad-checkpointing")
+    plain, ckpt = _peak(model), _peak(model, grad_checkpointing=True)
     assert ckpt < plain
     usable = (plain + ckpt) // 2
     run = _cli("--model", model, "--precision", "fp32", "--batch-size", str(BATCH),
@@ -139,10 +144,30 @@ def test_step_times_read_in_units():
         "0.12 ms", "7.5 ms", "107 ms", "1.83 s", "2 min 5 s", "n/a"]
 
 
+@pytest.fixture(scope="module")
+def quantised_plan(tmp_path_factory):
+    """(model, trials by precision): one CLI plan of nf4 and int8 per family, shared by
+    the tests of each recipe."""
+    plans = {}
+
+    def planned(family: str):
+        if family not in plans:
+            model = _model(tmp_path_factory.mktemp("quantised"), family)
+            run = _cli("--model", model, "--precision", "nf4,int8", "--batch-size", "2",
+                       "--seq-len", "32", "--card", "RTX 4090", "--max-batch", "0",
+                       "--no-history", "--no-levers", "--json", "--quiet")
+            assert run.returncode == 0, run.stderr
+            plans[family] = model, {t["precision"]: t
+                                    for t in json.loads(run.stdout)["trials"]}
+        return plans[family]
+
+    return planned
+
+
 @pytest.mark.parametrize("family", ["tiny", "llama-gqa"])
 @pytest.mark.parametrize("precision", ["nf4", "int8"])
-def test_cli_quantised_categories_add_up_and_the_memory_models_terms_too(tmp_path, family,
-                                                                        precision):
+def test_cli_quantised_categories_add_up_and_the_memory_models_terms_too(quantised_plan,
+                                                                        family, precision):
     """A quantised recipe is traced (engine.run.plan_quant): its categories add up to its
     peak. The memory model, which predicts a trial's memory and stands in where a trace
     cannot run, predicts it too: each phase of its formula's text is the sum of the terms
@@ -153,12 +178,8 @@ def test_cli_quantised_categories_add_up_and_the_memory_models_terms_too(tmp_pat
     from engine.models.memory_model import predict_memory
     from engine.run.plan import PlanConfig, meta_shape
 
-    model = _model(tmp_path, family)
-    run = _cli("--model", model, "--precision", precision, "--batch-size",
-               "2", "--seq-len", "32", "--card", "RTX 4090", "--max-batch", "0",
-               "--no-history", "--no-levers", "--json", "--quiet")
-    assert run.returncode == 0, run.stderr
-    trial = json.loads(run.stdout)["trials"][0]
+    model, trials = quantised_plan(family)
+    trial = trials[precision]
     assert trial["method"] == "traced", trial["reason"]
     memory = trial["memory"]
     cats = ("params_bytes", "buffers_bytes", "quant_state_bytes", "grads_bytes",
@@ -214,13 +235,23 @@ def test_cli_answer_plans_each_card_its_own_change(tmp_path):
     model = str(tmp_path)
     shape = ("--batch-size", "1", "--seq-len", "64", "--max-batch", "0", "--no-history")
     run = _cli("--model", model, "--precision", "fp32", "--card", "T4,RTX 4090", *shape,
-               "--quiet", "--json")
+               "--json")
     assert run.returncode == 0, run.stderr
     t4, rtx = json.loads(run.stdout)["answers"]
     assert t4["precision"] == "nf4", t4["text"]  # 8-bit AdamW is short on the T4
-    eight_bit = _cli("--model", model, "--precision", "fp32", "--card", "RTX 4090", *shape,
-                     "--optimizer", "adamw8bit", "--no-levers", "--quiet", "--json")
-    peak = json.loads(eight_bit.stdout)["trials"][0]["memory"]["total_bytes"]
+    # judged per card, traced once: the progress lines name each change planned (per card)
+    # and each step traced; the 4090's changes, all planned for the T4 first, trace nothing
+    lines = run.stderr.splitlines()
+    planned = [x for x in lines if x.startswith("plan: answer: planning ")]
+    again = next(i for i, x in enumerate(lines) if x in planned and x in lines[:i])
+    assert lines[again] == "plan: answer: planning fp32 with 8-bit AdamW (--optimizer adamw8bit)"
+    assert not [x for x in lines[again:] if ": tracing " in x], run.stderr
+    from engine.run.plan import PlanConfig, plan
+
+    eight_bit = PlanConfig(model=model, precisions=("fp32",), batch_size=1, seq_len=64,
+                           optimizer="adamw8bit", cards=("RTX 4090",), max_batch=0,
+                           history=False, levers=False)
+    peak = plan(eight_bit).trials[0].memory.total_bytes  # planned directly, as _peak
     spare = CARD_BYTES - 2**30 - peak  # the 4090 as CUDA reports it, less the allowance
     assert rtx["text"] == (f"{model} on {CARD}: no recipe fits as asked; fp32 with 8-bit "
                            f"AdamW (--optimizer adamw8bit), {_spare(spare)} to spare (traced)")

@@ -205,19 +205,23 @@ def test_checkpointed_layers_recompute_under_the_cards_casts(family, tmp_path):
     FAMILIES[family]().save_pretrained(tmp_path)
     model = str(tmp_path)
 
-    def planned(*args):
-        done = subprocess.run([sys.executable, "main.py", "plan", "--model", model,
-                               "--precision", "bf16-amp", "--batch-size", "2", "--seq-len",
-                               "32", "--card", "H200", "--max-batch", "0", "--no-history",
-                               "--no-levers", "--json", "--quiet", *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stderr
-        (trial,) = json.loads(done.stdout)["trials"]
-        return trial
+    from engine.run.plan import PlanConfig, plan
 
-    plain, checkpointed = planned(), planned("--grad-checkpointing")
-    for trial in (plain, checkpointed):
-        assert trial["method"] == "traced", trial.get("reason")
-        assert trial["autocast_policy"] and "CUDA" in trial["autocast_policy"]
+    done = subprocess.run([sys.executable, "main.py", "plan", "--model", model,
+                           "--precision", "bf16-amp", "--batch-size", "2", "--seq-len", "32",
+                           "--card", "H200", "--max-batch", "0", "--no-history", "--no-levers",
+                           "--json", "--quiet", "--grad-checkpointing"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    (checkpointed,) = json.loads(done.stdout)["trials"]
+    # the step without checkpointing, planned directly in the test's process
+    (plain,) = plan(PlanConfig(model=model, precisions=("bf16-amp",), batch_size=2,
+                               seq_len=32, cards=("H200",), max_batch=0, history=False,
+                               levers=False)).trials
+    for method, reason, policy in ((checkpointed["method"], checkpointed.get("reason"),
+                                    checkpointed["autocast_policy"]),
+                                   (plain.method, plain.reason, plain.autocast_policy)):
+        assert method == "traced", reason
+        assert policy and "CUDA" in policy
     # at these sizes the peak may fall in the optimiser step (no activations left there)
-    assert checkpointed["memory"]["total_bytes"] <= plain["memory"]["total_bytes"]
+    assert checkpointed["memory"]["total_bytes"] <= plain.memory.total_bytes

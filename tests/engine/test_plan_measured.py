@@ -28,8 +28,8 @@ def _profile(data: Path, out: Path, model: str = "tiny"):
     return json.loads(out.read_text(encoding="utf-8"))
 
 
-def _plan(data: Path, *args, model: str = "tiny"):
-    run = _main(data, "plan", "--model", model, "--precision", "fp32,bf16-amp,fp16-amp",
+def _plan(data: Path, *args, model: str = "tiny", precision: str = "fp32,bf16-amp,fp16-amp"):
+    run = _main(data, "plan", "--model", model, "--precision", precision,
                 "--seq-len", "32", "--card", "RTX 4090", "--max-batch", "0", "--quiet",
                 "--trace-as", "cpu", *args)  # beside CPU trials: the CPU's autocast
     assert run.returncode == 0, run.stderr
@@ -47,8 +47,9 @@ def test_cli_plan_shows_the_measured_trial_of_the_same_shape(tmp_path):
     journal = data / "runs" / f"{report['run_id']}.jsonl"
     assert journal.is_file()
 
-    plan = json.loads(_plan(data, "--batch-size", "2", "--json",
-                            "--out", str(tmp_path / "plan.html")).stdout)
+    # one plan read both ways: its JSON report and the text on stdout
+    text = _plan(data, "--batch-size", "2", "--out", str(tmp_path / "plan.json")).stdout
+    plan = json.loads((tmp_path / "plan.json").read_text(encoding="utf-8"))
     trials = {t["precision"]: t for t in plan["trials"]}
     for precision in ("fp32", "bf16-amp"):
         measured = trials[precision]["measured"]
@@ -63,27 +64,30 @@ def test_cli_plan_shows_the_measured_trial_of_the_same_shape(tmp_path):
     assert trials["fp16-amp"]["measured"] is None  # never profiled
 
     # the table: the measured column holds the report's figure, rounded as printed
-    text = _plan(data, "--batch-size", "2").stdout.splitlines()
+    text = text.splitlines()
     start = text.index("  traced vs measured: run "
                        f"{report['run_id']} on {report['trials'][0]['device']}")
     assert text[start + 1] == f"    from {journal}"
     peak = text[start + 3].split()
     assert peak[0] == "peak" and " ".join(peak[3:5]) == _mib(real["fp32"]["total_bytes"])
     assert max(len(line) for line in text[start:start + 12]) <= 120
-    page = (tmp_path / "plan.html").read_text(encoding="utf-8")
-    assert "fp32: traced vs measured" in page and _mib(real["fp32"]["total_bytes"]) in page
 
-    # another micro-batch, or checkpointing on: not the same step, not matched
+    # another micro-batch, or checkpointing on: not the same step, not matched (the two
+    # recipes profiled; fp16-amp has no trial at any shape)
     for args in (("--batch-size", "3"), ("--batch-size", "2", "--grad-checkpointing")):
-        other = json.loads(_plan(data, *args, "--json").stdout)
+        other = json.loads(_plan(data, *args, "--json", precision="fp32,bf16-amp").stdout)
         assert all(t["measured"] is None for t in other["trials"]), args
 
-    # --measured names a report from elsewhere (an empty history here)
+    # --measured names a report from elsewhere (an empty history here); its HTML report
+    # shows the measured twin beside the traced figures
     empty = tmp_path / "here"
     named = json.loads(_plan(empty, "--batch-size", "2", "--measured",
-                             str(tmp_path / "real.json"), "--json").stdout)
+                             str(tmp_path / "real.json"), "--json",
+                             "--out", str(tmp_path / "plan.html")).stdout)
     assert named["trials"][0]["measured"]["source"] == str(tmp_path / "real.json")
     assert named["trials"][0]["measured"]["memory"] == real["fp32"]
+    page = (tmp_path / "plan.html").read_text(encoding="utf-8")
+    assert "fp32: traced vs measured" in page and _mib(real["fp32"]["total_bytes"]) in page
     shorter = _main(empty, "plan", "--model", "tiny", "--precision", "fp32", "--batch-size",
                     "2", "--seq-len", "16", "--card", "RTX 4090", "--max-batch", "0", "--json",
                     "--quiet", "--measured", str(tmp_path / "real.json"))
