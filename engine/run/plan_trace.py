@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import ExitStack, contextmanager, nullcontext
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -19,9 +19,7 @@ from engine.core.config import split_label
 from engine.measure import flops as flops_mod
 from engine.measure.traffic import ByteCounter
 from engine.run.plan_autocast import CPU_POLICY, POLICY
-
-if TYPE_CHECKING:
-    from engine.run.plan import PlanConfig
+from engine.run.plan_config import PlanConfig
 
 
 @contextmanager
