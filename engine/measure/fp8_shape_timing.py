@@ -217,5 +217,5 @@ def add_measured(data: dict, lookup: dict) -> None:
                 found = next(((e, s) for e in entries if (s := speedup(
                     e["shapes"].get(shape_key(row["m"], row["k"], row["n"])) or {}, label))),
                     None)
-                row["measured_speedup"] = None if found is None else round(found[1], 3)
+                row["measured_speedup"] = None if found is None else found[1]
                 row["measured_on"] = None if found is None else found[0]["device"]
