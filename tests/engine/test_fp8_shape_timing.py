@@ -172,3 +172,22 @@ def test_on_a_gpu_its_own_card_shows_the_timings(tmp_path):
             assert row["measured_on"] == shown["device"]
             assert row["measured_speedup"] == pytest.approx(
                 ratios[(row["m"], row["k"], row["n"])][f"{label}_speedup"], rel=1e-12)
+
+
+def test_a_shape_too_large_for_the_cpus_budget_is_skipped_and_said_so(tmp_path):
+    from engine.measure.fp8_shape_timing import CPU_MAX_FLOPS
+
+    folder = tmp_path / "gpt2"
+    FAMILIES["gpt2"]().save_pretrained(folder)
+    cache = tmp_path / "cache"
+    batch, seq = 32, 128
+    shapes = {(batch * seq, k, n) for _, k, n in _shapes(folder)}
+    large = {s for s in shapes if 6 * s[0] * s[1] * s[2] > CPU_MAX_FLOPS}
+    assert large and large != shapes  # this size times some shapes and skips others
+    run = _cli(cache, "peak", "--fp8-shapes", "--model", str(folder), "--batch-size",
+               str(batch), "--seq-len", str(seq), "--device", "cpu", "--json")
+    assert run.returncode == 0, run.stderr
+    shown = json.loads(run.stdout)
+    assert {tuple(map(int, s.split("x"))) for s in shown["skipped"]} == large
+    assert all("not timed" in why and "GFLOP" in why for why in shown["skipped"].values())
+    assert {(s["m"], s["k"], s["n"]) for s in shown["shapes"]} == shapes - large
