@@ -188,9 +188,12 @@ def measure(info, layers, rerun: bool = False, on_shape=None) -> dict:
 def speedup(shape: dict, label: str) -> float | None:
     """A cached shape's measured speed-up of ``label``: bf16 median over its median."""
     low, bf16 = shape.get(label), shape.get("bf16")
-    if not (isinstance(low, dict) and isinstance(bf16, dict) and low.get("median_ms")):
+    if not (isinstance(low, dict) and isinstance(bf16, dict)):
         return None
-    return bf16["median_ms"] / low["median_ms"]
+    times = (bf16.get("median_ms"), low.get("median_ms"))
+    if not all(isinstance(t, (int, float)) and t > 0 for t in times):
+        return None  # a damaged or hand-edited entry: no figure rather than a wrong one
+    return times[0] / times[1]
 
 
 def card_entries(card: str) -> list[dict]:
@@ -200,8 +203,10 @@ def card_entries(card: str) -> list[dict]:
         return []
     found = [e for e in read_cache().values() if isinstance(e, dict)
              and e.get("kind") == "cuda" and isinstance(e.get("device"), str)
+             and isinstance(e.get("shapes"), dict)
              and (peak_entry(e["device"]) or {}).get("name") == row["name"]]
-    return sorted(found, key=lambda e: -(e.get("measured_at_s") or 0))
+    return sorted(found, key=lambda e: -e["measured_at_s"]
+                  if isinstance(e.get("measured_at_s"), (int, float)) else 0)
 
 
 def add_measured(data: dict, lookup: dict) -> None:
@@ -214,8 +219,8 @@ def add_measured(data: dict, lookup: dict) -> None:
         entries = card_entries(lookup.get(key, key))
         for label, entry in recipes.items():
             for row in entry["layers"]:
-                found = next(((e, s) for e in entries if (s := speedup(
-                    e["shapes"].get(shape_key(row["m"], row["k"], row["n"])) or {}, label))),
-                    None)
+                name = shape_key(row["m"], row["k"], row["n"])
+                found = next(((e, s) for e in entries if isinstance(e["shapes"].get(name), dict)
+                              and (s := speedup(e["shapes"][name], label))), None)
                 row["measured_speedup"] = None if found is None else found[1]
                 row["measured_on"] = None if found is None else found[0]["device"]

@@ -82,6 +82,11 @@ def test_each_distinct_shape_is_timed_once_cached_and_only_its_card_shows_it(tmp
     entries[f"{H100} | torch {torch.__version__}"] = {
         "device": H100, "kind": "cuda", "torch_version": torch.__version__,
         "measured_at_s": 1.0, "shapes": fake}
+    # an H200's damaged entry (no bf16 median, a zero one) gives no figure, and no error
+    entries["NVIDIA H200 | damaged"] = {
+        "device": "NVIDIA H200", "kind": "cuda", "shapes": {
+            name: {"bf16": {}, "fp8": {"median_ms": 0}, "fp8-rowwise": "?"} for name in fake}}
+    entries["not an entry"] = 3
     (cache / "fp8_shape_timing.json").write_text(json.dumps(entries), encoding="utf-8")
     run = _cli(cache, "plan", "--model", str(folder), "--precision", "bf16-amp",
                "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--card", "H100 SXM,H200",
@@ -98,7 +103,7 @@ def test_each_distinct_shape_is_timed_once_cached_and_only_its_card_shows_it(tmp
                 figures["bf16"]["median_ms"] / figures[label]["median_ms"], rel=1e-12)
             assert row["measured_on"] == H100
             assert row["speedup"] != row["measured_speedup"]  # the prediction is kept
-        for row in payoff["NVIDIA H200 SXM"][label]["layers"]:  # the CPU's are not its
+        for row in payoff["NVIDIA H200 SXM"][label]["layers"]:  # nor the CPU's figures
             assert row["measured_speedup"] is None and row["measured_on"] is None
     text = _cli(cache, "plan", "--model", str(folder), "--precision", "bf16-amp",
                 "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--card", "H200",
