@@ -3,9 +3,10 @@ plan (Plan tab) and beside a run's comparison.
 
 One card and recipe at a time, picked in a list that says each one's predicted step
 speed-up: the verdict sentence, the filter to paste, and the Linear layers (grouped by leaf
-name and shape) with each one's predicted speed-up and why it pays or does not. Every figure
-is a prediction: AmpScope does not time the shapes on a GPU yet, and the view says so. The
-table is built in a thread (it builds the model's skeleton), never in the window's.
+name and shape) with each one's predicted speed-up, its measured one where ``main.py peak
+--fp8-shapes`` timed that shape on that card (engine.measure.fp8_shape_timing), and why it
+pays or does not. The table is built in a thread (it builds the model's skeleton), never in
+the window's.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from PySide6.QtWidgets import (
 
 from gui.plain_text import plain_label
 
-PREDICTED = ("Would fp8 pay here? Every figure is predicted, not measured: each Linear "
-             "layer's three training GEMMs (forward, grad-input, grad-weight) with their "
-             "operands' casts against bf16, at M = tokens per micro-batch, by a model calibrated "
-             "on torchao's published H100 tables and this project's H200 GPT-2 run. Measured "
-             "figures would come from timing each distinct (M, K, N) shape in bf16 and fp8 on "
-             "the card itself; AmpScope does not time them yet.")
-HEADERS = ("Layers", "M x K x N", "Speed-up (predicted)", "Pays?", "Why")
+PREDICTED = ("Would fp8 pay here? Predicted: each Linear layer's three training GEMMs "
+             "(forward, grad-input, grad-weight) with their operands' casts against bf16, at "
+             "M = tokens per micro-batch, by a model calibrated on torchao's published H100 "
+             "tables and this project's H200 GPT-2 run. Measured: that shape's forward and "
+             "backward timed in bf16 and fp8 on that card itself (main.py peak --fp8-shapes "
+             "on it); a shape not timed there says predicted only.")
+MEASURED = "Speed-up (measured)"
+HEADERS = ("Layers", "M x K x N", "Speed-up (predicted)", MEASURED, "Pays?", "Why")
 
 
 class PayoffWorker(QObject):
@@ -64,6 +66,13 @@ def _cell(text: str, tooltip: str = "") -> QTableWidgetItem:
     item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
     item.setToolTip(tooltip or text)
     return item
+
+
+def _measured(row: dict) -> str:
+    """The measured column: the timed speed-up and the device it ran on, or "predicted"."""
+    if row.get("measured_speedup") is None:
+        return "n/a: predicted only"
+    return f"x{row['measured_speedup']:.2f} on {row['measured_on']}"
 
 
 def entry_title(card: str, label: str, entry: dict) -> str:
@@ -198,7 +207,7 @@ class PayoffView(QWidget):
         self.auto.setVisible(bool(lines))
 
     def _show_entry(self, index: int) -> None:
-        from engine.run.fp8_layers import layer_groups, module_filter
+        from engine.run.fp8_layers import layer_groups, measured_text, module_filter
 
         self.table.setRowCount(0)
         self.verdict.clear()
@@ -226,9 +235,10 @@ class PayoffView(QWidget):
         self.table.setRowCount(len(groups))
         for row, (name, r) in enumerate(groups):
             cells = (name, f"{r['m']} x {r['k']} x {r['n']}", f"x{r['speedup']:.2f}",
-                     "pays" if r["pays"] else "does not pay", r["why"])
+                     _measured(r), "pays" if r["pays"] else "does not pay", r["why"])
             for col, text in enumerate(cells):
-                self.table.setItem(row, col, _cell(text))
+                self.table.setItem(row, col, _cell(text, measured_text(r) if
+                                                   HEADERS[col] == MEASURED else ""))
 
     def cell(self, row: int, header: str) -> str:
         return self.table.item(row, HEADERS.index(header)).text()

@@ -13,6 +13,13 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--rerun", action="store_true", help="measure again instead of the cache")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--fp8-shapes", action="store_true",
+                   help="time each distinct Linear shape of --model at --batch-size x "
+                        "--seq-len in bf16 and float8 instead (cached per device; the plan's "
+                        "fp8 payoff table shows a card's timings beside its predictions)")
+    p.add_argument("--model", help="with --fp8-shapes: a preset, a folder or a hub id")
+    p.add_argument("--batch-size", type=int, default=1, help="with --fp8-shapes")
+    p.add_argument("--seq-len", type=int, default=512, help="with --fp8-shapes")
 
 
 def _rows(info, measured) -> list[dict]:
@@ -67,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.measure import matmul_peak
     from engine.measure.device import probe
 
+    if args.fp8_shapes or args.model:
+        from engine.cli.fp8_shapes import run as run_shapes
+
+        return run_shapes(args)
     info = probe(args.device)
     cached = None if args.rerun else matmul_peak.cached(info)
     measured = cached or matmul_peak.for_device(info, rerun=True)

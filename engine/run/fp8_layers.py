@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from engine.measure.fp8_payoff import Layer, break_even_tokens, card_recipes, payoff
+from engine.measure.fp8_shape_timing import add_measured
 from engine.measure.peaks import _entry as peak_entry
 
 # the 16-bit recipes whose step the GEMMs are weighed against, best first
@@ -58,6 +59,7 @@ def plan_payoff(result, cards: tuple[str, ...]) -> dict:
     data = payoff(linear_layers(result.model, tokens), list(zip(named, cards)), step_ms)
     add_verdicts(data, dict(zip(named, cards)), result.model, result.batch_size,
                  result.seq_len)
+    add_measured(data, dict(zip(named, cards)))
     return data
 
 
@@ -131,8 +133,9 @@ def module_filter(keep: list[str], rows: list[dict]) -> str:
 def payoff_lines(data: dict) -> list[str]:
     """The CLI's short table: per card and recipe, the step's speed-up, the layers that pay
     and those that do not (and why), and the filter to paste."""
-    lines = ["fp8 payoff (predicted, not measured: each Linear layer's three training GEMMs "
-             "with their casts, against bf16):"]
+    lines = ["fp8 payoff (predicted: each Linear layer's three training GEMMs with their "
+             "casts, against bf16; 'measured' where peak --fp8-shapes timed that shape on "
+             "that card):"]
     for card, recipes in data.items():
         if "reason" in recipes:
             lines.append(f"  {card}: n/a: {recipes['reason']}")
@@ -148,13 +151,21 @@ def payoff_lines(data: dict) -> list[str]:
             for name, r in layer_groups(entry["layers"]):
                 verdict = "pays" if r["pays"] else "does not pay"
                 lines.append(f"    {verdict:12} x{r['speedup']:.2f}  {name} "
-                             f"({r['m']} x {r['k']} x {r['n']}): {r['why']}")
+                             f"({r['m']} x {r['k']} x {r['n']}): {r['why']}; "
+                             f"{measured_text(r)}")
             if entry["keep_bf16"] and len(entry["keep_bf16"]) < len(entry["layers"]):
                 lines.append(f"    filter to paste: module_filter_fn="
                              f"{module_filter(entry['keep_bf16'], entry['layers'])}")
             elif entry["keep_bf16"]:
                 lines.append("    no layer pays: keep this model in bf16")
     return lines
+
+
+def measured_text(row: dict) -> str:
+    """A layer row's measured figure, or that it is predicted only."""
+    if row.get("measured_speedup") is None:
+        return "predicted (no timing of this shape on this card is cached)"
+    return f"measured x{row['measured_speedup']:.2f} on {row['measured_on']}"
 
 
 def report_payoff(record) -> dict:
@@ -190,4 +201,5 @@ def report_payoff(record) -> dict:
     data = payoff(layers, [(card, lookup)], {card: step} if step else None)
     add_verdicts(data, {card: lookup}, config["model"], config.get("batch_size") or 1,
                  config.get("seq_len") or 1)
+    add_measured(data, {card: lookup})
     return data

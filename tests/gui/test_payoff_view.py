@@ -22,7 +22,7 @@ from engine.core.resources import RESOURCES
 from engine.measure.fp8_payoff import RECIPES, Layer, layer_payoff
 from engine.measure.peaks import memory_bandwidth, peak_flops
 from gui.main_window import MainWindow
-from gui.payoff_view import PREDICTED
+from gui.payoff_view import MEASURED, PREDICTED
 from tests.engine.test_h200_reports import unpack
 from tests.gui.clicks import RUN_TIMEOUT_MS, choose, click, click_tab, type_into
 
@@ -87,7 +87,7 @@ def test_plan_tab_shows_the_payoff_per_card_and_recipe(qtbot, window):
     with qtbot.waitSignal(view.payoff.finished, timeout=RUN_TIMEOUT_MS):
         click(view.plan_button)
     payoff = view.payoff
-    assert payoff.basis.text() == PREDICTED and "predicted, not measured" in PREDICTED
+    assert payoff.basis.text() == PREDICTED and "peak --fp8-shapes" in PREDICTED
     preset = next(p["config"] for p in json.loads((RESOURCES / "presets.json").read_text())
                   ["presets"] if p["name"] == "tiny")
     layers = _layers(tf.GPT2Config(**preset))
@@ -106,6 +106,48 @@ def test_plan_tab_shows_the_payoff_per_card_and_recipe(qtbot, window):
             assert "predicted" in payoff.verdict.text()
             assert payoff.verdict.text().startswith(f"{label} would not pay for tiny")
             assert payoff.filter.text() == "no layer pays: keep this model in bf16"
+            assert {payoff.cell(r, MEASURED) for r in range(payoff.table.rowCount())} == {
+                "n/a: predicted only"}  # no timing of these shapes on these cards is cached
+
+
+def test_plan_tab_shows_a_cards_cached_timings_beside_the_prediction(qtbot, window, tmp_path,
+                                                                      monkeypatch):
+    """A timing of the tiny preset's shapes on an H100 (written here in the documented
+    format of main.py peak --fp8-shapes' cache) shows in the H100's measured column."""
+    preset = next(p["config"] for p in json.loads((RESOURCES / "presets.json").read_text())
+                  ["presets"] if p["name"] == "tiny")
+    layers = _layers(tf.GPT2Config(**preset))
+    shapes = {(64, k, n) for k, n in layers.values() if k % 16 == 0 and n % 16 == 0}
+    device = "NVIDIA H100 80GB HBM3"
+    fake = {f"{m}x{k}x{n}": {"m": m, "k": k, "n": n, "bf16": {"median_ms": 1 + n / 1000},
+                             "fp8": {"median_ms": 0.9}, "fp8-rowwise": {"median_ms": 1.1}}
+            for m, k, n in shapes}
+    monkeypatch.setenv("AMPSCOPE_CACHE_DIR", str(tmp_path))
+    entry = {"device": device, "kind": "cuda", "measured_at_s": 1.0, "shapes": fake}
+    (tmp_path / "fp8_shape_timing.json").write_text(
+        json.dumps({f"{device} | torch {torch.__version__}": entry}), encoding="utf-8")
+    view = window.plan_view
+    click_tab(window.tabs, "Plan")
+    for box, text in ((view.model, "tiny"), (view.precisions, "bf16-amp"), (view.batch, "2"),
+                      (view.seq, "32"), (view.cards, "H100 SXM,H200 SXM"),
+                      (view.max_batch, "0")):
+        type_into(box, text)
+    with qtbot.waitSignal(view.payoff.finished, timeout=RUN_TIMEOUT_MS):
+        click(view.plan_button)
+    payoff = view.payoff
+    for card, measured in (("NVIDIA H100 SXM5", True), ("NVIDIA H200 SXM", False)):
+        for label in ("fp8", "fp8-rowwise"):
+            title = next(payoff.choice.itemText(i) for i in range(payoff.choice.count())
+                         if payoff.choice.itemText(i).startswith(f"{card} · {label}:"))
+            choose(payoff.choice, title)
+            rows = range(payoff.table.rowCount())
+            assert len(rows) > 1
+            for r in rows:
+                m, k, n = (int(v) for v in payoff.cell(r, "M x K x N").split(" x "))
+                figures = fake[f"{m}x{k}x{n}"]
+                ratio = figures["bf16"]["median_ms"] / figures[label]["median_ms"]
+                assert payoff.cell(r, MEASURED) == (f"x{ratio:.2f} on {device}" if measured
+                                                    else "n/a: predicted only")
 
 
 def test_compare_tab_shows_the_payoff_of_the_h200_run(qtbot, window, tmp_path, monkeypatch):
