@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from engine.core.config import OPTIMIZERS, PRECISIONS, STRATEGIES
+from engine.models.source import resolve_source
 
 
 def add_parser(sub) -> None:
@@ -66,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out '{args.out}' must end in .json or .html")
     if out is not None and out.is_dir():
         raise ValueError(f"--out '{args.out}' is a folder: name a file")
-    from engine.models.source import resolve_source
-
     resolve_source(args.model)  # a wrong path is refused before seconds of imports
     from engine.models.model_health import check_model
     from engine.run.fit import parse_bytes

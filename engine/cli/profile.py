@@ -25,6 +25,7 @@ from engine.core.config import (
     parse_precisions,
     recipe_name,
 )
+from engine.models.source import resolve_source
 
 
 def add_parser(sub) -> None:
@@ -99,8 +100,6 @@ def run(args) -> int:
     from engine.run.fp8_auto import check_auto
 
     check_auto(config)  # an ':auto' recipe needs a card with fp8 to pick its layers by
-    from engine.models.source import resolve_source
-
     resolve_source(config.model)  # a wrong path, before the trials' server starts importing
     out = check_out(args.out) if args.out else None
     from engine.core.collector import imports_paused
