@@ -100,8 +100,8 @@ def run(args) -> int:
     from engine.run.fp8_auto import check_auto
 
     check_auto(config)  # an ':auto' recipe needs a card with fp8 to pick its layers by
-    resolve_source(config.model)  # a wrong path, before the trials' server starts importing
     out = check_out(args.out) if args.out else None
+    resolve_source(config.model)  # a wrong path, before the trials' server starts importing
     from engine.core.collector import imports_paused
 
     with imports_paused():  # torch, transformers: seconds of imports
