@@ -7,6 +7,7 @@ import sys
 
 from engine.cli.model_args import add_model_args
 from engine.core.config import DEFAULT_PRECISIONS, OPTIMIZERS, parse_precisions
+from engine.models.source import resolve_source
 
 
 def add_parser(sub) -> None:
@@ -26,6 +27,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import dataclasses
 
+    resolve_source(args.model)  # a wrong path is refused before seconds of imports
     from engine.run.fit import (
         FitCancelled,
         FitConfig,

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from engine.cli.model_args import add_model_args
 from engine.cli.output import say
 from engine.core.config import RunConfig, parse_precisions
+from engine.models.source import resolve_source
 
 
 def add_parser(sub) -> None:
@@ -64,6 +65,7 @@ def footprint_rows(model: str, precisions: tuple[str, ...], device: str, seed: i
 def run(args) -> int:
     precisions = parse_precisions(args.precision)
     RunConfig(model=args.model, precisions=precisions, device=args.device)  # checks, no torch
+    resolve_source(args.model)  # a wrong path: one line, before seconds of imports
     say("loading torch and transformers...", err=True)
     rows = footprint_rows(args.model, precisions, args.device, args.seed,
                           args.trust_remote_code, lambda text: say(text, err=True))

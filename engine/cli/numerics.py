@@ -10,6 +10,7 @@ from engine.cli.model_args import add_model_args
 from engine.cli.output import EXIT_FAILED, say
 from engine.cli.report_out import check_out, write_report
 from engine.core.config import RunConfig, parse_precisions
+from engine.models.source import resolve_source
 
 
 def add_parser(sub) -> None:
@@ -29,6 +30,7 @@ def run(args) -> int:
                          "pass one to --precision")
     RunConfig(model=args.model, precisions=precisions, device=args.device,
               batch_size=args.batch_size, seq_len=args.seq_len)  # checks before torch loads
+    resolve_source(args.model)
     out = None
     if args.out:
         if Path(args.out).suffix.lower() == ".csv":

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from engine.core.config import OPTIMIZERS, PRECISIONS, STRATEGIES
+from engine.models.source import resolve_source
 
 
 def add_parser(sub) -> None:
@@ -61,16 +62,17 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.models.model_health import check_model
-    from engine.run.fit import parse_bytes
-    from engine.run.plan import PlanConfig, plan
-    from engine.run.plan_text import format_plan
-
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix.lower() not in (".json", ".html"):
         raise ValueError(f"--out '{args.out}' must end in .json or .html")
     if out is not None and out.is_dir():
         raise ValueError(f"--out '{args.out}' is a folder: name a file")
+    resolve_source(args.model)  # a wrong path is refused before seconds of imports
+    from engine.models.model_health import check_model
+    from engine.run.fit import parse_bytes
+    from engine.run.plan import PlanConfig, plan
+    from engine.run.plan_text import format_plan
+
     cards = tuple(c.strip() for c in args.card.split(",") if c.strip())
     config = PlanConfig(model=args.model, precisions=args.precision,
                         batch_size=args.batch_size, seq_len=args.seq_len,

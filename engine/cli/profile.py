@@ -25,6 +25,7 @@ from engine.core.config import (
     parse_precisions,
     recipe_name,
 )
+from engine.models.source import resolve_source
 
 
 def add_parser(sub) -> None:
@@ -99,14 +100,15 @@ def run(args) -> int:
     from engine.run.fp8_auto import check_auto
 
     check_auto(config)  # an ':auto' recipe needs a card with fp8 to pick its layers by
+    out = check_out(args.out) if args.out else None
+    resolve_source(config.model)  # a wrong path, before the trials' server starts importing
     from engine.core.collector import imports_paused
 
-    with imports_paused():  # torch, transformers, the report writer: seconds of imports
+    with imports_paused():  # torch, transformers: seconds of imports
         if config.isolation == "process" and config.strategy == "none":
             from engine.run.trial_process import start_server
 
             start_server(config.device)  # the trials' server imports while this process does
-        out = check_out(args.out) if args.out else None
         if args.measure_peak:  # the first trial finds no cached peak and measures it
             from engine.measure import matmul_peak
             from engine.measure.device import probe

@@ -1,4 +1,8 @@
-"""Pick the report writer by file extension, and check an output path before a run."""
+"""Pick the report writer by file extension, and check an output path before a run.
+
+The writers are imported when one writes: the HTML writer brings matplotlib and the JSON
+writer the fp8 payoff (torch, transformers), seconds a refused ``--out`` or a CSV report
+should not wait for."""
 
 from __future__ import annotations
 
@@ -7,11 +11,27 @@ from pathlib import Path
 
 from engine.core.atomic import make_temp, remove_stale_temps, resolve_target
 from engine.record.run_record import RunRecord
-from engine.report.csv_io import write_csv
-from engine.report.html import write_html
-from engine.report.json_io import write_json
 
-WRITERS = {".json": write_json, ".csv": write_csv, ".html": write_html, ".htm": write_html}
+
+def _json(record: RunRecord, path: Path) -> Path:
+    from engine.report.json_io import write_json
+
+    return write_json(record, path)
+
+
+def _csv(record: RunRecord, path: Path) -> Path:
+    from engine.report.csv_io import write_csv
+
+    return write_csv(record, path)
+
+
+def _html(record: RunRecord, path: Path) -> Path:
+    from engine.report.html import write_html
+
+    return write_html(record, path)
+
+
+WRITERS = {".json": _json, ".csv": _csv, ".html": _html, ".htm": _html}
 
 
 def _writer(path: Path):

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import re
 
-import torch
-from torch import nn
-
 from engine.measure.fp8_payoff import Layer, break_even_tokens, card_recipes, payoff
 from engine.measure.fp8_shape_timing import add_measured
 from engine.measure.peaks import _entry as peak_entry
@@ -21,6 +18,9 @@ def linear_layers(model: str, tokens: int) -> list[Layer]:
     that AmpScope's float8 recipes convert, built on the meta device, with M = ``tokens``.
     The recipes keep the LM head (often tied to the embedding) and any layer with a
     dimension not divisible by 16 (engine.models.load._fp8_filter) in bf16."""
+    import torch  # here, not above: a report of a run on a card without fp8 rates needs none
+    from torch import nn
+
     from engine.models.hf import load_transformers
     from engine.models.load import load_config, model_class, resolve_source
 
