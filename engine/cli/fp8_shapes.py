@@ -19,7 +19,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _table(result: dict, counts: dict, labels: list[str]) -> list[str]:
-    from engine.measure.fp8_shape_timing import speedup
+    from engine.measure.fp8_shape_cache import speedup
 
     head = ["M x K x N", "layers", "bf16 ms"] + [f"{label} ms (speed-up)" for label in labels]
     rows = [head]
@@ -37,6 +37,7 @@ def _table(result: dict, counts: dict, labels: list[str]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    from engine.measure import fp8_shape_cache as cache
     from engine.measure import fp8_shape_timing as timing
     from engine.measure.device import probe
     from engine.run.fp8_layers import linear_layers
@@ -45,24 +46,24 @@ def run(args: argparse.Namespace) -> int:
     layers = linear_layers(args.model, args.batch_size * args.seq_len)
     counts: dict[str, int] = {}
     for la in sorted(layers, key=lambda la: (la.m * la.k * la.n, la.k, la.n)):
-        name = timing.shape_key(la.m, la.k, la.n)
+        name = cache.shape_key(la.m, la.k, la.n)
         counts[name] = counts.get(name, 0) + 1
     result = timing.measure(info, layers, rerun=args.rerun)
     labels = [label for label in timing.LABELS if label not in result["reasons"]]
     if args.json:
         print(json.dumps({
             "device": result["device"], "kind": result["kind"], "key": result["key"],
-            "cache": str(timing.cache_path()), "convention": result["convention"],
+            "cache": str(cache.cache_path()), "convention": result["convention"],
             "timer": result["timer"], "reasons": result["reasons"],
             "skipped": result["skipped"],
             "shapes": [{**result["shapes"][n], "layers": c, **{
-                f"{label}_speedup": timing.speedup(result["shapes"][n], label)
+                f"{label}_speedup": cache.speedup(result["shapes"][n], label)
                 for label in labels}} for n, c in counts.items() if n in result["shapes"]]},
             indent=1))
         return 0
     lines = [f"fp8 shape timings of {args.model} at {args.batch_size} x {args.seq_len} on "
              f"{info.describe()} ({result['timer']}): {result['convention']}",
-             f"cache: {timing.cache_path()} (--rerun measures again)"]
+             f"cache: {cache.cache_path()} (--rerun measures again)"]
     lines += _table(result, counts, labels)
     lines += [f"  {name}: {why}" for name, why in result["skipped"].items()]
     lines += [f"  {label}: {why}" for label, why in result["reasons"].items()]

@@ -21,7 +21,6 @@ or another card's, are never a card's figures.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import statistics
 import time
@@ -29,12 +28,10 @@ import time
 import torch
 from torch import nn
 
-from engine.core.atomic import atomic_write
 from engine.measure import matmul_peak
 from engine.measure.fp8_payoff import RECIPES
-from engine.measure.peaks import _entry as peak_entry
+from engine.measure.fp8_shape_cache import read_cache, shape_key, write_cache
 
-CACHE_FILE = "fp8_shape_timing.json"
 LABELS = tuple(r.label for r in RECIPES if r.peak_dtype == "fp8")  # torchao's float8 recipes
 WARMUP = 2
 REPS = {"cuda": 10, "cpu": 5}
@@ -46,31 +43,9 @@ CONVENTION = ("measured: one bias-free Linear's forward + backward (its three GE
               "/ float8 median")
 
 
-def shape_key(m: int, k: int, n: int) -> str:
-    return f"{m}x{k}x{n}"
-
-
 def distinct_shapes(layers) -> list[tuple[int, int, int]]:
     """Each (M, K, N) of ``layers`` (engine.measure.fp8_payoff.Layer) once, smallest first."""
     return sorted({(la.m, la.k, la.n) for la in layers}, key=lambda s: (s[0] * s[1] * s[2], s))
-
-
-def cache_path():
-    return matmul_peak.cache_path().parent / CACHE_FILE
-
-
-def read_cache() -> dict:
-    try:
-        data = json.loads(cache_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # no cache yet, or a damaged one: measure again
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write(entries: dict) -> None:
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda fh: json.dump(entries, fh, indent=1, sort_keys=True))
 
 
 def untimed_recipes(info) -> dict[str, str]:
@@ -181,46 +156,5 @@ def measure(info, layers, rerun: bool = False, on_shape=None) -> dict:
                  load_avg_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
                  cpu_count=os.cpu_count())
     entries[key] = entry
-    _write(entries)
+    write_cache(entries)
     return {**entry, "key": key, "skipped": skipped}
-
-
-def speedup(shape: dict, label: str) -> float | None:
-    """A cached shape's measured speed-up of ``label``: bf16 median over its median."""
-    low, bf16 = shape.get(label), shape.get("bf16")
-    if not (isinstance(low, dict) and isinstance(bf16, dict)):
-        return None
-    times = (bf16.get("median_ms"), low.get("median_ms"))
-    if not all(isinstance(t, (int, float)) and t > 0 for t in times):
-        return None  # a damaged or hand-edited entry: no figure rather than a wrong one
-    return times[0] / times[1]
-
-
-def card_entries(card: str) -> list[dict]:
-    """The cached GPU entries whose device is ``card`` in the peaks table, newest first."""
-    row = peak_entry(card)
-    if row is None:
-        return []
-    found = [e for e in read_cache().values() if isinstance(e, dict)
-             and e.get("kind") == "cuda" and isinstance(e.get("device"), str)
-             and isinstance(e.get("shapes"), dict)
-             and (peak_entry(e["device"]) or {}).get("name") == row["name"]]
-    return sorted(found, key=lambda e: -e["measured_at_s"]
-                  if isinstance(e.get("measured_at_s"), (int, float)) else 0)
-
-
-def add_measured(data: dict, lookup: dict) -> None:
-    """Set each payoff layer row's ``measured_speedup`` and ``measured_on`` (both None
-    where no timing of that card and shape is cached): ``data`` as engine.measure.
-    fp8_payoff.payoff makes it, ``lookup`` its key -> the card's name."""
-    for key, recipes in data.items():
-        if "reason" in recipes:
-            continue
-        entries = card_entries(lookup.get(key, key))
-        for label, entry in recipes.items():
-            for row in entry["layers"]:
-                name = shape_key(row["m"], row["k"], row["n"])
-                found = next(((e, s) for e in entries if isinstance(e["shapes"].get(name), dict)
-                              and (s := speedup(e["shapes"][name], label))), None)
-                row["measured_speedup"] = None if found is None else found[1]
-                row["measured_on"] = None if found is None else found[0]["device"]

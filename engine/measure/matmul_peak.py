@@ -22,13 +22,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import platformdirs
 import torch
 
 from engine.core.atomic import atomic_write
+from engine.core.cache_dir import cache_dir
 from engine.measure.peaks import PeakLookup, over_peak
 
-CACHE_DIR_ENV = "AMPSCOPE_CACHE_DIR"
 CACHE_FILE = "matmul_peak.json"
 LABEL = "MFU vs measured matmul peak"
 DATASHEET_LABEL = "MFU vs datasheet peak"
@@ -124,8 +123,7 @@ def remeasure(info, why: str) -> MeasuredPeak:
 
 
 def cache_path() -> Path:
-    folder = os.environ.get(CACHE_DIR_ENV) or platformdirs.user_cache_dir("AmpScope")
-    return Path(folder) / CACHE_FILE
+    return cache_dir() / CACHE_FILE
 
 
 def cache_key(device_name: str, kind: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from engine.measure.fp8_payoff import Layer, break_even_tokens, card_recipes, payoff
-from engine.measure.fp8_shape_timing import add_measured
+from engine.measure.fp8_shape_cache import add_measured
 from engine.measure.peaks import _entry as peak_entry
 
 # the 16-bit recipes whose step the GEMMs are weighed against, best first

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.core.cache_dir import CACHE_DIR_ENV
 from engine.core.config import RunConfig
 from engine.measure import matmul_peak
 from engine.measure.device import probe
@@ -29,7 +30,7 @@ CPU = probe("cpu")
 def cache(tmp_path, monkeypatch):
     """A cache folder of the test's own: the first use measures."""
     folder = tmp_path / "cache"
-    monkeypatch.setenv(matmul_peak.CACHE_DIR_ENV, str(folder))
+    monkeypatch.setenv(CACHE_DIR_ENV, str(folder))
     return folder / matmul_peak.CACHE_FILE
 
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from engine.core.cache_dir import CACHE_DIR_ENV
 from engine.measure import matmul_peak
 from gui.main_window import MainWindow
 from tests.gui.clicks import click, menu_action
@@ -17,7 +18,7 @@ OLD_RATE = 1e-6  # TFLOP/s no matmul runs at: the entry a remeasure must replace
 
 @pytest.fixture
 def cache_file(tmp_path, monkeypatch):
-    monkeypatch.setenv(matmul_peak.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
     # a tiny time box per dtype: the test checks the path, not the figure's steadiness
     monkeypatch.setattr(matmul_peak, "BUDGET_S", {"cuda": 0.01, "cpu": 0.005})
     return tmp_path / "cache" / matmul_peak.CACHE_FILE
