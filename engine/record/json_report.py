@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from engine.core.events import LogEvent
-from engine.core.file_kind import refuse_special
+from engine.core.file_kind import open_to_read
 from engine.record import nonfinite
 from engine.record.run_record import RunRecord
 from engine.record.validate import validate_report
@@ -24,17 +24,15 @@ from engine.record.validate import validate_report
 def read_json(path: str | os.PathLike) -> RunRecord:
     """Read a report; every failure is a ValueError that names the file and the fix."""
     path = Path(path)
+    with open_to_read(path, "report", "an AmpScope .json report") as fh:
+        try:
+            raw = fh.read()
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        refuse_special(path, "an AmpScope .json report")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"report not found: {path}: check the path") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path} is a folder: pick a report .json file inside it") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not a text file: pick an AmpScope .json report") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
     return parse_report(text, str(path))
 
 
