@@ -46,3 +46,16 @@ def _collect_windows_on_the_gui_thread():
     destructor off the GUI thread waited for the GIL for ever (the suite hung)."""
     yield
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _no_mouse_button_left_held(qapp):
+    """A test lets go of every mouse button it pressed: a button left held made every later
+    test's pointer moves drags, and their hovers failed far from the cause."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QGuiApplication
+
+    yield
+    assert QGuiApplication.mouseButtons() == Qt.MouseButton.NoButton, (
+        "this test left a mouse button held: end each press with its release "
+        "(tests/gui/clicks.double_click)")

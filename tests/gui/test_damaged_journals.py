@@ -16,7 +16,7 @@ from engine.core.config import RunConfig
 from engine.run.runner import Runner
 from gui.history import HistoryStore
 from gui.main_window import MainWindow
-from tests.gui.clicks import click, pause
+from tests.gui.clicks import click, double_click, pause
 
 HEADER = {"e": "journal", "version": 1, "pid": 1}
 # the issue's reproduction first, then the other damaged run lines it lists
@@ -58,9 +58,7 @@ def _double_click(view, run_id) -> None:
     pause(50)  # the tab's layout settles before the click lands on the row
     assert view.tree.itemAt(view.tree.visualItemRect(item).center()) is item
     pos = view.tree.visualItemRect(item).center()
-    # Qt 6's mouseDClick sends the second click alone: a view opens what was pressed first
-    QTest.mouseClick(view.tree.viewport(), Qt.MouseButton.LeftButton, pos=pos)
-    QTest.mouseDClick(view.tree.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    double_click(view.tree.viewport(), pos)
 
 
 def test_the_window_starts_on_damaged_journals_and_lists_them(qtbot):

@@ -16,8 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PySide6.QtCore import Qt
-from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QFileDialog
 
 import ampscope
@@ -25,6 +23,7 @@ from engine.record.compare import COLUMNS
 from engine.record.journal import read_journal
 from gui.main_window import MainWindow
 from tests.engine.test_recorder import padded_batch, tiny_gpt2, tiny_llama
+from tests.gui.clicks import double_click
 from tests.gui.test_watch_run import _menu_action
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,10 +123,8 @@ def test_history_double_click_charts_a_recorder_run(qtbot, monkeypatch):
     item = view.tree.topLevelItem(view.run_ids().index(run_id))
     win.tabs.setCurrentWidget(view)
     rect = view.tree.visualItemRect(item)
-    QTest.mouseClick(view.tree.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     with qtbot.waitSignal(win.record_shown, timeout=WAIT_MS):
-        QTest.mouseDClick(view.tree.viewport(), Qt.MouseButton.LeftButton,
-                          pos=rect.center())
+        double_click(view.tree.viewport(), rect.center())
     win.tabs.setCurrentIndex(0)
     _check_charts(win, seen, journal)
 
