@@ -172,16 +172,18 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
     with fp32_precision(rec), mode, quant, _unpacked_rows(), cuda, attention:
         batches = [{k: mode.from_tensor(v) for k, v in b.items()} for b in real]
 
-        # a warm-up step, its forward and backward counted as a trial's probe counts them
-        # (apart from the watched step: FlopCounterMode's module hooks keep checkpointed
-        # layers' recomputed tensors alive); it leaves the optimiser's state in place
-        def probe():
-            with autocast_for(step_rec, device):
-                loss = model(**batches[0]).loss
-            (scaler.scale(loss) if scaler else loss).backward()
-
-        # the card runs fp32 matmuls on its tf32 tensor cores where the recipe allows it
-        counted = flops_mod.count_flops(probe, tf32=rec.tf32)
+        # a warm-up step to the steady state a trial watches: a forward (whatever a layer
+        # makes on its first call), then the optimiser's state, made from gradients of
+        # zeros (a backward costs two forwards and makes nothing the watched step finds)
+        with autocast_for(step_rec, device):
+            loss = model(**batches[0]).loss
+        scaled = scaler.scale(loss) if scaler else loss  # a GradScaler's scale: first loss
+        if config.strategy == "fsdp2":  # FSDP2 frees its gathered parameters in backward
+            scaled.backward()
+        else:
+            for p in params:
+                p.grad = torch.zeros_like(p)
+        del loss, scaled
         with torch.compiler.set_stance("force_eager"):  # torchao's step, as tracked_step
             if scaler:
                 scaler.step(optimizer)
@@ -189,11 +191,14 @@ def _trace(config: PlanConfig, precision: str, batch_size: int, mesh):
             else:
                 optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        with ByteCounter() as traffic:  # the watched step's bytes: no module hooks
+        # the card runs fp32 matmuls on its tf32 tensor cores where the recipe allows it
+        counter, by_dtype = flops_mod.counting_mode(tf32=rec.tf32)
+        with counter, ByteCounter() as traffic:  # the watched step's bytes: no module hooks
             measured = tracked_step(run, step_rec, device, model, optimizer, scaler, batches)
+        counted = flops_mod.counted(counter, by_dtype)
     # FLOPs of one optimiser step: every micro-batch's forward and backward
     return TracedStep(measured,
-                      {k: v * config.grad_accum for k, v in counted.by_peak_dtype.items()},
+                      counted.by_peak_dtype,
                       traffic.bytes_moved, traffic.bytes_moved_fused)
 
 
