@@ -10,13 +10,18 @@ two runs share the same load only roughly.
     python3 benchmarks/plan_scaled.py [--model llama-3-8b] [--precision bf16-amp,nf4] \
         [--card "RTX 4090"] [--seq-len 2048] [--scaled-only]
 
+``--baseline DIR`` also times the same plan in another checkout (``git worktree add
+/tmp/base 27a561c``, main before plans were scaled): the issue's goal is this ratio, the
+scaled plan against that checkout's plan of the same arguments, in the same run; the ratio
+to ``--full-trace`` is printed beside it.
+
 ``--scaled-only`` times the scaled plan alone, for models whose full trace is out of reach
 on this machine (``--model llama-3-70b --precision fp32,bf16-amp --card "H100 SXM"``, the
 plan's defaults). Each plan's CPU seconds (its process's user and system time) are printed
 beside its wall-clock time: on a host shared with other work they move less.
 
-Goals (issue #48): the scaled plan at most a quarter of the full trace's time, every peak
-within 0.5% of it; a 70B or 405B plan within a minute.
+Goals (issue #48): the scaled plan at most a quarter of the time 27a561c's plan took,
+every peak within 0.5% of the full trace; a 70B or 405B plan within a minute.
 """
 
 from __future__ import annotations
@@ -46,19 +51,20 @@ def _child_cpu_s() -> float:
     return used.ru_utime + used.ru_stime
 
 
-def run_plan(args, full: bool) -> tuple[float, dict]:
-    """(seconds, the plan's JSON); prints its wall-clock and CPU seconds."""
+def run_plan(args, full: bool, root: Path = ROOT, name: str = "") -> tuple[float, dict]:
+    """(seconds, the plan's JSON) of the checkout at ``root``; prints its wall-clock and
+    CPU seconds."""
     command = [sys.executable, "main.py", "plan", "--model", args.model, "--precision",
                args.precision, "--batch-size", "1", "--seq-len", str(args.seq_len),
                "--card", args.card, "--no-history", "--quiet", "--json",
                *(("--full-trace",) if full else ())]
     start, cpu = time.perf_counter(), _child_cpu_s()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True)
     seconds = time.perf_counter() - start
-    print(f"  {'full trace' if full else 'scaled'}: {seconds:.1f} s wall, "
+    print(f"  {name or ('full trace' if full else 'scaled')}: {seconds:.1f} s wall, "
           f"{_child_cpu_s() - cpu:.1f} s CPU")
     if done.returncode:
-        sys.exit(f"plan failed ({'full' if full else 'scaled'}): "
+        sys.exit(f"plan failed ({name or ('full' if full else 'scaled')}): "
                  f"{done.stderr.strip().splitlines()[-1:]}")
     return seconds, json.loads(done.stdout)
 
@@ -71,8 +77,12 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--scaled-only", action="store_true",
                         help="time the scaled plan alone (no full trace to compare)")
+    parser.add_argument("--baseline", type=Path,
+                        help="a checkout whose plan of the same arguments is timed too")
     args = parser.parse_args()
     print(f"before: {load_text()}")
+    if args.baseline:
+        base_s, _ = run_plan(args, False, args.baseline, f"baseline {args.baseline}")
     scaled_s, scaled = run_plan(args, full=False)
     if args.scaled_only:
         print(f"after: {load_text()}")
@@ -85,8 +95,11 @@ def main() -> int:
     print(f"after: {load_text()}")
     print(f"plan {args.model} ({args.precision}, 1 x {args.seq_len}, {args.card}), levers and "
           "micro-batch search included")
+    if args.baseline:
+        print(f"  scaled {scaled_s:.1f} s, baseline {base_s:.1f} s: ratio "
+              f"{scaled_s / base_s:.3f} (goal <= {GOAL_RATIO})")
     print(f"  scaled {scaled_s:.1f} s, full trace {full_s:.1f} s: ratio "
-          f"{scaled_s / full_s:.3f} (goal <= {GOAL_RATIO})")
+          f"{scaled_s / full_s:.3f}")
     worst = 0.0
     for s, f in zip(scaled["trials"], full["trials"], strict=True):
         a, b = s["memory"]["total_bytes"], f["memory"]["total_bytes"]
