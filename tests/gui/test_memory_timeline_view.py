@@ -15,7 +15,7 @@ from PySide6.QtTest import QTest
 
 from engine.core.events import MemoryBreakdown, from_dict
 from gui.main_window import MainWindow
-from tests.gui.clicks import click, pause, type_into
+from tests.gui.clicks import click, hover, pause, type_into
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_MS = 300_000
@@ -87,11 +87,9 @@ def _hover(qtbot, view, plot: int, x: float, category: str, label: str, trial) -
     seen = []
     view.charts.scene().sigMouseMoved.connect(seen.append)
     # as a pointer comes: from a pixel beside the target, then onto it
-    QTest.mouseMove(view.charts.viewport(), pixel + QPoint(3, 0))
-    # past pyqtgraph's move rate limit, in an event loop: a move given QTest's own delay
-    # never reached the chart (offscreen, Qt 6)
-    pause(60)
-    QTest.mouseMove(view.charts.viewport(), pixel)
+    hover(view.charts.viewport(), pixel + QPoint(3, 0))
+    pause(60)  # past pyqtgraph's move rate limit, in an event loop
+    hover(view.charts.viewport(), pixel)
     qtbot.waitUntil(lambda: bool(seen) and seen[-1] == view.charts.mapToScene(pixel))
     view.charts.scene().sigMouseMoved.disconnect(seen.append)
     text = view.hover_label.text()

@@ -12,6 +12,7 @@ from engine.record.compare import format_bytes
 from engine.report.json_io import write_json
 from gui.main_window import MainWindow
 from tests.engine.verdict_records import GiB, median_ms, record, trial
+from tests.gui.clicks import hover
 
 
 @pytest.fixture
@@ -96,8 +97,8 @@ def test_each_precision_in_the_picker_says_what_it_trains(qtbot, window):
         centre = listed.visualItemRect(item).center()
         # as a pointer comes, from beside the item: scrolled rows share a pixel, and a move
         # onto the pixel the pointer is already on is no move at all
-        QTest.mouseMove(listed.viewport(), centre + QPoint(0, 40 if centre.y() < 40 else -40))
-        QTest.mouseMove(listed.viewport(), centre)
+        hover(listed.viewport(), centre + QPoint(0, 40 if centre.y() < 40 else -40))
+        hover(listed.viewport(), centre)
         qtbot.waitUntil(lambda n=name: panel.precision_help.text().startswith(f"{n}: "))
         # a per-layer variant ("fp8:keep-ends") has its suffix's line, "FP8:keep-ends: ..."
         keep = name.partition(":")[2]
