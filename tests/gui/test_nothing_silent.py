@@ -32,6 +32,9 @@ def window(qtbot):
     qtbot.waitExposed(win)
     panel = win.config_panel
     choose(panel.device, "cpu")
+    # choosing a device probes it again, and a Run clicked meanwhile waits for the answer:
+    # a person acts once the window says what the device is
+    qtbot.waitUntil(lambda: not panel.device_pending(), timeout=60_000)
     return win
 
 
