@@ -12,6 +12,8 @@ import contextlib
 import io
 import subprocess
 
+import torch
+
 from engine.cli.parser import main
 
 
@@ -19,6 +21,8 @@ def run_cli(*argv: str) -> subprocess.CompletedProcess:
     """``main.py *argv`` in this process: its exit code, stdout and stderr, as
     ``subprocess.run(..., capture_output=True, text=True)`` returns them."""
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    # a trial seeds torch's global generator (a process of its own would not care)
+    with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
         code = main(list(argv))
     return subprocess.CompletedProcess(["main.py", *argv], code, out.getvalue(), err.getvalue())

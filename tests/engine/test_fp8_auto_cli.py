@@ -16,6 +16,7 @@ from transformers.pytorch_utils import Conv1D
 
 from engine.measure.fp8_payoff import RECIPES, Layer, layer_payoff
 from engine.measure.peaks import memory_bandwidth, peak_flops
+from tests.cli_in_process import run_cli
 from tests.engine.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,9 +63,16 @@ def _expected(folder: Path, label: str) -> dict[str, bool]:
     return pays
 
 
-def _profile(tmp_path, *args):
-    return subprocess.run([sys.executable, "main.py", "profile", *args], cwd=ROOT,
-                          capture_output=True, text=True, check=False, env=_env(tmp_path))
+def _profile(tmp_path, *args, spawn=False):
+    """``main.py profile``: by the real process where ``spawn``, else in this process (the
+    refusals' lines and the trial's figures are the subject)."""
+    if spawn:
+        return subprocess.run([sys.executable, "main.py", "profile", *args], cwd=ROOT,
+                              capture_output=True, text=True, check=False, env=_env(tmp_path))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
+        env.setenv("AMPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+        return run_cli("profile", *args)
 
 
 @pytest.mark.parametrize("family", ["llama-gqa", "gpt2"])
@@ -76,10 +84,12 @@ def test_auto_converts_the_layers_that_pay_on_the_named_card(family, tmp_path):
         assert all(p for n, p in pays.items() if ".mlp." in n)
         assert not any(p for n, p in pays.items() if n.endswith(("k_proj", "v_proj")))
     out = tmp_path / "r.json"
+    # one family by the real process end to end, the other in this process
     run = _profile(tmp_path, "--model", str(folder), "--precision", "fp8:auto", "--card", "H20",
                    "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--steps", "1",
                    "--warmup", "0", "--device", "cpu", "--isolation", "inline", "--data",
-                   "random", "--no-kernel-profile", "--no-quant-error", "--out", str(out))
+                   "random", "--no-kernel-profile", "--no-quant-error", "--out", str(out),
+                   spawn=family == "gpt2")
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(out.read_text())
     (trial,) = report["trials"]
@@ -120,9 +130,10 @@ def test_auto_on_the_cpu_needs_a_card_with_fp8(tmp_path):
 
 
 def test_plan_refuses_an_auto_recipe_and_says_what_to_plan(tmp_path):
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", "tiny", "--precision",
-                          "bf16-amp,fp8-rowwise:auto", "--card", "H100 SXM"], cwd=ROOT,
-                         capture_output=True, text=True, check=False, env=_env(tmp_path))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
+        run = run_cli("plan", "--model", "tiny", "--precision", "bf16-amp,fp8-rowwise:auto",
+                      "--card", "H100 SXM")
     assert run.returncode == 2
     (line,) = run.stderr.strip().splitlines()
     assert "fp8-rowwise:auto picks its layers per card: plan fp8-rowwise" in line

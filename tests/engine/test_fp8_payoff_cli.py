@@ -15,16 +15,19 @@ from pathlib import Path
 import pytest
 
 from engine.models.presets import get_preset
+from tests.cli_in_process import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def plan(model, batch, card, *extra):
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", model, "--precision",
-                          "bf16-amp", "--batch-size", str(batch), "--seq-len", "2048" if
-                          model != "gpt2" else "1024", "--card", card, "--max-batch", "0",
-                          "--no-history", "--no-levers", "--quiet", *extra], cwd=ROOT,
-                         capture_output=True, text=True, timeout=3600)
+def plan(model, batch, card, *extra, spawn=False):
+    """``main.py plan``'s stdout: in this process (the figures are the subject), or, where
+    ``spawn``, by the real process end to end."""
+    args = ("plan", "--model", model, "--precision", "bf16-amp", "--batch-size", str(batch),
+            "--seq-len", "2048" if model != "gpt2" else "1024", "--card", card, "--max-batch",
+            "0", "--no-history", "--no-levers", "--quiet", *extra)
+    run = (subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=3600) if spawn else run_cli(*args))
     assert run.returncode == 0, run.stderr
     return run.stdout
 
@@ -48,7 +51,7 @@ def llama_4x2048():
 
 def test_gpt2_small_on_an_h200_gains_nothing_and_the_table_says_why(tmp_path):
     page = tmp_path / "plan.html"
-    text = plan("gpt2", 8, "H200", "--out", str(page))
+    text = plan("gpt2", 8, "H200", "--out", str(page), spawn=True)
     assert "fp8 payoff" in text
     lines = [ln for ln in text.splitlines() if "transformer.h.*." in ln]
     assert lines and all("8192 x " in ln for ln in lines)  # M = 8 x 1024 tokens
@@ -117,8 +120,7 @@ def test_the_h200_report_says_fp8_would_not_pay(tmp_path):
         (ROOT / "tests" / "data" / "h200-2026-11-27" / "reports" / "02-gpt2-bf16-amp.json.gz")
         .read_bytes()))
     out = tmp_path / "out.json"
-    run = subprocess.run([sys.executable, "main.py", "report", str(source), "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    run = run_cli("report", str(source), "--out", str(out))
     assert run.returncode == 0, run.stderr
     report = json.loads(out.read_text(encoding="utf-8"))
     measured = report["trials"][0]["summary"]["median_step_ms"]

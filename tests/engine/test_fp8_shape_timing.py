@@ -15,6 +15,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel
 from transformers.pytorch_utils import Conv1D
 
+from tests.cli_in_process import run_cli
 from tests.engine.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,10 +23,16 @@ BATCH, SEQ = 2, 8
 H100 = "NVIDIA H100 80GB HBM3"  # what torch.cuda.get_device_name says on an H100 SXM
 
 
-def _cli(cache: Path, *args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "AMPSCOPE_CACHE_DIR": str(cache)}
-    return subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=3600)
+def _cli(cache: Path, *args, spawn=False) -> subprocess.CompletedProcess:
+    """The command with ``cache`` as the cache folder: in this process (its figures and
+    lines are the subject), or by the real process end to end where ``spawn``."""
+    if spawn:
+        env = {**os.environ, "AMPSCOPE_CACHE_DIR": str(cache)}
+        return subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=3600)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AMPSCOPE_CACHE_DIR", str(cache))
+        return run_cli(*args)
 
 
 def _shapes(folder: Path) -> dict[tuple[int, int, int], int]:
@@ -127,7 +134,7 @@ def test_the_cache_is_read_again_and_bad_input_says_what_to_do(tmp_path):
         assert not cache.exists()  # nothing half-written
     args = ("peak", "--fp8-shapes", "--model", str(folder), "--batch-size", "1",
             "--seq-len", "16", "--device", "cpu")
-    first = _cli(cache, *args)
+    first = _cli(cache, *args, spawn=True)  # the file's one real process
     assert first.returncode == 0, first.stderr
     written = (cache / "fp8_shape_timing.json").read_text(encoding="utf-8")
     second = _cli(cache, *args)

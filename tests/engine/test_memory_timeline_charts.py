@@ -17,24 +17,32 @@ from engine.core.events import MemoryBreakdown, from_dict
 from engine.record.journal import read_run
 from engine.record.memory_timeline_series import trial_series
 from engine.report.charts import memory_timeline_chart
+from tests.cli_in_process import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = json.loads((ROOT / "tests/data/h200/bf16_amp_memory.json").read_text())
 
 
-def _cli(tmp_path, *args) -> subprocess.CompletedProcess:
+def _spawn(tmp_path, *args) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AMPSCOPE_DATA_DIR": str(tmp_path / "data")}
     return subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    """The command in this process (its output is the subject), journaling in tmp_path."""
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
+    return run_cli
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("timeline")
     out = tmp / "r.json"
-    run = _cli(tmp, "profile", "--model", "tiny", "--precision", "fp32,bf16-amp",
-               "--batch-size", "2", "--seq-len", "32", "--steps", "1", "--warmup", "0",
-               "--no-kernel-profile", "--quiet", "--isolation", "inline", "--out", str(out))
+    run = _spawn(tmp, "profile", "--model", "tiny", "--precision", "fp32,bf16-amp",
+                 "--batch-size", "2", "--seq-len", "32", "--steps", "1", "--warmup", "0",
+                 "--no-kernel-profile", "--quiet", "--isolation", "inline", "--out", str(out))
     assert run.returncode == 0, run.stderr
     return out
 
@@ -44,8 +52,8 @@ def _texts(svg: str) -> list[str]:
                                                                  svg, re.S)]
 
 
-def test_the_html_report_draws_each_precision_on_one_byte_axis(report, tmp_path):
-    run = _cli(tmp_path, "report", str(report), "--out", str(tmp_path / "r.html"))
+def test_the_html_report_draws_each_precision_on_one_byte_axis(report, tmp_path, cli):
+    run = cli("report", str(report), "--out", str(tmp_path / "r.html"))
     assert run.returncode == 0, run.stderr
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert "Memory across one training step, by category" in page
@@ -93,11 +101,13 @@ def _phases(timeline: dict) -> list[str]:
     return [k for k, _ in itertools.groupby(p["phase"] for p in timeline["points"])]
 
 
-def test_plan_traces_llama3_8b_on_an_rtx_4090_with_its_timeline(tmp_path):
+def test_plan_traces_llama3_8b_on_an_rtx_4090_with_its_timeline(tmp_path, cli):
     # the default plan: scaled from cut models, its timeline extended to the 32 layers
-    run = _cli(tmp_path, "plan", "--model", "llama-3-8b", "--precision", "bf16-amp",
-               "--batch-size", "1", "--seq-len", "2048", "--card", "RTX 4090",
-               "--max-batch", "0", "--json", "--quiet", "--out", str(tmp_path / "plan.html"))
+    # (--no-levers: the answer's changes, traced again at 8B's widths, draw no timeline)
+    run = cli("plan", "--model", "llama-3-8b", "--precision", "bf16-amp",
+              "--batch-size", "1", "--seq-len", "2048", "--card", "RTX 4090",
+              "--max-batch", "0", "--json", "--quiet", "--no-levers",
+              "--out", str(tmp_path / "plan.html"))
     assert run.returncode == 0, run.stderr
     trial = json.loads(run.stdout)["trials"][0]
     assert trial["scaling"].startswith("scaled"), trial["scaling"]
@@ -117,11 +127,11 @@ def test_plan_traces_llama3_8b_on_an_rtx_4090_with_its_timeline(tmp_path):
     assert "NVIDIA GeForce RTX 4090 usable" in _texts(page)
 
 
-def test_plan_measured_draws_the_measured_step_on_the_traced_axes(report, tmp_path):
-    run = _cli(tmp_path, "plan", "--model", "tiny", "--precision", "bf16-amp",
-               "--batch-size", "2", "--seq-len", "32", "--card", "RTX 4090", "--max-batch",
-               "0", "--measured", str(report), "--json", "--quiet",
-               "--out", str(tmp_path / "plan.html"))
+def test_plan_measured_draws_the_measured_step_on_the_traced_axes(report, tmp_path, cli):
+    run = cli("plan", "--model", "tiny", "--precision", "bf16-amp",
+              "--batch-size", "2", "--seq-len", "32", "--card", "RTX 4090", "--max-batch",
+              "0", "--measured", str(report), "--json", "--quiet",
+              "--out", str(tmp_path / "plan.html"))
     assert run.returncode == 0, run.stderr
     trial = json.loads(run.stdout)["trials"][0]
     assert trial["measured"]["memory_timeline"]["peak_bytes"] == \

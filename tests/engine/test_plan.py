@@ -15,6 +15,7 @@ from engine.measure.device import probe
 from engine.run.plan import PlanConfig, plan
 from engine.run.plan_trace import trace_step
 from engine.run.trial import run_trial
+from tests.cli_in_process import run_cli
 from tests.engine.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,17 +160,20 @@ def test_8b_widths_match_memtracker_and_hand_counted_bytes(tmp_path):
     assert abs(measured.peak_bytes - peak) <= 0.02 * peak, (measured.peak_bytes, peak)
 
 
-def _cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "main.py", "plan", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+def _cli(*args):
+    """``main.py plan`` in this process: these tests' subject is the command's figures."""
+    return run_cli("plan", *args)
 
 
 def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
     # --no-levers: the answer's changes (each quantised recipe, traced at 8B's widths) are
-    # test_plan_answer.py's; this test reads the traced step and the card's verdict
-    run = _cli("--model", "llama-3-8b", "--precision", "bf16-amp", "--batch-size", "1",
-               "--seq-len", "2048", "--card", "RTX 4090", "--max-batch", "0", "--json",
-               "--quiet", "--no-levers", "--out", str(tmp_path / "plan.html"))
+    # test_plan_answer.py's; this test reads the traced step and the card's verdict. The
+    # real process, end to end: the file's one spawned ``main.py plan``
+    run = subprocess.run([sys.executable, "main.py", "plan", "--model", "llama-3-8b",
+                          "--precision", "bf16-amp", "--batch-size", "1", "--seq-len", "2048",
+                          "--card", "RTX 4090", "--max-batch", "0", "--json", "--quiet",
+                          "--no-levers", "--out", str(tmp_path / "plan.html")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     data = json.loads(run.stdout)
     trial = data["trials"][0]
@@ -206,7 +210,7 @@ def test_cli_llama3_8b_on_an_rtx_4090(tmp_path):
     (("--precision", "fp8-fsdp-ag"), "plan it with --strategy fsdp2"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args, needle):
-    run = _cli(*args, timeout=120)
+    run = _cli(*args)
     assert run.returncode == 2, run.stderr
     lines = [line for line in run.stderr.splitlines() if line.startswith("ampscope:")]
     assert len(lines) == 1 and needle in lines[0], run.stderr

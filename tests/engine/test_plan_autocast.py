@@ -6,8 +6,6 @@ against bytes counted by hand."""
 import html
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,10 +14,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from engine.measure.kernel_workspace import PLAN_NOTE as WORKSPACE_NOTE
 from engine.run.plan_autocast import FP32, FP32_OUTPUT, LOWER, PROMOTE, CudaAutocast
+from tests.cli_in_process import run_cli
 from tests.engine.families import FAMILIES
 from tests.engine.families import F as FFN
 
-ROOT = Path(__file__).resolve().parents[2]
 CATEGORIES = ("params_bytes", "buffers_bytes", "grads_bytes", "optimizer_bytes",
               "inputs_bytes", "weight_copies_bytes", "activations_bytes", "temporaries_bytes",
               "total_bytes")
@@ -116,11 +114,11 @@ def test_outside_autocast_calls_run_as_given():
 
 
 def _plan(source: str, trace_as: str, *args) -> subprocess.CompletedProcess:
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", source, "--precision",
-                          "fp32,bf16-amp,fp16-amp", "--batch-size", "2", "--seq-len", "32",
-                          "--card", "H200", "--max-batch", "0", "--no-history", "--no-levers",
-                          "--trace-as", trace_as, "--quiet", *args],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    """``main.py plan`` in this process (its figures and text are the subject; the plan
+    command is spawned end to end by test_plan.py and test_plan_h200.py)."""
+    run = run_cli("plan", "--model", source, "--precision", "fp32,bf16-amp,fp16-amp",
+                  "--batch-size", "2", "--seq-len", "32", "--card", "H200", "--max-batch", "0",
+                  "--no-history", "--no-levers", "--trace-as", trace_as, "--quiet", *args)
     assert run.returncode == 0, run.stderr
     return run
 
@@ -207,11 +205,9 @@ def test_checkpointed_layers_recompute_under_the_cards_casts(family, tmp_path):
 
     from engine.run.plan import PlanConfig, plan
 
-    done = subprocess.run([sys.executable, "main.py", "plan", "--model", model,
-                           "--precision", "bf16-amp", "--batch-size", "2", "--seq-len", "32",
-                           "--card", "H200", "--max-batch", "0", "--no-history", "--no-levers",
-                           "--json", "--quiet", "--grad-checkpointing"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    done = run_cli("plan", "--model", model, "--precision", "bf16-amp", "--batch-size", "2",
+                   "--seq-len", "32", "--card", "H200", "--max-batch", "0", "--no-history",
+                   "--no-levers", "--json", "--quiet", "--grad-checkpointing")
     assert done.returncode == 0, done.stderr
     (checkpointed,) = json.loads(done.stdout)["trials"]
     # the step without checkpointing, planned directly in the test's process

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import run_cli
 from tests.engine.test_h200_reports import unpack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,11 +33,10 @@ def _measured(precision: str, compiled: bool = False) -> dict:
 
 @pytest.fixture(scope="module")
 def planned():
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", "gpt2", "--precision",
-                          ",".join(RECIPES), "--batch-size", "8", "--seq-len", "1024",
-                          "--card", "H200", "--max-batch", "0", "--no-history",
-                          "--no-levers", "--json", "--quiet"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=3600)
+    # in this process: the figures are the subject; the quantised plan below is spawned
+    run = run_cli("plan", "--model", "gpt2", "--precision", ",".join(RECIPES), "--batch-size",
+                  "8", "--seq-len", "1024", "--card", "H200", "--max-batch", "0",
+                  "--no-history", "--no-levers", "--json", "--quiet")
     assert run.returncode == 0, run.stderr
     return {t["precision"]: t for t in json.loads(run.stdout)["trials"]}
 
@@ -100,11 +100,9 @@ def test_autocast_traced_peak_within_2pct_of_the_h200s(planned, precision):
 
 def test_cli_compile_flag_uses_the_fused_traffic():
     """--compile on a tiny model: the memory bound is the fused count at the bandwidth."""
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", "tiny", "--precision",
-                          "fp32", "--batch-size", "2", "--seq-len", "32", "--card", "H200",
-                          "--max-batch", "0", "--no-history", "--no-levers", "--compile",
-                          "--json", "--quiet"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900)
+    run = run_cli("plan", "--model", "tiny", "--precision", "fp32", "--batch-size", "2",
+                  "--seq-len", "32", "--card", "H200", "--max-batch", "0", "--no-history",
+                  "--no-levers", "--compile", "--json", "--quiet")
     assert run.returncode == 0, run.stderr
     trial = json.loads(run.stdout)["trials"][0]
     card = trial["cards"][0]
@@ -121,11 +119,10 @@ def test_cli_shows_measured_over_predicted_beside_a_trial_of_the_same_card(tmp_p
     report = unpack("06-gpt2-fp32.json", tmp_path)  # the real report, gzipped in tests/data
     real = json.loads(report.read_text(encoding="utf-8"))["trials"][0]
     out = tmp_path / "plan.json"
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", "gpt2", "--precision",
-                          "fp32", "--batch-size", "2", "--seq-len", "128", "--card",
-                          "H200,RTX 4090", "--max-batch", "0", "--no-history", "--no-levers",
-                          "--quiet", "--measured", str(report), "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    run = run_cli("plan", "--model", "gpt2", "--precision", "fp32", "--batch-size", "2",
+                  "--seq-len", "128", "--card", "H200,RTX 4090", "--max-batch", "0",
+                  "--no-history", "--no-levers", "--quiet", "--measured", str(report),
+                  "--out", str(out))
     assert run.returncode == 0, run.stderr
     trial = json.loads(out.read_text(encoding="utf-8"))["trials"][0]
     h200, rtx = trial["cards"]
@@ -146,7 +143,8 @@ QUANTISED = ("int8", "nf4")
 
 @pytest.fixture(scope="module")
 def quantised(tmp_path_factory):
-    """plan of GPT-2 int8 and nf4 at 4 x 256 beside the H200's own report of that run."""
+    """plan of GPT-2 int8 and nf4 at 4 x 256 beside the H200's own report of that run, by
+    the real process (bitsandbytes keeps the CPU's own features there: see conftest)."""
     folder = tmp_path_factory.mktemp("h200")
     report = unpack("03-gpt2-int8_nf4.json", folder)  # the real report, gzipped in tests/data
     out = folder / "plan.json"

@@ -123,22 +123,19 @@ def test_plan_tab_refuses_an_unknown_card_inline(qtbot, window):
 
 def test_plan_tab_shows_a_real_trial_beside_the_traced_one(qtbot, window, tmp_path,
                                                            monkeypatch):
-    """A CPU profile of the same shape, run through the CLI into the window's data folder:
-    the Measured peak column shows its figure, and its tooltip every category; the named
-    report field finds the same trial in a report from elsewhere."""
+    """A CPU profile of the same shape, run through the CLI (in this process: the command
+    line's parser and handler) into the window's data folder: the Measured peak column
+    shows its figure, and its tooltip every category; the named report field finds the
+    same trial in a report from elsewhere."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+
+    from tests.cli_in_process import run_cli
 
     report = tmp_path / "real.json"
-    run = subprocess.run([sys.executable, "main.py", "profile", "--model", "tiny",
-                          "--precision", "fp32", "--batch-size", "2", "--seq-len", "32",
-                          "--steps", "1", "--warmup", "1", "--device", "cpu", "--isolation",
-                          "inline", "--no-kernel-profile", "--quiet", "--out", str(report)],
-                         cwd=Path(__file__).resolve().parents[2], env=dict(os.environ),
-                         capture_output=True, text=True, timeout=900)
+    run = run_cli("profile", "--model", "tiny", "--precision", "fp32", "--batch-size", "2",
+                  "--seq-len", "32", "--steps", "1", "--warmup", "1", "--device", "cpu",
+                  "--isolation", "inline", "--no-kernel-profile", "--quiet", "--out",
+                  str(report))
     assert run.returncode == 0, run.stderr
     real = json.loads(report.read_text(encoding="utf-8"))
     memory = real["trials"][0]["memory"]
