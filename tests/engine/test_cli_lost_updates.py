@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import run_cli
+
 ROOT = Path(__file__).resolve().parents[2]
 H200 = (ROOT / "tests/data/h200-2026-11-27/reports/"
         "01-gpt2-fp32_tf32_fp16-amp_bf16-amp_fp16_bf16.json.gz")
@@ -29,17 +31,18 @@ def group_of(name: str, shape: list[int]) -> str:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    """The run and its HTML report, made in this process (spawned ``profile``:
+    test_cli_spread; spawned ``report``: the H200 test below)."""
     out = tmp_path_factory.mktemp("lost") / "run.json"
-    proc = subprocess.run(
-        [sys.executable, "main.py", "profile", "--model", "tiny", "--precision",
-         "fp32,bf16,fp16,bf16+adamw-bf16-sr", "--batch-size", "1", "--seq-len", "16",
-         "--steps", "2", "--warmup", "1", "--device", "cpu", "--interleave", "off",
-         "--no-kernel-profile", "--isolation", "inline", "--quiet", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    proc = run_cli(
+        "profile", "--model", "tiny", "--precision", "fp32,bf16,fp16,bf16+adamw-bf16-sr",
+        "--batch-size", "1", "--seq-len", "16", "--steps", "2", "--warmup", "1",
+        "--device", "cpu", "--interleave", "off", "--no-kernel-profile", "--isolation",
+        "inline", "--quiet", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     html = out.with_suffix(".html")
-    subprocess.run([sys.executable, "main.py", "report", str(out), "--out", str(html)],
-                   cwd=ROOT, check=True, capture_output=True, timeout=300)
+    written = run_cli("report", str(out), "--out", str(html))
+    assert written.returncode == 0, written.stderr
     return proc.stdout, json.loads(out.read_text()), html.read_text()
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import run_cli
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -53,8 +55,9 @@ def test_presets_says_each_preset_before_the_table(tmp_path):
     table = [i for i, line in enumerate(lines) if re.match(r"\S+ +[\d,]+ params ", line)]
     assert len(table) == len(names)
     assert max(progress) < min(table)  # progress came as it went, the table after
-    # stdout alone is only the table (or JSON): progress stays on stderr
-    js = _run(["presets", "--json"], tmp_path)
+    # stdout alone is only the table (or JSON): progress stays on stderr (here the command
+    # line in this process: the order of the two streams was the spawned run's above)
+    js = run_cli("presets", "--json")
     assert [p["name"] for p in json.loads(js.stdout)] == names
     assert f"[1/{len(names)}] {names[0]}" in js.stderr
 
@@ -102,12 +105,15 @@ def _table(stdout: str) -> list[str]:
     return lines[start:end]
 
 
-def test_profile_table_fits_120_columns_and_csv_ranges_are_two_numbers(tmp_path):
+def test_profile_table_fits_120_columns_and_csv_ranges_are_two_numbers(tmp_path, monkeypatch):
+    # the figures and text of the command line, run in this process (spawned ``profile``:
+    # test_cli_spread; spawned ``report``: test_cli_lost_updates)
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
     out = tmp_path / "r.csv"
-    run = _run(["profile", "--model", "tiny", "--precision", "fp32,bf16-amp,tf32,nf4",
-                "--batch-size", "1", "--seq-len", "16", "--steps", "5", "--warmup", "1",
-                "--device", "cpu", "--isolation", "inline", "--interleave", "off", "--quiet",
-                "--out", str(out)], tmp_path)
+    run = run_cli("profile", "--model", "tiny", "--precision", "fp32,bf16-amp,tf32,nf4",
+                  "--batch-size", "1", "--seq-len", "16", "--steps", "5", "--warmup", "1",
+                  "--device", "cpu", "--isolation", "inline", "--interleave", "off", "--quiet",
+                  "--out", str(out))
     assert run.returncode == 0, run.stderr
     table = _table(run.stdout)
     assert max(len(line) for line in table) <= 120, "\n".join(table)
@@ -138,16 +144,16 @@ def test_profile_table_fits_120_columns_and_csv_ranges_are_two_numbers(tmp_path)
     # the run's journal into a CSV again: report names both files it writes
     journal = next((tmp_path / "data" / "runs").glob("*.jsonl"))
     again = tmp_path / "again.csv"
-    rep = _run(["report", str(journal), "--out", str(again)], tmp_path)
+    rep = run_cli("report", str(journal), "--out", str(again))
     assert rep.returncode == 0, rep.stderr
     assert rep.stdout.strip().endswith(
         f"written to {again} (steps) and {tmp_path / 'again.comparison.csv'} (comparison table)")
 
 
-def test_wide_gives_every_column(tmp_path):
-    run = _run(["profile", "--model", "tiny", "--precision", "fp32", "--batch-size", "1",
-                "--seq-len", "16", "--steps", "2", "--warmup", "0", "--device", "cpu",
-                "--isolation", "inline", "--quiet", "--no-kernel-profile", "--wide"], tmp_path)
+def test_wide_gives_every_column():
+    run = run_cli("profile", "--model", "tiny", "--precision", "fp32", "--batch-size", "1",
+                  "--seq-len", "16", "--steps", "2", "--warmup", "0", "--device", "cpu",
+                  "--isolation", "inline", "--quiet", "--no-kernel-profile", "--wide")
     assert run.returncode == 0, run.stderr
     header = _table(run.stdout)[0]
     for column in ("Trained params", "Step p10..p90", "Step CV", "Throughput 95% CI",

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,10 @@ def profiled(tmp_path_factory):
          "--batch-size", "1", "--seq-len", "16", "--steps", "10", "--warmup", "1",
          "--device", "cpu", "--isolation", "inline", "--interleave", "on", "--rounds", "2",
          "--numerics", "--init-scale", "1024", "--out", str(out), "--quiet", "--wide"],
-        cwd=ROOT, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": ""},
+        cwd=ROOT, capture_output=True, text=True,
+        # the test session's data and cache folders (tests/conftest.py), not the user's
+        env={"OMP_NUM_THREADS": "1", "PATH": "",
+             **{k: os.environ[k] for k in ("AMPSCOPE_DATA_DIR", "AMPSCOPE_CACHE_DIR")}},
     )
     assert run.returncode == 0, run.stderr
     return run.stdout, json.loads(out.read_text())

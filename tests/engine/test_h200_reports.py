@@ -13,8 +13,6 @@ import gzip
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from engine.core.events import GpmMetrics, MonitorSample, StepSample
 from engine.record.journal import JournalWriter, read_journal, read_run
 from engine.record.validate import NONFINITE_FIELDS
 from engine.report.json_io import write_json
+from tests.cli_in_process import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "tests" / "data" / "h200-2026-11-27" / "reports"
@@ -76,8 +75,8 @@ def test_report_opens_each_real_h200_report(name, tmp_path):
     path = unpack(name, tmp_path)
     bad = nonfinite_fields(path.read_text())
     out = tmp_path / "out.json"
-    run = subprocess.run([sys.executable, "main.py", "report", str(path), "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=None)
+    # in this process (the spawned ``report`` of a real H200 file: test_cli_lost_updates)
+    run = run_cli("report", str(path), "--out", str(out))
     assert run.returncode == 0, run.stderr
     assert "written to" in run.stdout
     if bad:

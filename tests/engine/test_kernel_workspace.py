@@ -8,10 +8,6 @@ allocates only its output); the difference of the two allocator peaks is the wor
 
 import html
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,18 +15,17 @@ import transformers as tf
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from tests.cli_in_process import run_cli
 from tests.engine.families import FAMILIES
 
-ROOT = Path(__file__).resolve().parents[2]
 BATCH, SEQ = 2, 32
 FEW_KB = 4096  # the allocator's small scalars (the step's loss sum, the optimizer's steps)
 
 
-def _main(args, tmp_path) -> str:
-    run = subprocess.run(
-        [sys.executable, "main.py", *args], cwd=ROOT, text=True, capture_output=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "AMPSCOPE_DATA_DIR": str(tmp_path / "data")})
+def _main(*args) -> str:
+    # in this process: the trials still run in their own child processes (spawned
+    # ``profile``: test_cli_spread; spawned ``report``: test_cli_lost_updates)
+    run = run_cli(*args)
     assert run.returncode == 0, run.stderr
     return run.stdout
 
@@ -39,11 +34,11 @@ def _profile_cli(folder, tmp_path) -> tuple[dict, str, str]:
     """The trials of the JSON report, the printed text, and the HTML report that ``report``
     writes from the same run."""
     out = tmp_path / "r.json"
-    text = _main(["profile", "--model", str(folder), "--precision", "fp32,bf16",
-                  "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--steps", "1",
-                  "--warmup", "0", "--device", "cpu", "--data", "random", "--interleave", "off",
-                  "--quiet", "--out", str(out)], tmp_path)
-    _main(["report", str(out), "--out", str(tmp_path / "r.html")], tmp_path)
+    text = _main("profile", "--model", str(folder), "--precision", "fp32,bf16",
+                 "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--steps", "1",
+                 "--warmup", "0", "--device", "cpu", "--data", "random", "--interleave", "off",
+                 "--quiet", "--out", str(out))
+    _main("report", str(out), "--out", str(tmp_path / "r.html"))
     trials = {t["precision"]: t for t in json.loads(out.read_text())["trials"]}
     return trials, text, (tmp_path / "r.html").read_text(encoding="utf-8")
 
@@ -91,7 +86,8 @@ def _independent_workspace(family: str, dtype: torch.dtype) -> int:
 # torch.backends.mkldnn.flags sets oneDNN's TF32 switch too, and warns it has no Intel GPU
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
 @pytest.mark.parametrize("family", ["t5", "llama-gqa"])
-def test_profile_names_the_kernel_workspace_beside_the_tensor_peak(family, tmp_path):
+def test_profile_names_the_kernel_workspace_beside_the_tensor_peak(family, tmp_path, monkeypatch):
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
     FAMILIES[family]().save_pretrained(tmp_path / "model")
     trials, text, page = _profile_cli(tmp_path / "model", tmp_path)
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

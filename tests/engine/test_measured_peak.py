@@ -20,6 +20,7 @@ from engine.core.config import RunConfig
 from engine.measure import matmul_peak
 from engine.measure.device import probe
 from engine.run.trial import run_trial
+from tests.cli_in_process import run_cli
 from tests.engine.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,14 +94,13 @@ def test_the_cache_is_reused_and_measured_again_on_request(tmp_path, cache, monk
     assert len(measured) == 1  # the second trial read the cache
     assert _entry(cache)["measured_at_s"] == stamp
     assert first.summary.measured_peak_source == second.summary.measured_peak_source
-    # --measure-peak: the CLI (its own process) measures again and reports the new one
+    # --measure-peak: the command line (here in this process) measures again and reports
+    # the new one
     out = tmp_path / "r.json"
-    run = subprocess.run(
-        [sys.executable, "main.py", "profile", "--model", "tiny", "--precision", "fp32",
-         "--batch-size", "1", "--seq-len", "16", "--steps", "1", "--warmup", "0",
-         "--device", "cpu", "--isolation", "inline", "--no-kernel-profile", "--quiet",
-         "--measure-peak", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, check=False)
+    run = run_cli("profile", "--model", "tiny", "--precision", "fp32", "--batch-size", "1",
+                  "--seq-len", "16", "--steps", "1", "--warmup", "0", "--device", "cpu",
+                  "--isolation", "inline", "--no-kernel-profile", "--quiet", "--measure-peak",
+                  "--out", str(out))
     assert run.returncode == 0, run.stderr
     entry = _entry(cache)
     assert entry["measured_at_s"] > stamp
@@ -169,7 +169,7 @@ def test_the_peak_command_measures_once_then_reads_the_cache(cache):
     assert rows["fp32"]["measured_tflops"] == pytest.approx(entry["tflops"]["fp32"])
     assert rows["fp32"]["datasheet_tflops"] is None
     assert "no datasheet peak for CPUs" in rows["fp32"]["datasheet_reason"]
-    second = _peak_cli()
+    second = run_cli("peak", "--device", "cpu")  # the first was the spawned process's
     assert second.returncode == 0, second.stderr
     assert "(cached; --rerun measures again)" in second.stdout
     assert _entry(cache)["measured_at_s"] == entry["measured_at_s"]

@@ -6,10 +6,7 @@ reports (tests/data/h200-2026-11-27/reports) and checked on the CPU through the 
 import dataclasses
 import json
 import statistics
-import subprocess
-import sys
 from csv import DictReader
-from pathlib import Path
 
 import pytest
 
@@ -19,9 +16,8 @@ from engine.record.journal import read_run
 from engine.record.summary import summarise
 from engine.report.csv_io import comparison_path
 from engine.run.timed_memory import timed_peak
+from tests.cli_in_process import run_cli
 from tests.engine import h200
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _resummarised(trial, compiled, peak=None):
@@ -99,11 +95,11 @@ def test_common_peak_is_na_with_a_reason_where_there_is_none():
 
 def _profile(tmp_path, *args):
     out = tmp_path / "r.json"
-    proc = subprocess.run(
-        [sys.executable, "main.py", "profile", "--model", "tiny", "--batch-size", "2",
-         "--seq-len", "32", "--steps", "2", "--device", "cpu", "--no-kernel-profile",
-         "--out", str(out), *args],
-        cwd=ROOT, capture_output=True, text=True)
+    # in this process: its trials still run in child processes (spawned ``profile``:
+    # test_cli_spread; spawned ``report``: test_cli_lost_updates)
+    proc = run_cli("profile", "--model", "tiny", "--batch-size", "2", "--seq-len", "32",
+                   "--steps", "2", "--device", "cpu", "--no-kernel-profile", "--out", str(out),
+                   *args)
     assert proc.returncode == 0, proc.stderr
     return proc, json.loads(out.read_text()), read_run(out)
 
@@ -134,8 +130,8 @@ def test_cpu_compiled_trial_says_compiled_and_its_peak_is_na_not_the_eager_steps
     assert "  compiled (torch.compile): fp32\n" in proc.stdout
     html, csv = tmp_path / "r.html", tmp_path / "r.csv"
     for out in (html, csv):
-        subprocess.run([sys.executable, "main.py", "report", str(tmp_path / "r.json"), "--out",
-                        str(out)], cwd=ROOT, check=True, capture_output=True)
+        written = run_cli("report", str(tmp_path / "r.json"), "--out", str(out))
+        assert written.returncode == 0, written.stderr
     assert "<th>Compiled</th>" in html.read_text()
     with comparison_path(csv).open(newline="") as fh:
         assert next(DictReader(fh))["compiled"] == "True"

@@ -5,11 +5,7 @@ the stream; bad files refused in one line before anything is written."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,17 +20,19 @@ from engine.record.data_text import data_line
 from engine.record.journal import read_run
 from engine.record.run_record import RunRecord
 from engine.record.validate import validate_report
+from tests.cli_in_process import run_cli
 from tests.engine.sample_record import make_record
 
-ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--device", "cpu", "--precision", "fp32", "--isolation", "inline", "--quiet",
          "--no-kernel-profile", "--no-quant-error", "--interleave", "off"]
 
 
-def _cli(tmp_path, *args):
-    return subprocess.run([sys.executable, "main.py", "profile", *SHORT, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "AMPSCOPE_DATA_DIR": str(tmp_path / "appdata")})
+@pytest.fixture
+def profile_cli(tmp_path, monkeypatch):
+    """``main.py profile`` in this process, its journal in the test's own folder (spawned
+    ``profile``: test_cli_spread; a refusal by a spawned process: test_cli_output)."""
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "appdata"))
+    return lambda *args: run_cli("profile", *SHORT, *args)
 
 
 def _rows(batches):
@@ -125,7 +123,7 @@ def test_every_task_keeps_its_batch_layout_on_text():
 
 
 @pytest.mark.parametrize("kind", ["text", "bin", "npy"])
-def test_the_cli_trains_on_a_file_and_the_report_names_it(tmp_path, kind):
+def test_the_cli_trains_on_a_file_and_the_report_names_it(tmp_path, kind, profile_cli):
     if kind == "text":
         data = tmp_path / "story.txt"
         data.write_text("Once upon a time, a model learned to read. " * 60, encoding="utf-8")
@@ -139,7 +137,7 @@ def test_the_cli_trains_on_a_file_and_the_report_names_it(tmp_path, kind):
         np.save(data, (np.arange(3000) * 7 % 1024).astype(np.int64))
         how = "int64 token ids (.npy)"
     out = tmp_path / "run.json"
-    run = _cli(tmp_path, "--batch-size", "2", "--seq-len", "16", "--steps", "2", "--warmup",
+    run = profile_cli("--batch-size", "2", "--seq-len", "16", "--steps", "2", "--warmup",
                "1", "--data", str(data), "--out", str(out))
     assert run.returncode == 0, run.stderr
     report = json.loads(out.read_text())
@@ -177,7 +175,8 @@ def test_a_report_without_data_reads_as_not_recorded():
     ("junk.npy", b"not an array", "is not a NumPy array file"),
     ("missing.txt", None, "does not exist"),
 ])
-def test_a_bad_data_file_is_one_line_and_nothing_written(tmp_path, name, content, says):
+def test_a_bad_data_file_is_one_line_and_nothing_written(tmp_path, name, content, says,
+                                                         profile_cli):
     path = tmp_path / name
     if isinstance(content, np.ndarray):
         np.save(path, content)
@@ -186,7 +185,7 @@ def test_a_bad_data_file_is_one_line_and_nothing_written(tmp_path, name, content
     elif content is not None:
         path.write_bytes(content)
     out = tmp_path / "run.json"
-    run = _cli(tmp_path, "--batch-size", "2", "--seq-len", "16", "--steps", "1", "--data",
+    run = profile_cli("--batch-size", "2", "--seq-len", "16", "--steps", "1", "--data",
                str(path), "--out", str(out))
     assert run.returncode == 2, run.stdout
     lines = run.stderr.strip().splitlines()
@@ -196,11 +195,11 @@ def test_a_bad_data_file_is_one_line_and_nothing_written(tmp_path, name, content
     assert not list((tmp_path / "appdata").glob("runs/*.jsonl"))  # no journal begun
 
 
-def test_the_default_data_is_learned_within_a_short_fp32_run(tmp_path):
+def test_the_default_data_is_learned_within_a_short_fp32_run(tmp_path, profile_cli):
     """The held-out loss falls on the built-in text by far more than the step-to-step jitter
     of the run's own training losses (their successive differences, trend removed)."""
     out = tmp_path / "run.json"
-    run = _cli(tmp_path, "--model", "tiny", "--batch-size", "4", "--seq-len", "64", "--steps",
+    run = profile_cli("--model", "tiny", "--batch-size", "4", "--seq-len", "64", "--steps",
                "8", "--warmup", "1", "--out", str(out))
     assert run.returncode == 0, run.stderr
     report = json.loads(out.read_text())

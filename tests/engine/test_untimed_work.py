@@ -3,27 +3,26 @@ can be turned off: the SQNR forward and the profiled step (CLI flags; the window
 tests/gui/test_untimed_toggles.py)."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 from engine.core.config import RunConfig
 from engine.core.events import PhaseChanged
 from engine.run.runner import Runner
+from tests.cli_in_process import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(model="tiny", batch_size=1, seq_len=16, device="cpu")
 
 
-def test_the_cli_turns_off_the_sqnr_forward_and_the_profiled_step(tmp_path):
+def test_the_cli_turns_off_the_sqnr_forward_and_the_profiled_step(tmp_path, monkeypatch):
+    # the command line in this process; its trial still runs in a child process (spawned
+    # ``profile``: test_cli_spread)
     out = tmp_path / "r.json"
-    env = dict(os.environ, AMPSCOPE_DATA_DIR=str(tmp_path / "data"))
-    done = subprocess.run(
-        [sys.executable, "main.py", "profile", "--model", "tiny", "--precision", "bf16-amp",
-         "--batch-size", "1", "--seq-len", "16", "--steps", "2", "--warmup", "1",
-         "--device", "cpu", "--quiet", "--no-quant-error", "--no-kernel-profile",
-         "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    monkeypatch.setenv("AMPSCOPE_DATA_DIR", str(tmp_path / "data"))
+    done = run_cli("profile", "--model", "tiny", "--precision", "bf16-amp", "--batch-size", "1",
+                   "--seq-len", "16", "--steps", "2", "--warmup", "1", "--device", "cpu",
+                   "--quiet", "--no-quant-error", "--no-kernel-profile", "--out", str(out))
     assert done.returncode == 0, done.stderr
     (trial,) = json.loads(out.read_text())["trials"]
     assert trial["status"] == "ok"
