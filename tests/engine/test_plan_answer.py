@@ -1,25 +1,22 @@
-"""The plan's answer, first line per card, through the real CLI: fits as asked, or the
-smallest change that fits, each change planned (its figures are those of planning the
-changed configuration directly), on two model families; names users type resolve."""
+"""The plan's answer, first line per card, through the command line's parser and handler
+(run in the test's process: the subject is the command's text and figures): fits as asked,
+or the smallest change that fits, each change planned (its figures are those of planning
+the changed configuration directly), on two model families; names users type resolve."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import run_cli
 from tests.engine.families import FAMILIES
 
-ROOT = Path(__file__).resolve().parents[2]
 CARD = "NVIDIA GeForce RTX 4090"
 CARD_BYTES = 24563 * 2**20  # the 4090's total as CUDA reports it (resources/peak_flops.json)
 BATCH, SEQ = 8, 128
 
 
-def _cli(*args, timeout=900):
-    return subprocess.run([sys.executable, "main.py", "plan", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+def _cli(*args):
+    return run_cli("plan", *args)
 
 
 def _model(tmp_path, family: str) -> str:
@@ -31,9 +28,8 @@ def _model(tmp_path, family: str) -> str:
 
 def _peak(model: str, batch: int = BATCH, **changes) -> int:
     """The step's peak planned directly, the reference an answer's figures are checked
-    against: engine.run.plan.plan, which the CLI calls, run in the test's own process (a
-    process of its own would add seconds of imports to each reference; the answers
-    themselves come from the real CLI)."""
+    against: engine.run.plan.plan, which the CLI's handler calls (the answers themselves
+    come from the command line's parser and handler)."""
     from engine.run.plan import PlanConfig, plan
 
     config = PlanConfig(model=model, precisions=("fp32",), batch_size=batch, seq_len=SEQ,
@@ -126,13 +122,13 @@ def test_cli_answer_fits_as_asked_comes_first_and_html_leads_with_it(tmp_path):
 def test_names_users_type_resolve_to_a_preset(typed, limit, preset):
     """Each name resolves to its preset: its position limit (from the model's config.json,
     named in resources/presets.json) is what refuses a longer sequence."""
-    run = _cli("--model", typed, "--seq-len", str(limit + 1), timeout=120)
+    run = _cli("--model", typed, "--seq-len", str(limit + 1))
     assert run.returncode == 2
     assert f"({limit} positions): set --seq-len {limit} or less" in run.stderr, run.stderr
 
 
 def test_a_misspelt_name_gets_did_you_mean():
-    run = _cli("--model", "lama-7b", timeout=120)
+    run = _cli("--model", "lama-7b")
     assert run.returncode == 2 and run.stdout == ""
     assert "did you mean llama-7b" in run.stderr, run.stderr
 

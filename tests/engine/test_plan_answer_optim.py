@@ -1,16 +1,14 @@
 """The plan's answer plans its 4-bit AdamW lever (torchao's AdamW4bit, a per-recipe
-optimiser: 'RECIPE+adamw4bit'), through the real CLI, on two model families."""
+optimiser: 'RECIPE+adamw4bit'), through the command line's parser and handler, on two model
+families."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import run_cli
 from tests.engine.families import FAMILIES
 
-ROOT = Path(__file__).resolve().parents[2]
 CARD = "NVIDIA GeForce RTX 4090"
 CARD_BYTES = 24563 * 2**20  # the 4090's total as CUDA reports it (resources/peak_flops.json)
 ASK = ("--batch-size", "1", "--seq-len", "32", "--card", "RTX 4090", "--max-batch", "0",
@@ -18,8 +16,8 @@ ASK = ("--batch-size", "1", "--seq-len", "32", "--card", "RTX 4090", "--max-batc
 
 
 def _plan(model: str, *args) -> dict:
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", model, *ASK, *args],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    # the command's own parser and handler in this process: the subject is its figures
+    run = run_cli("plan", "--model", model, *ASK, *args)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
 

@@ -3,16 +3,13 @@
 global attention, or begin with dense layers before mixture-of-experts ones."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import transformers as tf
 
 from engine.run.plan_layers import cut_config, find_pattern
+from tests.cli_in_process import run_cli
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
 # every layer alike; local and global attention alternating (a window shorter than the
@@ -33,11 +30,10 @@ FIELDS = ("params_bytes", "buffers_bytes", "quant_state_bytes", "grads_bytes",
 
 
 def _plan(folder: str, *extra: str) -> dict:
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", folder, "--precision",
-                          RECIPES, "--seq-len", str(SEQ), "--batch-size", "2", "--card",
-                          "RTX 4090", "--max-batch", "0", "--no-history", "--no-levers",
-                          "--json", "--quiet", *extra],
-                         cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    # the command's own parser and handler in this process: the subject is its figures
+    run = run_cli("plan", "--model", folder, "--precision", RECIPES, "--seq-len", str(SEQ),
+                  "--batch-size", "2", "--card", "RTX 4090", "--max-batch", "0",
+                  "--no-history", "--no-levers", "--json", "--quiet", *extra)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
 
@@ -84,10 +80,9 @@ def test_layers_that_do_not_repeat_are_traced_whole(tmp_path):
     config = tf.Gemma2Config(num_hidden_layers=8, head_dim=16, sliding_window=16,
                              layer_types=kinds, **TINY)
     config.save_pretrained(tmp_path / "odd")
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", str(tmp_path / "odd"),
-                          "--precision", "fp32", "--seq-len", str(SEQ), "--card", "RTX 4090",
-                          "--max-batch", "0", "--no-history", "--no-levers", "--json",
-                          "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = run_cli("plan", "--model", str(tmp_path / "odd"), "--precision", "fp32", "--seq-len",
+                  str(SEQ), "--card", "RTX 4090", "--max-batch", "0", "--no-history",
+                  "--no-levers", "--json", "--quiet")
     assert run.returncode == 0, run.stderr
     scaling = json.loads(run.stdout)["trials"][0]["scaling"]
     assert scaling.startswith("traced whole:") and "do not repeat" in scaling, scaling
@@ -128,10 +123,9 @@ def _params(h, f, layers, heads, kv_heads, vocab, experts=1):
 ])
 def test_cli_large_presets_are_scaled_and_hold_every_parameter(preset, shape, count):
     assert _params(*shape) == count  # the published totals
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", preset, "--precision",
-                          "bf16-amp", "--seq-len", "2048", "--card", "H100 SXM",
-                          "--max-batch", "0", "--no-history", "--no-levers", "--json",
-                          "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    run = run_cli("plan", "--model", preset, "--precision", "bf16-amp", "--seq-len", "2048",
+                  "--card", "H100 SXM", "--max-batch", "0", "--no-history", "--no-levers",
+                  "--json", "--quiet")
     assert run.returncode == 0, run.stderr
     trial = json.loads(run.stdout)["trials"][0]
     assert trial["method"] == "traced" and trial["scaling"].startswith("scaled"), trial

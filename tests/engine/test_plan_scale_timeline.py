@@ -1,19 +1,19 @@
 """engine.run.plan_scale_timeline: a scaled plan's memory timeline equals the timeline of
-the model traced whole (``--full-trace``), through the real CLI, on a model whose layers
-are alike, one alternating local and global attention and a mixture-of-experts one whose
-first layer is dense; with gradient checkpointing, each layer's recompute is a phase."""
+the model traced whole (``--full-trace``), through the command line's parser and handler,
+on a model whose layers are alike, one alternating local and global attention and a
+mixture-of-experts one whose first layer is dense; with gradient checkpointing, each
+layer's recompute is a phase."""
 
 import itertools
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import transformers as tf
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cli_in_process import run_cli
+
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
 CONFIGS = {
@@ -27,11 +27,10 @@ CONFIGS = {
 
 
 def _plan(folder: Path, recipes: str, *extra: str) -> list[dict]:
-    run = subprocess.run([sys.executable, "main.py", "plan", "--model", str(folder),
-                          "--precision", recipes, "--seq-len", "32", "--batch-size", "2",
-                          "--card", "RTX 4090", "--max-batch", "0", "--no-history",
-                          "--no-levers", "--json", "--quiet", *extra],
-                         cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    # the command's own parser and handler in this process: the subject is its figures
+    run = run_cli("plan", "--model", str(folder), "--precision", recipes, "--seq-len", "32",
+                  "--batch-size", "2", "--card", "RTX 4090", "--max-batch", "0",
+                  "--no-history", "--no-levers", "--json", "--quiet", *extra)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)["trials"]
 
