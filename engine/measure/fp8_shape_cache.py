@@ -4,11 +4,9 @@ run needs no torch to be written."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from engine.core.atomic import atomic_write
-from engine.core.cache_dir import cache_dir
+from engine.core.cache_dir import cache_dir, read_entries, write_entries
 from engine.measure.peaks import _entry as peak_entry
 
 CACHE_FILE = "fp8_shape_timing.json"
@@ -23,17 +21,11 @@ def cache_path() -> Path:
 
 
 def read_cache() -> dict:
-    try:
-        data = json.loads(cache_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # no cache yet, or a damaged one: measure again
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_entries(cache_path())
 
 
 def write_cache(entries: dict) -> None:
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda fh: json.dump(entries, fh, indent=1, sort_keys=True))
+    write_entries(cache_path(), entries)
 
 
 def speedup(shape: dict, label: str) -> float | None:

@@ -14,7 +14,6 @@ which scales the result), so a run measures once per machine and reuses it;
 
 from __future__ import annotations
 
-import json
 import os
 import textwrap
 import time
@@ -24,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-from engine.core.atomic import atomic_write
-from engine.core.cache_dir import cache_dir
+from engine.core.cache_dir import cache_dir, read_entries, write_entries
 from engine.measure.peaks import PeakLookup, over_peak
 
 CACHE_FILE = "matmul_peak.json"
@@ -132,17 +130,11 @@ def cache_key(device_name: str, kind: str) -> str:
 
 
 def _read() -> dict:
-    try:
-        data = json.loads(cache_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # no cache yet, or a damaged one: measure again
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_entries(cache_path())
 
 
 def _write(entries: dict) -> None:
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda fh: json.dump(entries, fh, indent=1, sort_keys=True))
+    write_entries(cache_path(), entries)
 
 
 def cached(info) -> MeasuredPeak | None:

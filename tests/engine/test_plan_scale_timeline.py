@@ -13,9 +13,8 @@ import pytest
 import transformers as tf
 
 from tests.cli_in_process import run_cli
+from tests.engine.test_plan_scale import TINY
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
 CONFIGS = {
     "llama": lambda: tf.LlamaConfig(num_hidden_layers=6, **TINY),
     "gemma2-local-global": lambda: tf.Gemma2Config(num_hidden_layers=10, head_dim=16,

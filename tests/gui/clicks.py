@@ -35,6 +35,18 @@ def pause(ms: int) -> None:
     loop.exec()
 
 
+def shown_window(qtbot):
+    """The main window at a laptop's 1366 x 768, shown and exposed, closed with the test."""
+    from gui.main_window import MainWindow
+
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.resize(1366, 768)
+    win.show()
+    qtbot.waitExposed(win)
+    return win
+
+
 def click(widget: QAbstractButton) -> None:
     assert widget.isVisible() and widget.isEnabled(), f"{widget.text()!r} cannot be clicked"
     if isinstance(widget, QCheckBox):  # on its box: a stretched check box is blank on the right

@@ -14,8 +14,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
-from gui.main_window import MainWindow
-from tests.gui.clicks import choose, click, click_tab, type_into
+from tests.gui.clicks import choose, click, click_tab, shown_window, type_into
 
 ROOT = Path(__file__).resolve().parents[2]
 HUGE = 999_999_999
@@ -25,11 +24,7 @@ GPT2 = {"vocab": 50257, "seq": 128}  # gpt2's config: vocabulary; the form's def
 
 @pytest.fixture
 def window(qtbot):
-    win = MainWindow()
-    qtbot.addWidget(win)
-    win.resize(1366, 768)
-    win.show()
-    qtbot.waitExposed(win)
+    win = shown_window(qtbot)
     panel = win.config_panel
     choose(panel.device, "cpu")
     # choosing a device probes it again, and a Run clicked meanwhile waits for the answer:

@@ -21,21 +21,16 @@ from transformers.pytorch_utils import Conv1D
 from engine.core.resources import RESOURCES
 from engine.measure.fp8_payoff import RECIPES, Layer, layer_payoff
 from engine.measure.peaks import memory_bandwidth, peak_flops
-from gui.main_window import MainWindow
 from gui.payoff_view import MEASURED, PREDICTED
 from tests.engine.test_h200_reports import unpack
-from tests.gui.clicks import RUN_TIMEOUT_MS, choose, click, click_tab, type_into
+from tests.gui.clicks import RUN_TIMEOUT_MS, choose, click, click_tab, shown_window, type_into
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def window(qtbot):
-    win = MainWindow()
-    qtbot.addWidget(win)
-    win.resize(1366, 768)
-    win.show()
-    qtbot.waitExposed(win)
+    win = shown_window(qtbot)
     return win
 
 

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QFileDialog
 
-from gui.main_window import MainWindow
 from tests.engine.test_h200_reports import unpack
 from tests.gui.chart_room import assert_charts_readable
-from tests.gui.clicks import click_tab, menu_action
+from tests.gui.clicks import click_tab, menu_action, shown_window
 
 # the H200's six-precision gpt2 run: every GPU chart, several trials, NVML's NaN GPM polls
 SIX = "01-gpt2-fp32_tf32_fp16-amp_bf16-amp_fp16_bf16.json"
@@ -28,11 +27,7 @@ def h200(tmp_path) -> Path:
 
 @pytest.fixture
 def window(qtbot):
-    win = MainWindow()
-    qtbot.addWidget(win)
-    win.resize(1366, 768)
-    win.show()
-    qtbot.waitExposed(win)
+    win = shown_window(qtbot)
     qtbot.waitUntil(lambda: "numerics_view" in win._built, timeout=60_000)
     return win
 
