@@ -9,7 +9,6 @@ tests that spawn ``main.py``, and every subcommand keeps at least one of those.
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 import subprocess
 
@@ -26,7 +25,4 @@ def run_cli(*argv: str) -> subprocess.CompletedProcess:
     with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(out), \
             contextlib.redirect_stderr(err):
         code = main(list(argv))
-    # a command freezes the heap once its imports are done (engine.core.collector: a process
-    # that soon ends); the test process goes on collecting what later tests leave
-    gc.unfreeze()
     return subprocess.CompletedProcess(["main.py", *argv], code, out.getvalue(), err.getvalue())
